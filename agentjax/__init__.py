@@ -1,0 +1,3 @@
+"""agentjax: JAX-native reinforcement learning for tool-using LLM agents."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,138 @@
+"""The Env protocol: what the agent loop drives, what rewards read.
+
+An episode is `messages = env.reset(task)`, then `env.step(action_text)` once per policy
+turn until `done`. The env keeps an `EpisodeLog` of everything it saw (actions, parsed
+tool calls, observations, errors, retrieved documents, the final answer); reward
+functions are pure functions of `(task, log)`, so they can be re-scored offline and
+relabeled (hindsight) without re-running the episode.
+
+Envs are chosen by name from config: `make_env(config.env.name, **config.env.kwargs)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, runtime_checkable
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One problem for the agent.
+
+    Attributes:
+      task_id: stable unique id (used for grouping, curriculum statistics, relabeling).
+      question: the user-facing question / instruction text.
+      answers: acceptable final answers (aliases); empty when a verifier decides.
+      data_source: dataset name (Search-R1's `data_source`), e.g. "synthetic_multihop".
+      metadata: task-specific extras, e.g. {"hops": 2, "bridge_entities": [...],
+        "tests": [...]} — never shown to the policy.
+    """
+
+    task_id: str
+    question: str
+    answers: tuple[str, ...] = ()
+    data_source: str = ""
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class TurnLog:
+    """What happened in one policy turn.
+
+    Attributes:
+      action_text: the decoded text the policy produced this turn.
+      kind: parsed action kind: "search", "answer", "tool_call", "invalid", ...
+      tool_name: the tool called (None when the turn called no tool).
+      tool_args: the parsed arguments of the call.
+      valid: whether the action parsed and named a known tool.
+      observation: the text the env returned (empty when the episode ended).
+      error: an error message when the tool failed or the action was malformed.
+      retrieved: ids or titles of documents retrieved this turn (search envs).
+      extra: anything else an env wants rewards or diagnostics to see.
+    """
+
+    action_text: str
+    kind: str
+    tool_name: str | None = None
+    tool_args: Mapping[str, Any] | None = None
+    valid: bool = True
+    observation: str = ""
+    error: str | None = None
+    retrieved: tuple[str, ...] = ()
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class EpisodeLog:
+    """The env's record of one episode; rewards are functions of (task, log)."""
+
+    task: Task
+    turns: list[TurnLog] = dataclasses.field(default_factory=list)
+    final_answer: str | None = None
+    done: bool = False
+    # "answer" | "max_turns" | "token_budget" | "timeout" | "error" | ... (set by the
+    # env or by the agent loop, whichever ended the episode).
+    stop_reason: str | None = None
+
+    @property
+    def num_tool_calls(self) -> int:
+        return sum(t.tool_name is not None for t in self.turns)
+
+    @property
+    def num_invalid(self) -> int:
+        return sum(not t.valid for t in self.turns)
+
+
+class StepResult(NamedTuple):
+    """Result of `Env.step`; unpacks as `(observation, done, reward, info)`."""
+
+    observation: str
+    done: bool
+    reward: float
+    info: dict[str, Any]
+
+
+@runtime_checkable
+class Env(Protocol):
+    """A multi-turn environment.
+
+    Attributes:
+      stop: stop strings that end a policy turn (kept in the output), e.g.
+        ("</search>", "</answer>"); the sampler stops at the first one generated.
+      observation_role: None when observations continue the assistant turn as plain
+        text (Search-R1 style `<information>...</information>`); a chat role such as
+        "tool" or "user" when each observation is a new chat turn (hermes-style tool
+        calling), whose token ids come from chat-template diffing.
+      log: the current episode's EpisodeLog.
+    """
+
+    stop: tuple[str, ...]
+    observation_role: str | None
+    log: EpisodeLog
+
+    def reset(self, task: Task) -> list[dict[str, str]]:
+        """Starts an episode; returns the initial chat messages (system + user)."""
+
+    def step(self, action_text: str) -> StepResult:
+        """Consumes one policy turn; returns the observation and whether it is done."""
+
+
+_ENVS: dict[str, Callable[..., Env]] = {}
+
+
+def register_env(name: str):
+    """Class decorator: makes an Env constructible by name from config."""
+
+    def wrap(factory):
+        if name in _ENVS:
+            raise ValueError(f"env {name!r} is already registered")
+        _ENVS[name] = factory
+        return factory
+
+    return wrap
+
+
+def make_env(name: str, **kwargs) -> Env:
+    """Builds the env registered under `name` with `kwargs` from config."""
+    if name not in _ENVS:
+        raise ValueError(f"unknown env {name!r}; registered: {sorted(_ENVS)}")
+    return _ENVS[name](**kwargs)
