@@ -1,0 +1,67 @@
+"""Orbax checkpoints: the device state (a pytree) plus the host state (json).
+
+The host state holds everything outside the jitted state that decides what happens
+next — the step, the curriculum sampler's state, numpy RNG states — so a run killed at
+any point and restarted with the same `--workdir` continues exactly as an
+uninterrupted run would.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+    """Saves every `every` steps, keeps the newest `keep`, optionally asynchronously.
+
+    Args:
+      directory: checkpoint folder (created if missing), usually `<workdir>/checkpoints`.
+      every: save interval in steps (0 disables periodic saves; `force=True` still saves).
+      keep: how many checkpoints to keep.
+      async_save: write in a background thread while training continues.
+    """
+
+    def __init__(self, directory: str, *, every: int, keep: int = 2, async_save: bool = True):
+        self.every = every
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+        self._manager = ocp.CheckpointManager(
+            os.path.abspath(directory), options=options,
+            item_names=("state", "host"))
+
+    @property
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def save(self, step: int, state: Any, host: dict, *, force: bool = False) -> bool:
+        """Saves `(state, host)` at `step` when due (or when forced); True if saved."""
+        if not force and (not self.every or step % self.every):
+            return False
+        if step in self._manager.all_steps():
+            return False
+        return self._manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), host=ocp.args.JsonSave(host)), force=True)
+
+    def restore(self, abstract_state: Any, step: int | None = None):
+        """Returns `(state, host)` of `step` (default: latest), or None if none exists.
+
+        `abstract_state` is a pytree of `jax.ShapeDtypeStruct` (with shardings) or of
+        arrays, e.g. `jax.eval_shape(init_fn)`; restored arrays take its shardings.
+        """
+        step = self.latest_step if step is None else step
+        if step is None:
+            return None
+        abstract_state = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+        restored = self._manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), host=ocp.args.JsonRestore()))
+        return restored.state, restored.host
+
+    def wait(self):
+        """Blocks until pending asynchronous saves are on disk."""
+        self._manager.wait_until_finished()
+
+    def close(self):
+        self._manager.close()

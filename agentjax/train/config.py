@@ -1,0 +1,262 @@
+"""The config schema every run starts from, and its validation.
+
+Config files (`configs/*.py`) call `default_config()` and change values; the returned
+ConfigDict is locked, so a misspelled key in a config file or a `--config.a.b=value`
+override fails at once naming the key. `validate(config)` runs before anything is
+built or compiled and rejects wrong types and impossible combinations with a message
+that names the offending key.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
+              "gspo", "cispo", "ppo")
+ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
+POLICY_LOSSES = ("ppo", "gspo", "cispo", "reinforce")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                "seq-mean-token-sum-norm")
+KL_KINDS = ("k1", "k2", "k3", "k1+", "k3+")
+CURRICULA = ("uniform", "learnability", "failure_buffer")
+SCHEDULES = ("constant", "cosine")
+OLD_LOGP = ("recompute", "behavior")
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Every key a run may set, with its default (a GRPO search agent on CPU)."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.total_steps = 60
+    c.stage = "rl"  # "rl" | "sft"
+    c.init_from = ""  # a workdir (or checkpoint dir) whose latest params start this run
+    c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+    c.rules = ""  # "" = default logical-axis rules; else a preset name (see parallel.py)
+    c.multihost = ml_collections.ConfigDict(
+        {"enabled": False, "coordinator": "", "num_processes": 1, "process_id": -1})
+
+    c.model = ml_collections.ConfigDict()
+    c.model.path = ""  # local HF folder; "" builds a tiny random model for the world
+    c.model.arch = "qwen2"
+    c.model.hidden_size = 128
+    c.model.num_layers = 2
+    c.model.num_heads = 4
+    c.model.num_kv_heads = 2
+    c.model.intermediate_size = 384
+    c.model.dtype = "float32"
+    c.model.param_dtype = "float32"
+    c.model.remat = "none"
+    c.model.logprob_chunk = 1024
+
+    c.tokenizer = ml_collections.ConfigDict({"path": "", "vocab_size": 1024})
+
+    c.data = ml_collections.ConfigDict()
+    c.data.source = "synthetic"  # "synthetic" | "files"
+    c.data.train_path = ""  # Search-R1 parquet/jsonl (source="files")
+    c.data.test_path = ""
+    c.data.corpus_path = ""
+    c.data.world_seed = 0
+    c.data.num_entities = 240
+    c.data.train_hops = (1, 2)
+    c.data.test_hops = (1, 2)
+    c.data.num_train_tasks = 2000
+    c.data.num_test_tasks = 200
+    c.data.curriculum = "uniform"
+
+    c.env = ml_collections.ConfigDict()
+    c.env.name = "search"
+    c.env.topk = 3
+    c.env.max_turns = 4
+    c.env.max_observation_words = 120
+    c.env.instruction = "short"  # "short" | "search_r1"
+    c.env.mask_observations = True  # False: observation tokens enter the loss (ablation)
+
+    c.retrieval = ml_collections.ConfigDict({"kind": "bm25", "url": "", "timeout_s": 10.0})
+
+    c.reward = ml_collections.ConfigDict()
+    c.reward.outcome = "em"
+    c.reward.format_weight = 0.0
+    c.reward.tool_weight = 0.0
+    c.reward.process_weight = 0.0
+    c.reward.length_weight = 0.0
+
+    c.sft = ml_collections.ConfigDict()
+    c.sft.steps = 0
+    c.sft.batch_size = 32
+    c.sft.lr = 3e-3
+    c.sft.num_demos = 2000
+    c.sft.guess_prob = 0.5
+    c.sft.repeat_prob = 0.0
+    c.sft.early_stop_prob = 0.0
+    c.sft.poor_query_prob = 0.0
+    c.sft.negative_frac = 0.1
+
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.engine = "jax"  # "jax" | "sglang"
+    c.rollout.sglang_urls = ""
+    c.rollout.prompts_per_step = 16
+    c.rollout.group_size = 8
+    c.rollout.temperature = 1.0
+    c.rollout.final_temperature = 1.0  # linear schedule from temperature over the run
+    c.rollout.top_p = 1.0
+    c.rollout.top_k = -1
+    c.rollout.max_new_tokens = 24
+    c.rollout.max_tokens = 512
+    c.rollout.concurrency = 128
+    c.rollout.episode_timeout_s = 120.0
+
+    c.algo = ml_collections.ConfigDict()
+    c.algo.name = "grpo"
+    c.algo.advantage = "grpo"
+    c.algo.loss = "ppo"
+    c.algo.clip_low = 0.2
+    c.algo.clip_high = 0.2
+    c.algo.dual_clip = 0.0  # 0 disables; PPO papers use 3.0
+    c.algo.agg = "token-mean"
+    c.algo.agg_constant = 0.0  # seq-mean-token-sum-norm divisor; 0 = bucket length
+    c.algo.kl_coef = 0.0
+    c.algo.kl_kind = "k3"
+    c.algo.kl_in_reward = False
+    c.algo.entropy_coef = 0.0
+    c.algo.gamma = 1.0
+    c.algo.lam = 1.0
+    c.algo.ppo_epochs = 1
+    c.algo.minibatches = 1
+    c.algo.microbatch_size = 0  # 0 = the whole minibatch at once
+    c.algo.old_logp = "recompute"
+    c.algo.tis_cap = 2.0  # truncated importance-sampling cap when old_logp="behavior"
+    c.algo.dynamic_sampling = False
+    c.algo.max_resample_rounds = 3
+    c.algo.overlong_buffer = 0
+    c.algo.overlong_factor = 1.0
+    c.algo.critic_lr = 1e-3
+    c.algo.value_coef = 0.5
+    c.algo.value_clip = 0.2
+    c.algo.critic_warmup_steps = 0
+    c.algo.share_critic_trunk = False
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.lr = 1e-3
+    c.optim.schedule = "constant"
+    c.optim.warmup_steps = 0
+    c.optim.weight_decay = 0.0
+    c.optim.b1 = 0.9
+    c.optim.b2 = 0.99
+    c.optim.grad_clip = 1.0
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.every = 20
+    c.eval.num_tasks = 200
+    c.eval.samples = 4  # sampled attempts per task (pass@k and sampled success)
+
+    c.checkpoint = ml_collections.ConfigDict({"every": 20, "keep": 2, "async_save": True})
+    c.log = ml_collections.ConfigDict({"every": 1, "tensorboard": True, "progress": True})
+    c.lock()
+    return c
+
+
+def _walk(reference, config, path=""):
+    """Yields (path, reference_value, value) for every leaf; unknown keys raise."""
+    for key in config.keys():
+        where = f"{path}{key}"
+        if key not in reference:
+            raise ValueError(f"unknown config key {where!r}; known keys under "
+                             f"{path or 'the root'}: {sorted(reference.keys())}")
+        ref, val = reference[key], config[key]
+        if isinstance(ref, ml_collections.ConfigDict):
+            if not isinstance(val, (ml_collections.ConfigDict, dict)):
+                raise ValueError(f"config key {where!r} must be a section, got {val!r}")
+            yield from _walk(ref, val, where + ".")
+        else:
+            yield where, ref, val
+
+
+def _check_type(where, ref, val):
+    if isinstance(ref, bool) or isinstance(val, bool):
+        ok = isinstance(ref, bool) and isinstance(val, bool)
+    elif isinstance(ref, float):
+        ok = isinstance(val, (int, float))
+    elif isinstance(ref, (tuple, list)):
+        ok = isinstance(val, (tuple, list))
+    else:
+        ok = isinstance(val, type(ref))
+    if not ok:
+        raise ValueError(f"config key {where!r} must be of type {type(ref).__name__}, "
+                         f"got {type(val).__name__} {val!r}")
+
+
+def _get(config, dotted: str):
+    for name in dotted.split("."):
+        config = config[name]
+    return config
+
+
+def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Checks keys, types and combinations; returns the config or raises ValueError."""
+    for where, ref, val in _walk(default_config(), config):
+        _check_type(where, ref, val)
+    for key, choices in [("stage", ("rl", "sft")), ("algo.name", ALGORITHMS),
+                         ("algo.advantage", ADVANTAGES), ("algo.loss", POLICY_LOSSES),
+                         ("algo.agg", AGGREGATIONS), ("algo.kl_kind", KL_KINDS),
+                         ("algo.old_logp", OLD_LOGP), ("data.curriculum", CURRICULA),
+                         ("data.source", ("synthetic", "files")),
+                         ("optim.schedule", SCHEDULES), ("rollout.engine", ("jax", "sglang")),
+                         ("retrieval.kind", ("bm25", "http")),
+                         ("env.instruction", ("short", "search_r1")),
+                         ("model.dtype", ("float32", "bfloat16")),
+                         ("model.param_dtype", ("float32", "bfloat16"))]:
+        if _get(config, key) not in choices:
+            raise ValueError(f"config key {key!r} is {_get(config, key)!r}; choose one of "
+                             f"{list(choices)}")
+
+    algo, rollout = config.algo, config.rollout
+    def fail(msg):
+        raise ValueError(f"invalid config: {msg}")
+
+    if (algo.advantage == "gae") != (algo.name == "ppo"):
+        fail(f"algo.advantage='gae' goes with algo.name='ppo' (a critic); got "
+             f"algo.name={algo.name!r}, algo.advantage={algo.advantage!r}")
+    if algo.name == "ppo" and not (algo.critic_lr > 0 and algo.value_coef > 0):
+        fail("algo.name='ppo' needs critic settings: algo.critic_lr > 0 and "
+             "algo.value_coef > 0")
+    group_based = algo.advantage in ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
+    if group_based and rollout.group_size < 2:
+        fail(f"algo.advantage={algo.advantage!r} compares samples within a group: "
+             f"rollout.group_size must be >= 2, got {rollout.group_size}")
+    if algo.dynamic_sampling and not group_based:
+        fail("algo.dynamic_sampling filters zero-variance groups: it needs a "
+             "group-based advantage")
+    if not (0 <= algo.clip_low < 1 and algo.clip_high >= 0):
+        fail(f"clip range must satisfy 0 <= algo.clip_low < 1 and algo.clip_high >= 0; "
+             f"got {algo.clip_low}, {algo.clip_high}")
+    if algo.dual_clip and algo.dual_clip <= 1:
+        fail(f"algo.dual_clip must be > 1 (or 0 to disable), got {algo.dual_clip}")
+    if algo.kl_coef < 0 or algo.entropy_coef < 0:
+        fail("algo.kl_coef and algo.entropy_coef must be >= 0")
+    if not (0 <= algo.gamma <= 1 and 0 <= algo.lam <= 1):
+        fail("algo.gamma and algo.lam must lie in [0, 1]")
+    batch = rollout.prompts_per_step * rollout.group_size
+    if batch % algo.minibatches:
+        fail(f"rollout batch {batch} (prompts_per_step x group_size) is not divisible "
+             f"by algo.minibatches={algo.minibatches}")
+    minibatch = batch // algo.minibatches
+    if algo.microbatch_size and minibatch % algo.microbatch_size:
+        fail(f"minibatch size {minibatch} is not divisible by "
+             f"algo.microbatch_size={algo.microbatch_size}")
+    if rollout.temperature < 0 or rollout.final_temperature < 0:
+        fail("rollout temperatures must be >= 0")
+    if not 0 < rollout.top_p <= 1:
+        fail(f"rollout.top_p must lie in (0, 1], got {rollout.top_p}")
+    if rollout.engine == "sglang" and not rollout.sglang_urls:
+        fail("rollout.engine='sglang' needs rollout.sglang_urls")
+    if config.retrieval.kind == "http" and not config.retrieval.url:
+        fail("retrieval.kind='http' needs retrieval.url")
+    if config.data.source == "files" and not config.data.train_path:
+        fail("data.source='files' needs data.train_path")
+    if config.multihost.enabled and not (config.multihost.coordinator
+                                         and config.multihost.num_processes > 1):
+        fail("multihost.enabled needs multihost.coordinator and num_processes > 1")
+    if config.optim.lr <= 0:
+        fail(f"optim.lr must be > 0, got {config.optim.lr}")
+    if config.stage == "sft" and config.sft.steps <= 0:
+        fail("stage='sft' needs sft.steps > 0")
+    return config
