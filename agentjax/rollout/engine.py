@@ -6,7 +6,9 @@ JaxEngine and a pool of SGLang servers are interchangeable behind the agent loop
 Multi-turn: a request may carry a `session_id`. Its `input_ids` are then the whole
 conversation so far (prompt, earlier outputs, observations), and an engine that keeps
 per-session KV caches (JaxEngine) prefills only the tokens past what it has cached.
-Engines without sessions (SGLang's radix cache reuses prefixes on its own) ignore it.
+Engines without sessions (SGLang's radix cache reuses prefixes on its own) ignore it;
+`end_session` tells an engine a session will not come back (the agent loop calls it when
+an episode ends).
 """
 from __future__ import annotations
 
@@ -88,3 +90,6 @@ class Engine(Protocol):
 
     def health(self) -> bool:
         """True when the engine can serve requests."""
+
+    def end_session(self, session_id: str) -> None:
+        """Frees what the engine keeps for a session (no-op for engines without any)."""
