@@ -1,0 +1,245 @@
+"""Composite reward chosen by config (seed §7.5): total = sum of weight * component.
+
+    reward_fn = make_reward_fn({
+        "components": {
+            "exact_match": {"weight": 1.0},
+            "format": {"weight": 0.2},
+            "process": {"weight": 0.3, "include_answer": False},
+            "f1": {"weight": 0.0},          # weight 0: computed and logged only
+        },
+        "min_outcome_share": 0.5,
+    })
+    total, components = reward_fn(task, log)
+
+Every component is a pure function of `(task, log)` with known bounds [low, high] and a
+kind: "outcome" (did the task succeed), "process" (subgoals) or "shaping" (format, tool
+use, length). The outcome must decide at least `min_outcome_share` (default one half,
+seed §7.5) of the total's range: sum over outcome components of |w| * (high - low) must
+be at least that share of the sum over all components. Hence a policy that maxes every
+process and shaping term but fails the task can never out-score one that succeeds.
+Components that need objects (a sandbox, a judge) receive them as keyword resources:
+`make_reward_fn(config, sandbox=..., judge=...)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Awaitable, Callable, Mapping
+
+from agentjax.envs.base import EpisodeLog, Task
+from agentjax.rewards import code, format as format_lib, math as math_lib, outcome
+from agentjax.rewards import process, tools
+
+KINDS = ("outcome", "process", "shaping")
+ScoreFn = Callable[[Task, EpisodeLog], float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Component:
+    """One named reward term.
+
+    Attributes:
+      name: registry name (also the key in the returned components dict).
+      kind: "outcome", "process" or "shaping".
+      fn: (task, log) -> float within [low, high].
+      low, high: bounds of fn.
+      afn: optional async version (judges); used by `RewardFn.ascore`.
+    """
+
+    name: str
+    kind: str
+    fn: ScoreFn
+    low: float
+    high: float
+    afn: Callable[[Task, EpisodeLog], Awaitable[float]] | None = None
+
+
+_REGISTRY: dict[str, tuple[str, Callable[..., Component]]] = {}
+
+
+def register_reward(name: str, kind: str):
+    """Decorator: registers `factory(name, kind, **options_and_resources) -> Component`."""
+    if kind not in KINDS:
+        raise ValueError(f"reward kind must be one of {KINDS}, got {kind!r}")
+
+    def wrap(factory):
+        if name in _REGISTRY:
+            raise ValueError(f"reward component {name!r} is already registered")
+        _REGISTRY[name] = (kind, factory)
+        return factory
+
+    return wrap
+
+
+def registered_rewards() -> dict[str, str]:
+    """Registered component names and their kinds."""
+    return {name: kind for name, (kind, _) in _REGISTRY.items()}
+
+
+def _answers_required(task: Task) -> tuple[str, ...]:
+    if not task.answers:
+        raise ValueError(f"task {task.task_id!r} has no answers; an answer-match reward "
+                         "needs Task.answers")
+    return task.answers
+
+
+@register_reward("exact_match", "outcome")
+def _exact_match(name, kind):
+    return Component(name, kind, lambda task, log: outcome.exact_match(
+        outcome.episode_answer(log), _answers_required(task)), 0.0, 1.0)
+
+
+@register_reward("f1", "outcome")
+def _f1(name, kind):
+    return Component(name, kind, lambda task, log: outcome.f1_score(
+        outcome.episode_answer(log), _answers_required(task)), 0.0, 1.0)
+
+
+@register_reward("math_match", "outcome")
+def _math_match(name, kind):
+    return Component(name, kind, lambda task, log: math_lib.math_answer_match(
+        outcome.episode_answer(log), _answers_required(task)), 0.0, 1.0)
+
+
+@register_reward("tests_pass", "outcome")
+def _tests_pass(name, kind, *, sandbox, timeout_s: float = 5.0, memory_mb: int = 512,
+                max_workers: int = 4):
+    def fn(task, log):
+        if "tests" not in task.metadata:
+            raise ValueError(f"task {task.task_id!r} has no metadata['tests'] for tests_pass")
+        answer = outcome.episode_answer(log)
+        program = None if answer is None else code.extract_code(answer)
+        return code.tests_pass_fraction(program, task.metadata["tests"], sandbox,
+                                        timeout_s=timeout_s, memory_mb=memory_mb,
+                                        max_workers=max_workers)
+
+    return Component(name, kind, fn, 0.0, 1.0)
+
+
+@register_reward("judge", "outcome")
+def _judge(name, kind, *, judge):
+    return Component(name, kind, judge, min(0.0, judge.unparsable_score),
+                     max(1.0, judge.unparsable_score), afn=judge.ascore)
+
+
+@register_reward("format", "shaping")
+def _format(name, kind, *, action_tags=("search", "answer"), terminal_tags=("answer",),
+            think_tag="think"):
+    return Component(name, kind, lambda task, log: format_lib.format_score(
+        log, action_tags=tuple(action_tags), terminal_tags=tuple(terminal_tags),
+        think_tag=think_tag), 0.0, 1.0)
+
+
+@register_reward("tool_shaping", "shaping")
+def _tool_shaping(name, kind, **options):
+    signature = inspect.signature(tools.tool_shaping)
+    unknown = [k for k in options if k == "log" or k not in signature.parameters]
+    if unknown:
+        raise ValueError(f"reward component {name!r}: unknown options {unknown}")
+    cap = options.get("cap", signature.parameters["cap"].default)
+    return Component(name, kind, lambda task, log: tools.tool_shaping(log, **options),
+                     -cap, cap)
+
+
+@register_reward("process", "process")
+def _process(name, kind, *, include_answer: bool = True):
+    return Component(name, kind, lambda task, log: process.subgoal_reward(
+        task, log, include_answer=include_answer), 0.0, 1.0)
+
+
+class RewardFn:
+    """`reward_fn(task, log) -> (total, {component name: unweighted value})`.
+
+    Attributes:
+      components: the configured Components, in config order.
+      weights: {name: weight}.
+    """
+
+    def __init__(self, components: list[Component], weights: Mapping[str, float]):
+        self.components = components
+        self.weights = dict(weights)
+
+    def _total(self, values: dict[str, float]) -> tuple[float, dict[str, float]]:
+        for c in self.components:
+            if not c.low - 1e-9 <= values[c.name] <= c.high + 1e-9:
+                raise AssertionError(f"reward component {c.name!r} returned {values[c.name]}, "
+                                     f"outside its bounds [{c.low}, {c.high}]")
+        return sum(self.weights[n] * v for n, v in values.items()), values
+
+    def __call__(self, task: Task, log: EpisodeLog) -> tuple[float, dict[str, float]]:
+        return self._total({c.name: float(c.fn(task, log)) for c in self.components})
+
+    async def ascore(self, task: Task, log: EpisodeLog) -> tuple[float, dict[str, float]]:
+        """Same as calling, awaiting async components (judges) on the running loop."""
+        values = {}
+        for c in self.components:
+            values[c.name] = float(await c.afn(task, log) if c.afn else c.fn(task, log))
+        return self._total(values)
+
+
+def _plain(config: Any) -> Any:
+    if hasattr(config, "to_dict"):  # ml_collections.ConfigDict
+        config = config.to_dict()
+    if isinstance(config, Mapping):
+        return {k: _plain(v) for k, v in config.items()}
+    return config
+
+
+def outcome_share(components: list[Component], weights: Mapping[str, float]) -> float:
+    """Share of the total's range decided by outcome components (1.0 when no range)."""
+    span = {c.name: abs(weights[c.name]) * (c.high - c.low) for c in components}
+    total = sum(span.values())
+    if total == 0:
+        return 1.0
+    return sum(span[c.name] for c in components if c.kind == "outcome") / total
+
+
+def make_reward_fn(config: Mapping[str, Any], **resources: Any) -> RewardFn:
+    """Builds the composite reward of `config` (module docstring).
+
+    Args:
+      config: {"components": {name: {"weight": w, **options} or w}, "min_outcome_share":
+        s (default 0.5)}; a dict or an ml_collections ConfigDict.
+      **resources: objects components need, e.g. sandbox=Sandbox(...) for "tests_pass",
+        judge=LLMJudge(...) for "judge".
+
+    Raises:
+      ValueError: unknown component or option, missing resource, or an outcome share
+        below `min_outcome_share`.
+    """
+    config = _plain(config)
+    unknown = set(config) - {"components", "min_outcome_share"}
+    if unknown or not config.get("components"):
+        raise ValueError(f"reward config needs a non-empty 'components' mapping (and optional "
+                         f"'min_outcome_share'); unknown keys: {sorted(unknown)}")
+    components, weights = [], {}
+    for name, spec in config["components"].items():
+        if name not in _REGISTRY:
+            raise ValueError(f"unknown reward component {name!r}; registered: {sorted(_REGISTRY)}")
+        spec = {"weight": spec} if isinstance(spec, (int, float)) else dict(spec)
+        if "weight" not in spec:
+            raise ValueError(f"reward component {name!r} needs a 'weight'")
+        weights[name] = float(spec.pop("weight"))
+        kind, factory = _REGISTRY[name]
+        params = dict(inspect.signature(factory).parameters)
+        for key, param in params.items():
+            if param.kind == param.KEYWORD_ONLY and param.default is param.empty:
+                if key not in resources:
+                    raise ValueError(f"reward component {name!r} needs {key!r}: pass it as "
+                                     f"make_reward_fn(config, {key}=...)")
+                spec[key] = resources[key]
+        takes_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
+        unknown = [k for k in spec if k in ("name", "kind")
+                   or (k not in params and not takes_any)]
+        if unknown:
+            options = [p for p in params if p not in ("name", "kind")]
+            raise ValueError(f"reward component {name!r}: unknown options {unknown}; "
+                             f"it takes {options}")
+        components.append(factory(name, kind, **spec))
+    share, required = outcome_share(components, weights), config.get("min_outcome_share", 0.5)
+    if share < required:
+        raise ValueError(
+            f"reward config lets the outcome decide only {share:.0%} of the total (required: "
+            f"{required:.0%}); raise the outcome weight or lower the process/shaping weights "
+            "(a policy must not out-score a correct one by gaming subgoals or shaping)")
+    return RewardFn(components, weights)
