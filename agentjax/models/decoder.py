@@ -1,0 +1,350 @@
+"""The policy decoder: one Flax NNX module for the Llama 3.x / Qwen2 / Qwen3 family.
+
+    model = Decoder(config, rngs=nnx.Rngs(0))              # or hf.load_hf(path)
+    hidden, _ = model(tokens, positions, segment_ids)      # [B, T, D]
+    logits = model.logits(hidden)                          # [B, T, V] float32
+    w = model.lm_head_weight()                             # [D, V] for rl.logprobs
+
+Inputs (all [B, T] int32):
+  tokens: token ids.
+  positions: RoPE positions (`positions_from_segments` for packed / left-padded
+    batches, `cache.cache_positions` to continue cached rows).
+  segment_ids: 0 marks padding; tokens with equal nonzero ids attend to each other
+    causally (by array order) and never to other segments. One id per row with left
+    padding, several per row for packing.
+With a `KVCache` (see cache.py) the same call prefills, decodes one token, or appends a
+chunk to rows at different lengths, and returns the updated cache.
+
+Pure-functional idiom for jit / optax / sharding — the trainer keeps `params` (an
+`nnx.State` pytree of Params) in its TrainState and the graphdef as static data:
+
+    graphdef, params = nnx.split(model)
+    @jax.jit
+    def loss_fn(params, batch):
+        model = nnx.merge(graphdef, params)        # free: happens at trace time
+        hidden, _ = model(batch.tokens, batch.positions, batch.segment_ids)
+        return token_logprobs(hidden, model.lm_head_weight(), ...)
+    # or: hidden, cache = apply(graphdef, params, tokens, positions, segment_ids, cache)
+
+Parameters live stacked over layers (leading axis `layers`) and the layers run under
+`jax.lax.scan`, so compile time does not grow with depth; each layer is rematerialized
+per `config.remat`. Every Param carries `logical_axes` metadata (parallel.py). Norms,
+softmax and logits are float32 whatever `config.dtype` is.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from agentjax.models.cache import KVCache, write_slots
+from agentjax.models.config import ModelConfig
+from agentjax.parallel import LogicalSharding, constrain
+
+_INIT_STD = 0.02  # HF `initializer_range` default for these families
+_MASKED = -1e30   # finite, so fully masked (padding) query rows give no NaN
+
+
+def layer_param_specs(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple, str]]:
+    """Per stacked layer parameter: (shape, logical axes, init) with init in
+    {"normal", "ones", "zeros"}. The leading axis is the layer axis."""
+    c = config
+    L, D, H, K, hd, F = (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads,
+                         c.head_dim, c.intermediate_size)
+    specs = {
+        "attn_norm": ((L, D), ("layers", None), "ones"),
+        "q_proj": ((L, D, H, hd), ("layers", "embed", "heads", "head_dim"), "normal"),
+        "k_proj": ((L, D, K, hd), ("layers", "embed", "kv_heads", "head_dim"), "normal"),
+        "v_proj": ((L, D, K, hd), ("layers", "embed", "kv_heads", "head_dim"), "normal"),
+        "o_proj": ((L, H, hd, D), ("layers", "heads", "head_dim", "embed"), "normal"),
+        "mlp_norm": ((L, D), ("layers", None), "ones"),
+        "gate_proj": ((L, D, F), ("layers", "embed", "mlp"), "normal"),
+        "up_proj": ((L, D, F), ("layers", "embed", "mlp"), "normal"),
+        "down_proj": ((L, F, D), ("layers", "mlp", "embed"), "normal"),
+    }
+    if c.qkv_bias:
+        specs["q_bias"] = ((L, H, hd), ("layers", "heads", "head_dim"), "zeros")
+        specs["k_bias"] = ((L, K, hd), ("layers", "kv_heads", "head_dim"), "zeros")
+        specs["v_bias"] = ((L, K, hd), ("layers", "kv_heads", "head_dim"), "zeros")
+    if c.o_bias:
+        specs["o_bias"] = ((L, D), ("layers", None), "zeros")
+    if c.qk_norm:
+        specs["q_norm"] = ((L, hd), ("layers", None), "ones")
+        specs["k_norm"] = ((L, hd), ("layers", None), "ones")
+    return specs
+
+
+def _init(kind: str, key: jax.Array, shape: tuple[int, ...], dtype: str) -> jax.Array:
+    if kind == "normal":
+        return (_INIT_STD * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+    return (jnp.ones if kind == "ones" else jnp.zeros)(shape, dtype)
+
+
+def remat_policy(name: str):
+    """The `jax.checkpoint` policy of a `ModelConfig.remat` name (None: no remat).
+
+    "full" saves nothing (recompute the whole layer), "dots" saves every matmul output,
+    "dots_no_batch" saves weight matmuls but recomputes attention scores.
+    """
+    policies = jax.checkpoint_policies
+    return {
+        "none": None,
+        "full": policies.nothing_saveable,
+        "dots": policies.checkpoint_dots,
+        "dots_no_batch": policies.dots_with_no_batch_dims_saveable,
+    }[name]
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """x / rms(x) * weight over the last axis, in float32; returns x's dtype."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (weight.astype(jnp.float32) * normed).astype(x.dtype)
+
+
+def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [B, T, head_dim] (float32) of the HF half-split rotary embedding."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    angles = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotates x [B, T, heads, head_dim] by the tables [B, T, head_dim]."""
+    half = x.shape[-1] // 2
+    x32 = x.astype(jnp.float32)
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    return out.astype(x.dtype)
+
+
+def segment_mask(segment_ids: jax.Array) -> jax.Array:
+    """[B, T, T] bool: query t sees key s <= t of the same nonzero segment."""
+    t = segment_ids.shape[1]
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    real = (segment_ids != 0)[:, :, None]
+    causal = jnp.tril(jnp.ones((t, t), bool))[None]
+    return same & real & causal
+
+
+def cache_mask(slots: jax.Array, max_len: int) -> jax.Array:
+    """[B, T, max_len] bool: a new token at slot s sees cache slots <= s (padding,
+    slot -1, sees nothing)."""
+    return jnp.arange(max_len)[None, None, :] <= slots[:, :, None]
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query softmax attention.
+
+    Args:
+      q: [B, T, H, hd] queries.
+      k, v: [B, S, K, hd] keys / values, H a multiple of K (query head h reads kv head
+        h // (H // K), as HF's repeat_kv).
+      mask: [B, T, S] bool, True where query t may attend key s.
+
+    Returns:
+      [B, T, H, hd] in q's dtype; scores and softmax are float32.
+    """
+    b, t, h, hd = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(b, t, kv_heads, h // kv_heads, hd) * jnp.asarray(hd ** -0.5, q.dtype)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h, hd)
+
+
+def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
+    """RoPE positions for a packed or padded batch: each token's index within its
+    (contiguous) segment; padding gets 0.
+
+    Args:
+      segment_ids: [B, T] int32, 0 = padding.
+    """
+    chex.assert_rank(segment_ids, 2)
+    t = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)[None, :]
+    starts = jnp.concatenate(
+        [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]],
+        axis=1)
+    segment_start = jax.lax.cummax(jnp.where(starts, t, 0), axis=1)
+    return jnp.where(segment_ids != 0, t - segment_start, 0).astype(jnp.int32)
+
+
+class Decoder(nnx.Module):
+    """Llama / Qwen2 / Qwen3 decoder-only transformer (see the module docstring).
+
+    Attributes:
+      config: the ModelConfig (static).
+      activation_sharding: LogicalSharding used to constrain activations, or None (set
+        by `parallel.shard_model` / `parallel.create_sharded`).
+      embed: [V, D] token embedding.
+      layers: stacked per-layer parameters (names in `layer_param_specs`).
+      final_norm: [D] final RMSNorm weight.
+      lm_head: [D, V] output projection (absent when embeddings are tied).
+    """
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        """Random init (normal(0, 0.02) matrices, unit norms, zero biases).
+
+        Args:
+          config: architecture and dtypes.
+          rngs: random streams; `rngs.params()` seeds every parameter.
+        """
+        self.config = config
+        self.activation_sharding: LogicalSharding | None = None
+        dtype = config.param_dtype
+        v, d = config.vocab_size, config.hidden_size
+        self.embed = nnx.Param(_init("normal", rngs.params(), (v, d), dtype),
+                               logical_axes=("vocab", "embed"))
+        self.layers = nnx.Dict({
+            name: nnx.Param(_init(kind, rngs.params(), shape, dtype), logical_axes=axes)
+            for name, (shape, axes, kind) in layer_param_specs(config).items()
+        })
+        self.final_norm = nnx.Param(jnp.ones((d,), dtype), logical_axes=(None,))
+        if not config.tie_embeddings:
+            self.lm_head = nnx.Param(_init("normal", rngs.params(), (d, v), dtype),
+                                     logical_axes=("embed", "vocab"))
+
+    def lm_head_weight(self) -> jax.Array:
+        """[D, V] output projection in the compute dtype (the transposed embedding when
+        tied) — what `logits` multiplies by."""
+        w = self.embed[...].T if self.config.tie_embeddings else self.lm_head[...]
+        return w.astype(self.config.dtype)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """[B, T, V] float32 logits of final hidden states [B, T, D]."""
+        chex.assert_rank(hidden, 3)
+        logits = jnp.einsum("btd,dv->btv", hidden, self.lm_head_weight(),
+                            preferred_element_type=jnp.float32)
+        return constrain(logits, ("batch", "seq", "vocab"), self.activation_sharding)
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array,
+                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+        """Runs the decoder.
+
+        Args:
+          tokens: [B, T] int32 token ids.
+          positions: [B, T] int32 RoPE positions.
+          segment_ids: [B, T] int32, 0 = padding (see module docstring).
+          cache: optional KVCache with `batch == B`; the chunk's real tokens are appended
+            at each row's offset.
+
+        Returns:
+          (hidden [B, T, D] in the compute dtype after the final norm, updated cache or
+          None).
+        """
+        chex.assert_rank([tokens, positions, segment_ids], 2)
+        chex.assert_equal_shape([tokens, positions, segment_ids])
+        chex.assert_type([tokens, positions, segment_ids], int)
+        cfg = self.config
+        shard = self.activation_sharding
+        _check_concrete_inputs(tokens, cfg.vocab_size, segment_ids, cache)
+
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype)
+        x = constrain(x, ("batch", "seq", "act_embed"), shard)
+        cos, sin = rope_tables(positions, cfg.rope.inv_freq(cfg.head_dim))
+        params = {name: p[...] for name, p in self.layers.items()}
+
+        if cache is None:
+            mask = segment_mask(segment_ids)
+            scatter_slots = new_lengths = None
+            kv_carry = None
+        else:
+            chex.assert_shape(cache.lengths, (tokens.shape[0],))
+            slots, new_lengths = write_slots(cache.lengths, segment_ids)
+            mask = cache_mask(slots, cache.max_len)
+            # Padding (slot -1) is redirected out of bounds and dropped by the scatter.
+            scatter_slots = jnp.where(slots < 0, cache.max_len, slots)
+            kv_carry = (cache.k, cache.v)
+
+        def layer(carry, xs):
+            x, kv = carry
+            p, index = xs
+            p = {name: w.astype(cfg.dtype) for name, w in p.items()}
+            q, k, v = _qkv(cfg, p, rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), cos, sin)
+            q = constrain(q, ("batch", "seq", "heads", "head_dim"), shard)
+            if kv is not None:
+                kv, k, v = _write_and_read_cache(kv, index, k, v, scatter_slots)
+            out = attention(q, k, v, mask)
+            attn = jnp.einsum("bthk,hkd->btd", out, p["o_proj"])
+            if "o_bias" in p:
+                attn = attn + p["o_bias"]
+            x = constrain(x + attn, ("batch", "seq", "act_embed"), shard)
+            x = x + _mlp(p, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps), shard)
+            return (constrain(x, ("batch", "seq", "act_embed"), shard), kv), None
+
+        policy = remat_policy(cfg.remat)
+        if cfg.remat != "none":
+            layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
+        layer_index = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+        (x, kv_carry), _ = jax.lax.scan(layer, (x, kv_carry), (params, layer_index))
+
+        hidden = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
+        if cache is None:
+            return hidden, None
+        return hidden, KVCache(k=kv_carry[0], v=kv_carry[1], lengths=new_lengths)
+
+
+def _qkv(cfg: ModelConfig, p: dict[str, jax.Array], h: jax.Array, cos: jax.Array,
+         sin: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Projected q [B,T,H,hd], k, v [B,T,K,hd] with biases, q/k norm and RoPE."""
+    q = jnp.einsum("btd,dhk->bthk", h, p["q_proj"])
+    k = jnp.einsum("btd,dhk->bthk", h, p["k_proj"])
+    v = jnp.einsum("btd,dhk->bthk", h, p["v_proj"])
+    if cfg.qkv_bias:
+        q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
+    if cfg.qk_norm:
+        q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
+        k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def _mlp(p: dict[str, jax.Array], h: jax.Array, shard: LogicalSharding | None) -> jax.Array:
+    gate = jnp.einsum("btd,df->btf", h, p["gate_proj"])
+    up = jnp.einsum("btd,df->btf", h, p["up_proj"])
+    act = constrain(jax.nn.silu(gate) * up, ("batch", "seq", "mlp"), shard)
+    return jnp.einsum("btf,fd->btd", act, p["down_proj"])
+
+
+def _write_and_read_cache(kv: tuple[jax.Array, jax.Array], index: jax.Array, k: jax.Array,
+                          v: jax.Array, slots: jax.Array):
+    """Scatters this layer's new k/v [B,T,K,hd] into the stacked cache at `slots` [B,T]
+    (out-of-range slots are dropped) and returns the cache plus this layer's full
+    keys / values [B, S, K, hd] in the compute dtype."""
+    cache_k, cache_v = kv
+    rows = jnp.arange(k.shape[0])[:, None]
+    cache_k = cache_k.at[index, rows, slots].set(k.astype(cache_k.dtype), mode="drop")
+    cache_v = cache_v.at[index, rows, slots].set(v.astype(cache_v.dtype), mode="drop")
+    layer_k = jax.lax.dynamic_index_in_dim(cache_k, index, keepdims=False).astype(k.dtype)
+    layer_v = jax.lax.dynamic_index_in_dim(cache_v, index, keepdims=False).astype(v.dtype)
+    return (cache_k, cache_v), layer_k, layer_v
+
+
+def _check_concrete_inputs(tokens: jax.Array, vocab_size: int, segment_ids: jax.Array,
+                           cache: KVCache | None) -> None:
+    """Value checks for eager calls (under jit the values are unknown and this is a
+    no-op): token ids in range and no cache overflow."""
+    if isinstance(tokens, jax.core.Tracer) or isinstance(segment_ids, jax.core.Tracer):
+        return
+    tokens_np = np.asarray(tokens)
+    if tokens_np.size and (tokens_np.min() < 0 or tokens_np.max() >= vocab_size):
+        raise ValueError(f"tokens must be in [0, {vocab_size}), got range "
+                         f"[{tokens_np.min()}, {tokens_np.max()}]")
+    if cache is None or isinstance(cache.lengths, jax.core.Tracer):
+        return
+    needed = np.asarray(cache.lengths) + (np.asarray(segment_ids) != 0).sum(axis=1)
+    if needed.max(initial=0) > cache.max_len:
+        raise ValueError(f"KV cache overflow: rows need {needed.tolist()} slots, "
+                         f"max_len is {cache.max_len}")
+
+
+def apply(graphdef: nnx.GraphDef, params: Any, tokens: jax.Array, positions: jax.Array,
+          segment_ids: jax.Array, cache: KVCache | None = None):
+    """Functional forward: `nnx.merge(graphdef, params)(tokens, positions, segment_ids,
+    cache)`; returns (hidden [B, T, D], cache)."""
+    return nnx.merge(graphdef, params)(tokens, positions, segment_ids, cache)
