@@ -27,38 +27,55 @@ import inspect
 from typing import Any, Awaitable, Callable, Mapping
 
 from agentjax.envs.base import EpisodeLog, Task
-from agentjax.rewards import code, format as format_lib, math as math_lib, outcome
-from agentjax.rewards import process, tools
+from agentjax.rewards import code, format as format_lib, length, math as math_lib
+from agentjax.rewards import outcome, process, tools
 
 KINDS = ("outcome", "process", "shaping")
 ScoreFn = Callable[[Task, EpisodeLog], float]
 
 
 @dataclasses.dataclass(frozen=True)
-class Component:
-    """One named reward term.
+class Term:
+    """What a registered factory builds: a bounded score function.
 
     Attributes:
-      name: registry name (also the key in the returned components dict).
-      kind: "outcome", "process" or "shaping".
       fn: (task, log) -> float within [low, high].
       low, high: bounds of fn.
       afn: optional async version (judges); used by `RewardFn.ascore`.
     """
 
-    name: str
-    kind: str
     fn: ScoreFn
     low: float
     high: float
     afn: Callable[[Task, EpisodeLog], Awaitable[float]] | None = None
 
 
-_REGISTRY: dict[str, tuple[str, Callable[..., Component]]] = {}
+@dataclasses.dataclass(frozen=True)
+class Component:
+    """One configured reward term: a Term with its registry name and kind."""
+
+    name: str
+    kind: str
+    term: Term
+
+    @property
+    def low(self) -> float:
+        return self.term.low
+
+    @property
+    def high(self) -> float:
+        return self.term.high
+
+
+_REGISTRY: dict[str, tuple[str, Callable[..., Term]]] = {}
 
 
 def register_reward(name: str, kind: str):
-    """Decorator: registers `factory(name, kind, **options_and_resources) -> Component`."""
+    """Decorator: registers `factory(**options_and_resources) -> Term` under `name`.
+
+    Keyword-only factory parameters are filled from the component's config options,
+    else from `make_reward_fn`'s resources; those without a default are required.
+    """
     if kind not in KINDS:
         raise ValueError(f"reward kind must be one of {KINDS}, got {kind!r}")
 
@@ -83,26 +100,37 @@ def _answers_required(task: Task) -> tuple[str, ...]:
     return task.answers
 
 
+def _check_options(component: str, options: Mapping[str, Any], fn: Callable,
+                   reserved: tuple[str, ...] = ("log",)) -> None:
+    """Config-time check that `options` are keyword parameters of `fn`."""
+    params = inspect.signature(fn).parameters
+    unknown = [k for k in options if k in reserved or k not in params]
+    if unknown:
+        known = [p for p in params if p not in reserved]
+        raise ValueError(f"reward component {component!r}: unknown options {unknown}; "
+                         f"it takes {known}")
+
+
 @register_reward("exact_match", "outcome")
-def _exact_match(name, kind):
-    return Component(name, kind, lambda task, log: outcome.exact_match(
+def _exact_match():
+    return Term(lambda task, log: outcome.exact_match(
         outcome.episode_answer(log), _answers_required(task)), 0.0, 1.0)
 
 
 @register_reward("f1", "outcome")
-def _f1(name, kind):
-    return Component(name, kind, lambda task, log: outcome.f1_score(
+def _f1():
+    return Term(lambda task, log: outcome.f1_score(
         outcome.episode_answer(log), _answers_required(task)), 0.0, 1.0)
 
 
 @register_reward("math_match", "outcome")
-def _math_match(name, kind):
-    return Component(name, kind, lambda task, log: math_lib.math_answer_match(
+def _math_match():
+    return Term(lambda task, log: math_lib.math_answer_match(
         outcome.episode_answer(log), _answers_required(task)), 0.0, 1.0)
 
 
 @register_reward("tests_pass", "outcome")
-def _tests_pass(name, kind, *, sandbox, timeout_s: float = 5.0, memory_mb: int = 512,
+def _tests_pass(*, sandbox, timeout_s: float = 5.0, memory_mb: int = 512,
                 max_workers: int = 4):
     def fn(task, log):
         if "tests" not in task.metadata:
@@ -113,38 +141,52 @@ def _tests_pass(name, kind, *, sandbox, timeout_s: float = 5.0, memory_mb: int =
                                         timeout_s=timeout_s, memory_mb=memory_mb,
                                         max_workers=max_workers)
 
-    return Component(name, kind, fn, 0.0, 1.0)
+    return Term(fn, 0.0, 1.0)
 
 
 @register_reward("judge", "outcome")
-def _judge(name, kind, *, judge):
-    return Component(name, kind, judge, min(0.0, judge.unparsable_score),
-                     max(1.0, judge.unparsable_score), afn=judge.ascore)
+def _judge(*, judge):
+    return Term(judge, min(0.0, judge.unparsable_score), max(1.0, judge.unparsable_score),
+                afn=judge.ascore)
 
 
 @register_reward("format", "shaping")
-def _format(name, kind, *, action_tags=("search", "answer"), terminal_tags=("answer",),
+def _format(*, action_tags=("search", "answer"), terminal_tags=("answer",),
             think_tag="think"):
-    return Component(name, kind, lambda task, log: format_lib.format_score(
+    return Term(lambda task, log: format_lib.format_score(
         log, action_tags=tuple(action_tags), terminal_tags=tuple(terminal_tags),
         think_tag=think_tag), 0.0, 1.0)
 
 
 @register_reward("tool_shaping", "shaping")
-def _tool_shaping(name, kind, **options):
-    signature = inspect.signature(tools.tool_shaping)
-    unknown = [k for k in options if k == "log" or k not in signature.parameters]
-    if unknown:
-        raise ValueError(f"reward component {name!r}: unknown options {unknown}")
-    cap = options.get("cap", signature.parameters["cap"].default)
-    return Component(name, kind, lambda task, log: tools.tool_shaping(log, **options),
-                     -cap, cap)
+def _tool_shaping(**options):
+    _check_options("tool_shaping", options, tools.tool_shaping)
+    cap = options.get("cap", inspect.signature(tools.tool_shaping).parameters["cap"].default)
+    return Term(lambda task, log: tools.tool_shaping(log, **options), -cap, cap)
+
+
+@register_reward("length", "shaping")
+def _length(*, penalty: str = "overlong", unit: str = "turns", tokenizer=None, **params):
+    _check_options("length", params, length.length_reward, reserved=("length", "kind"))
+    if unit == "tokens" and tokenizer is None:
+        raise ValueError("reward component 'length' counts tokens: pass "
+                         "make_reward_fn(config, tokenizer=...)")
+    length.episode_length(_EMPTY_LOG, unit=unit, tokenizer=tokenizer)  # validates unit
+    length.length_reward(0, kind=penalty, **params)  # validates the parameters now
+    bounds = length.length_bounds(penalty, factor=params.get("factor", 1.0),
+                                  max_penalty=params.get("max_penalty", 1.0))
+    return Term(lambda task, log: length.length_reward(
+        length.episode_length(log, unit=unit, tokenizer=tokenizer), kind=penalty, **params),
+        *bounds)
 
 
 @register_reward("process", "process")
-def _process(name, kind, *, include_answer: bool = True):
-    return Component(name, kind, lambda task, log: process.subgoal_reward(
+def _process(*, include_answer: bool = True):
+    return Term(lambda task, log: process.subgoal_reward(
         task, log, include_answer=include_answer), 0.0, 1.0)
+
+
+_EMPTY_LOG = EpisodeLog(task=Task(task_id="", question=""))
 
 
 class RewardFn:
@@ -167,13 +209,15 @@ class RewardFn:
         return sum(self.weights[n] * v for n, v in values.items()), values
 
     def __call__(self, task: Task, log: EpisodeLog) -> tuple[float, dict[str, float]]:
-        return self._total({c.name: float(c.fn(task, log)) for c in self.components})
+        return self._total({c.name: float(c.term.fn(task, log)) for c in self.components})
 
     async def ascore(self, task: Task, log: EpisodeLog) -> tuple[float, dict[str, float]]:
         """Same as calling, awaiting async components (judges) on the running loop."""
         values = {}
         for c in self.components:
-            values[c.name] = float(await c.afn(task, log) if c.afn else c.fn(task, log))
+            term = c.term
+            values[c.name] = float(await term.afn(task, log) if term.afn
+                                   else term.fn(task, log))
         return self._total(values)
 
 
@@ -221,21 +265,18 @@ def make_reward_fn(config: Mapping[str, Any], **resources: Any) -> RewardFn:
             raise ValueError(f"reward component {name!r} needs a 'weight'")
         weights[name] = float(spec.pop("weight"))
         kind, factory = _REGISTRY[name]
-        params = dict(inspect.signature(factory).parameters)
+        params = inspect.signature(factory).parameters
         for key, param in params.items():
-            if param.kind == param.KEYWORD_ONLY and param.default is param.empty:
-                if key not in resources:
-                    raise ValueError(f"reward component {name!r} needs {key!r}: pass it as "
-                                     f"make_reward_fn(config, {key}=...)")
+            if param.kind != param.KEYWORD_ONLY or key in spec:
+                continue
+            if key in resources:
                 spec[key] = resources[key]
-        takes_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
-        unknown = [k for k in spec if k in ("name", "kind")
-                   or (k not in params and not takes_any)]
-        if unknown:
-            options = [p for p in params if p not in ("name", "kind")]
-            raise ValueError(f"reward component {name!r}: unknown options {unknown}; "
-                             f"it takes {options}")
-        components.append(factory(name, kind, **spec))
+            elif param.default is param.empty:
+                raise ValueError(f"reward component {name!r} needs {key!r}: pass it as "
+                                 f"make_reward_fn(config, {key}=...)")
+        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            _check_options(name, spec, factory, reserved=())
+        components.append(Component(name, kind, factory(**spec)))
     share, required = outcome_share(components, weights), config.get("min_outcome_share", 0.5)
     if share < required:
         raise ValueError(

@@ -66,6 +66,13 @@ def test_outcome_share_is_enforced():
     ({"components": {}}, "non-empty 'components'"),
     ({"components": {"f1": 1}, "weights": {}}, r"unknown keys: \['weights'\]"),
     ({"components": {"tests_pass": 1}}, "needs 'sandbox'"),
+    ({"components": {"length": {"weight": 0.1, "penalty": "overlong"}}}, "max_len and buffer"),
+    ({"components": {"length": {"weight": 0.1, "penalty": "cubic"}}}, "kind must be one of"),
+    ({"components": {"length": {"weight": 0.1, "unit": "tokens"}}}, "tokenizer"),
+    ({"components": {"length": {"weight": 0.1, "unit": "miles", "max_len": 4, "buffer": 1}}},
+     "unit must be one of"),
+    ({"components": {"length": {"weight": 0.1, "max_len": 4, "buffer": 1, "length": 3}}},
+     r"unknown options \['length'\]"),
 ])
 def test_config_errors(config, match):
     with pytest.raises(ValueError, match=match):
@@ -105,9 +112,24 @@ def test_judge_component_sync_and_async():
 def test_out_of_bounds_component_is_caught(monkeypatch):
     monkeypatch.setattr(composite, "_REGISTRY", dict(composite._REGISTRY))
     composite.register_reward("test_broken", "shaping")(
-        lambda name, kind: composite.Component(name, kind, lambda t, log: 2.0, 0.0, 1.0))
+        lambda: composite.Term(lambda task, log: 2.0, 0.0, 1.0))
     reward_fn = composite.make_reward_fn({"components": {"exact_match": 1.0,
                                                          "test_broken": 0.1}})
     with pytest.raises(AssertionError, match="outside its bounds"):
         reward_fn(TWO_HOP, LUCKY)
     assert composite.registered_rewards()["test_broken"] == "shaping"
+
+
+def test_length_component_counts_turns_or_tokens():
+    config = {"components": {"exact_match": 1.0,
+                             "length": {"weight": 1.0, "penalty": "overlong", "max_len": 3,
+                                        "buffer": 2, "factor": 0.5}}}
+    reward_fn = composite.make_reward_fn(config)
+    # GAMER has 3 turns: exceed = 3 - (3 - 2) = 2 -> -2/2 * 0.5 = -0.5 (its lower bound).
+    assert reward_fn(TWO_HOP, GAMER)[1]["length"] == pytest.approx(-0.5)
+    assert [c.low for c in reward_fn.components] == [0.0, -0.5]
+    config["components"]["length"].update(unit="tokens", max_len=100, buffer=50)
+    reward_fn = composite.make_reward_fn(config, tokenizer=CharTokenizer())
+    chars = sum(len(t.action_text) for t in GAMER.turns)
+    assert reward_fn(TWO_HOP, GAMER)[1]["length"] == pytest.approx(
+        max(-0.5, min(0.0, -(chars - 50) / 50 * 0.5)), abs=1e-6)

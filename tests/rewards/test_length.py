@@ -1,0 +1,43 @@
+import math
+
+import pytest
+
+from agentjax.rewards import length
+from tests.rewards.episodes import OBS_1, TWO_HOP, episode
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+@pytest.mark.parametrize("n, expected", [(0, 0.0), (6, 0.0), (7, -0.25), (8, -0.5), (12, -0.5)])
+def test_overlong_matches_the_dapo_formula(n, expected):
+    # max_len 8, buffer 2, factor 0.5: free up to 6, then -(n - 6) / 2 * 0.5, floor -0.5.
+    got = length.length_reward(n, kind="overlong", max_len=8, buffer=2, factor=0.5)
+    assert got == pytest.approx(expected)
+
+
+def test_linear_is_floored_and_sigmoid_is_a_unit_discount():
+    assert length.length_reward(3, kind="linear", target=4, coef=0.1) == 0.0
+    assert length.length_reward(6, kind="linear", target=4, coef=0.1) == pytest.approx(-0.2)
+    assert length.length_reward(60, kind="linear", target=4, coef=0.1, max_penalty=0.3) == -0.3
+    got = length.length_reward(6, kind="sigmoid", target=4, tau=2.0)
+    assert got == pytest.approx(sigmoid(-(6 - 4) / 2.0) - 1.0, rel=1e-6)
+    assert length.length_bounds("sigmoid") == (-1.0, 0.0)
+
+
+def test_episode_length_units_and_errors():
+    log = episode(TWO_HOP, ("<search> Varo Kessin </search>", OBS_1), "<answer> x </answer>")
+
+    class Words:
+        def encode(self, text):
+            return text.split()
+
+    assert length.episode_length(log) == 2
+    assert length.episode_length(log, unit="tokens", tokenizer=Words()) == 4 + 3
+    with pytest.raises(ValueError, match="tokenizer"):
+        length.episode_length(log, unit="tokens")
+    with pytest.raises(ValueError, match="unit"):
+        length.episode_length(log, unit="bytes")
+    with pytest.raises(ValueError, match="target"):
+        length.length_reward(3, kind="linear", coef=0.1)
