@@ -1,0 +1,359 @@
+"""Float64 numpy references for agentjax.rl, written straight from the formulas.
+
+Deliberately plain: Python loops over rows, tokens and groups, no vectorization tricks, no
+code shared with the library. `m` is always a boolean action mask. Conventions mirrored
+from the library docs: mask-0 outputs are 0; a group of size 1 has mean 0 (and std 1 for
+GRPO); a group whose scores are all equal gets advantage 0; rows with an out-of-range
+group id get 0.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def _f64(*xs):
+    return [np.asarray(x, np.float64) for x in xs]
+
+
+# ---------------------------------------------------------------------------- advantages
+
+
+def gae(rewards, values, mask, gamma, lam):
+    """Masked GAE: recursion over action tokens only, V after the last action token = 0."""
+    rewards, values = _f64(rewards, values)
+    mask = np.asarray(mask, bool)
+    adv = np.zeros_like(rewards)
+    for b in range(rewards.shape[0]):
+        next_value, next_adv = 0.0, 0.0
+        for t in reversed(range(rewards.shape[1])):
+            if not mask[b, t]:
+                continue
+            delta = rewards[b, t] + gamma * next_value - values[b, t]
+            next_adv = delta + gamma * lam * next_adv
+            next_value = values[b, t]
+            adv[b, t] = next_adv
+    returns = np.where(mask, adv + values, 0.0)
+    return adv, returns
+
+
+def reward_to_go(rewards, mask):
+    """Undiscounted sum of the rewards at action positions t' >= t (action tokens only)."""
+    rewards = _f64(rewards)[0]
+    mask = np.asarray(mask, bool)
+    out = np.zeros_like(rewards)
+    for b in range(rewards.shape[0]):
+        for t in range(rewards.shape[1]):
+            if mask[b, t]:
+                out[b, t] = sum(rewards[b, u] for u in range(t, rewards.shape[1]) if mask[b, u])
+    return out
+
+
+def whiten(x, mask, shift_mean=True):
+    x = _f64(x)[0]
+    mask = np.asarray(mask, bool)
+    vals = x[mask]
+    n = len(vals)
+    mean = vals.sum() / max(n, 1)
+    var = ((vals - mean) ** 2).sum() / max(n - 1, 1)
+    out = (x - mean) / math.sqrt(var + 1e-8)
+    if not shift_mean:
+        out = out + mean
+    return np.where(mask, out, 0.0)
+
+
+def _groups(scores, group_ids, num_groups):
+    members = {g: [] for g in range(num_groups)}
+    for i, g in enumerate(group_ids):
+        if 0 <= g < num_groups:
+            members[int(g)].append(float(scores[i]))
+    return members
+
+
+def grpo(scores, group_ids, num_groups, norm_by_std=True, unbiased=True, eps=1e-6):
+    scores = _f64(scores)[0]
+    members = _groups(scores, group_ids, num_groups)
+    out = np.zeros_like(scores)
+    for i, g in enumerate(group_ids):
+        if not 0 <= g < num_groups:
+            continue
+        group = members[int(g)]
+        n = len(group)
+        if n == 1:
+            mean, std = 0.0, 1.0
+        else:
+            if max(group) == min(group):
+                continue  # zero variance -> exactly 0
+            mean = sum(group) / n
+            std = math.sqrt(sum((s - mean) ** 2 for s in group) / (n - 1 if unbiased else n))
+        out[i] = (scores[i] - mean) / (std + eps) if norm_by_std else scores[i] - mean
+    return out
+
+
+def rloo(scores, group_ids, num_groups):
+    scores = _f64(scores)[0]
+    members = _groups(scores, group_ids, num_groups)
+    out = np.zeros_like(scores)
+    for i, g in enumerate(group_ids):
+        if not 0 <= g < num_groups:
+            continue
+        group = members[int(g)]
+        n = len(group)
+        if n == 1:
+            out[i] = scores[i]
+        elif max(group) != min(group):
+            others = (sum(group) - scores[i]) / (n - 1)
+            out[i] = scores[i] - others  # leave-one-out baseline
+    return out
+
+
+def discounted_returns(rewards, mask, gamma):
+    """G_t = sum over later action tokens u >= t of gamma^(#action tokens between) r_u."""
+    rewards = _f64(rewards)[0]
+    mask = np.asarray(mask, bool)
+    out = np.zeros_like(rewards)
+    for b in range(rewards.shape[0]):
+        running = 0.0
+        for t in reversed(range(rewards.shape[1])):
+            if mask[b, t]:
+                running = rewards[b, t] + gamma * running
+                out[b, t] = running
+    return out
+
+
+def reinforce_plus_plus(rewards, mask, gamma):
+    return whiten(discounted_returns(rewards, mask, gamma), mask)
+
+
+def reinforce_plus_plus_baseline(scores, group_ids, num_groups, mask):
+    scores = _f64(scores)[0]
+    members = _groups(scores, group_ids, num_groups)
+    centered = np.zeros_like(scores)
+    for i, g in enumerate(group_ids):
+        if not 0 <= g < num_groups:
+            continue
+        group = members[int(g)]
+        if len(group) == 1:
+            centered[i] = scores[i]
+        elif max(group) != min(group):
+            centered[i] = scores[i] - sum(group) / len(group)
+    mask = np.asarray(mask, bool)
+    return whiten(np.where(mask, centered[:, None], 0.0), mask)
+
+
+def turn_returns(turn_rewards, turn_ids, mask, gamma):
+    turn_rewards = _f64(turn_rewards)[0]
+    mask = np.asarray(mask, bool)
+    num_turns = turn_rewards.shape[1]
+    out = np.zeros(mask.shape)
+    for b in range(mask.shape[0]):
+        for t in range(mask.shape[1]):
+            k = int(turn_ids[b, t])
+            if mask[b, t] and 0 <= k < num_turns:
+                out[b, t] = sum(gamma ** (j - k) * turn_rewards[b, j] for j in range(k, num_turns))
+    return out
+
+
+# ---------------------------------------------------------------------------- kl
+
+
+def kl(logp, ref_logp, kind):
+    """Values of the per-token KL estimators ("+" variants have the value of k1 / k3)."""
+    logp, ref_logp = _f64(logp, ref_logp)
+    d = logp - ref_logp
+    kind = kind.rstrip("+")
+    if kind == "k1":
+        return d
+    if kind == "k2":
+        return 0.5 * d**2
+    log_ratio = np.clip(-d, -20, 20)
+    return np.clip(np.exp(log_ratio) - log_ratio - 1, -10, 10)
+
+
+def kl_grad(logp, ref_logp, kind):
+    """d kl / d logp per token."""
+    logp, ref_logp = _f64(logp, ref_logp)
+    d = logp - ref_logp
+    if kind in ("k2", "k1+", "k3+"):
+        return d
+    if kind == "k1":
+        return np.ones_like(d)
+    # k3 = exp(-d) + d - 1 -> 1 - exp(-d), zero where a clamp is active.
+    value = np.exp(-d) + d - 1
+    return np.where((np.abs(d) < 20) & (value < 10), 1 - np.exp(-d), 0.0)
+
+
+def entropy(logits):
+    logits = _f64(logits)[0]
+    out = np.zeros(logits.shape[:-1])
+    for idx in np.ndindex(*logits.shape[:-1]):
+        z = logits[idx]
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        out[idx] = -sum(pi * math.log(pi) for pi in p if pi > 0)
+    return out
+
+
+# ---------------------------------------------------------------------------- losses
+
+
+def aggregate(x, mask, mode, num_tokens=None, num_seqs=None, constant=None):
+    """Aggregation with explicit global denominators (defaults: this batch's counts)."""
+    x = _f64(x)[0]
+    mask = np.asarray(mask, bool)
+    if num_tokens is None:
+        num_tokens = max(mask.sum(), 1)
+    if num_seqs is None:
+        num_seqs = max(int((mask.sum(1) > 0).sum()), 1)
+    if constant is None:
+        constant = mask.shape[1]
+    row_sums = [sum(x[b, t] for t in range(x.shape[1]) if mask[b, t]) for b in range(x.shape[0])]
+    if mode == "token-mean":
+        return sum(row_sums) / num_tokens
+    if mode == "seq-mean-token-mean":
+        return sum(s / max(mask[b].sum(), 1) for b, s in enumerate(row_sums)) / num_seqs
+    if mode == "seq-mean-token-sum":
+        return sum(row_sums) / num_seqs
+    if mode == "seq-mean-token-sum-norm":
+        return sum(row_sums) / (num_seqs * constant)
+    raise ValueError(mode)
+
+
+def policy_token_loss(logp, old_logp, adv, mask, kind, clip_low, clip_high, dual_clip=None):
+    """Per-token policy loss values (0 at mask-0 positions)."""
+    logp, old_logp, adv = _f64(logp, old_logp, adv)
+    mask = np.asarray(mask, bool)
+    out = np.zeros_like(logp)
+    for b in range(logp.shape[0]):
+        n = mask[b].sum()
+        seq_log_ratio = sum(logp[b, t] - old_logp[b, t] for t in range(logp.shape[1]) if mask[b, t])
+        seq_ratio = math.exp(min(seq_log_ratio / max(n, 1), 10.0))
+        for t in range(logp.shape[1]):
+            if not mask[b, t]:
+                continue
+            a = adv[b, t]
+            ratio = math.exp(min(max(logp[b, t] - old_logp[b, t], -20), 20))
+            clipped = min(max(ratio, 1 - clip_low), 1 + clip_high)
+            if kind == "ppo":
+                loss = max(-a * ratio, -a * clipped)
+                if dual_clip is not None and a < 0:
+                    loss = min(loss, -a * dual_clip)
+            elif kind == "gspo":
+                s_clipped = min(max(seq_ratio, 1 - clip_low), 1 + clip_high)
+                loss = max(-a * seq_ratio, -a * s_clipped)
+            elif kind == "cispo":
+                loss = -clipped * a * logp[b, t]
+            elif kind == "reinforce":
+                loss = -a * logp[b, t]
+            else:
+                raise ValueError(kind)
+            out[b, t] = loss
+    return out
+
+
+def policy_token_grad(logp, old_logp, adv, mask, kind, clip_low, clip_high, dual_clip=None):
+    """d(per-token loss)/d logp_t for the kinds whose loss is per-token separable.
+
+    GSPO is not separable (its value depends on the sequence mean); its GSPO-token gradient
+    per token is d/d logp_t [max(-A s, -A clip(s))] with s held at the sequence ratio:
+    -A s where the unclipped branch is active, else 0.
+    """
+    logp, old_logp, adv = _f64(logp, old_logp, adv)
+    mask = np.asarray(mask, bool)
+    out = np.zeros_like(logp)
+    for b in range(logp.shape[0]):
+        n = mask[b].sum()
+        seq_log_ratio = sum(logp[b, t] - old_logp[b, t] for t in range(logp.shape[1]) if mask[b, t])
+        seq_ratio = math.exp(min(seq_log_ratio / max(n, 1), 10.0))
+        for t in range(logp.shape[1]):
+            if not mask[b, t]:
+                continue
+            a = adv[b, t]
+            ratio = math.exp(logp[b, t] - old_logp[b, t])
+            if kind == "ppo":
+                clipped = min(max(ratio, 1 - clip_low), 1 + clip_high)
+                unclipped_active = -a * ratio >= -a * clipped
+                grad = -a * ratio if unclipped_active else 0.0
+                if dual_clip is not None and a < 0 and max(-a * ratio, -a * clipped) > -a * dual_clip:
+                    grad = 0.0
+            elif kind == "gspo":
+                s_clipped = min(max(seq_ratio, 1 - clip_low), 1 + clip_high)
+                grad = -a * seq_ratio if -a * seq_ratio >= -a * s_clipped else 0.0
+            elif kind == "cispo":
+                grad = -min(max(ratio, 1 - clip_low), 1 + clip_high) * a
+            elif kind == "reinforce":
+                grad = -a
+            else:
+                raise ValueError(kind)
+            out[b, t] = grad
+    return out
+
+
+def value_token_loss(values, old_values, returns, mask, clip=None):
+    values, old_values, returns = _f64(values, old_values, returns)
+    mask = np.asarray(mask, bool)
+    out = np.zeros_like(values)
+    for idx in zip(*np.nonzero(mask)):
+        err = (values[idx] - returns[idx]) ** 2
+        if clip is not None:
+            v_clip = old_values[idx] + min(max(values[idx] - old_values[idx], -clip), clip)
+            err = max(err, (v_clip - returns[idx]) ** 2)
+        out[idx] = 0.5 * err
+    return out
+
+
+# ---------------------------------------------------------------------------- logprobs
+
+
+def token_logprobs(hidden, lm_head, targets, temperature=1.0):
+    hidden, lm_head = _f64(hidden, lm_head)
+    b_, t_ = targets.shape
+    logp = np.zeros((b_, t_))
+    ent = np.zeros((b_, t_))
+    for b in range(b_):
+        for t in range(t_):
+            z = hidden[b, t] @ lm_head / temperature
+            lse = z.max() + math.log(np.exp(z - z.max()).sum())
+            logp[b, t] = z[targets[b, t]] - lse
+            p = np.exp(z - lse)
+            ent[b, t] = -(p * (z - lse)).sum()
+    return logp, ent
+
+
+# ---------------------------------------------------------------------------- shaping
+
+
+def overlong_penalty(lengths, max_len, buffer, factor):
+    out = []
+    for n in np.asarray(lengths, np.float64):
+        exceed = n - (max_len - buffer)
+        if exceed <= 0:
+            out.append(0.0)
+        elif n > max_len:
+            out.append(-factor)
+        else:
+            out.append(-exceed / buffer * factor)
+    return np.array(out)
+
+
+def length_penalty(rewards, lengths, target, kind, coef=None, tau=None):
+    out = []
+    for r, n in zip(np.asarray(rewards, np.float64), np.asarray(lengths, np.float64)):
+        if kind == "linear":
+            out.append(r - coef * max(0.0, n - target))
+        else:
+            out.append(r / (1 + math.exp((n - target) / tau)))
+    return np.array(out)
+
+
+def dynamic_sampling_keep(scores, group_ids, num_groups):
+    members = _groups(np.asarray(scores, np.float64), group_ids, num_groups)
+    keep = []
+    for g in group_ids:
+        if not 0 <= g < num_groups:
+            keep.append(False)
+            continue
+        group = members[int(g)]
+        keep.append(len(group) > 1 and float(np.std(group)) > 0)
+    return np.array(keep)
