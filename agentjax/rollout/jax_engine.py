@@ -1,0 +1,692 @@
+"""JaxEngine: the in-process rollout engine (continuous batching over a fixed KV cache).
+
+    engine = JaxEngine.from_model(model, tokenizer=tok, max_slots=32, max_len=1024)
+    [[completion]] = await engine.generate([GenerateRequest(ids, SamplingParams(...))])
+    engine.update_weights(new_params, version=3)     # in place, no recompilation
+
+Design (static shapes, so XLA compiles a handful of programs once):
+- A cache of `max_slots + 1` rows x `max_len` slots (`models.cache.KVCache`, a write
+  offset per row). Each in-flight sequence owns one row; the extra row is scratch for
+  the padding rows of a prefill batch.
+- Prefill: the admitted sequences' new tokens are right-padded into a [P, C] chunk, C
+  from `prefill_chunks`, P from `prefill_rows` (their cache rows are gathered, run
+  and scattered back) or all rows at once when more sequences are admitted than the
+  largest P. A prompt longer than the largest chunk takes several rounds. The last
+  real token's logits give the first sampled token.
+- Decode: one jitted program runs `decode_steps` single-token steps over all rows
+  (`lax.scan`); rows stop on device at a stop id, their token budget or a full cache,
+  so the host syncs once per `decode_steps` tokens. Stop strings are checked on the
+  host by decoding a window of each row's newest tokens; tokens sampled after a
+  stop string are discarded and the row's cache length rolled back.
+- Continuous batching: a scheduler thread admits waiting requests into free rows
+  between decode rounds; when idle it waits `batch_wait_s` after the first arrival to
+  gather concurrent callers. Sequences finish independently.
+- Sessions (`GenerateRequest.session_id`): after a turn the row stays parked with its
+  cache. The next request of the session is checked token by token against the cached
+  ids; the common prefix is reused and only the rest is prefilled (`meta
+  ["cached_tokens"]`). When rows run out, the least recently used parked session is
+  evicted; if it returns, it is prefilled from scratch (`meta["reprefilled"]`).
+  `update_weights` drops every parked session (their caches hold old-policy keys).
+- Sampling and log-probs: `rollout.sampling` (temperature, then top-k, then top-p,
+  renormalized; the returned log-prob is that of the distribution sampled from; greedy
+  reports the untempered log-prob). Each sequence's key is `fold_in(PRNGKey(seed),
+  sample_index)` (or drawn from the engine's stream when `seed` is None), and its t-th
+  token uses `fold_in(key, t)`: seeded requests are reproducible.
+- Weights: `update_weights` copies the new params into the engine (same structure,
+  shapes, dtypes and shardings as before — checked), so nothing recompiles and the
+  trainer may donate its own buffers afterwards.
+- Sharding: params may live on a mesh (e.g. `parallel.shard_model`); the cache is then
+  placed by `KVCache.logical_axes()` and the same rules, and jit propagates the rest.
+
+Compilations are counted (`compile_counts`) at trace time of the module-level jitted
+programs, which every engine with the same model and shapes shares.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import functools
+import itertools
+import queue
+import threading
+import time
+import traceback
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from agentjax.models.cache import KVCache, cache_positions, init_cache
+from agentjax.rollout.engine import Completion, GenerateRequest, SamplingParams
+from agentjax.rollout.sampling import sample
+
+# Traces of the jitted programs below, by program name (one trace = one compilation).
+TRACE_COUNTS: collections.Counter = collections.Counter()
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "gather"), donate_argnames=("cache",))
+def _prefill(graphdef, params, cache, lengths, rows, tokens, segment_ids, keys, steps,
+             temperature, top_k, top_p, *, gather):
+    """Appends a right-padded chunk to `rows` of the cache; samples after each row's last
+    real token. Returns (cache, tokens [P], logprobs [P])."""
+    TRACE_COUNTS["prefill"] += 1
+    model = nnx.merge(graphdef, params)
+    cache = cache.replace(lengths=lengths)
+    sub = KVCache(k=cache.k[:, rows], v=cache.v[:, rows], lengths=lengths[rows]) if gather \
+        else cache
+    positions = cache_positions(sub.lengths, segment_ids)
+    hidden, sub = model(tokens, positions, segment_ids, sub)
+    last = jnp.maximum(jnp.sum(segment_ids != 0, axis=1) - 1, 0)
+    hidden_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)
+    new_tokens, logprobs = sample(model.logits(hidden_last)[:, 0], keys, steps, temperature,
+                                  top_k, top_p)
+    if gather:
+        sub = KVCache(k=cache.k.at[:, rows].set(sub.k), v=cache.v.at[:, rows].set(sub.v),
+                      lengths=cache.lengths.at[rows].set(sub.lengths))
+    return sub, new_tokens, logprobs
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "num_steps"), donate_argnames=("cache",))
+def _decode(graphdef, params, cache, lengths, last_tokens, active, keys, steps, budget,
+            stop_ids, temperature, top_k, top_p, *, num_steps):
+    """`num_steps` single-token steps over every row. A row is fed while active; it stops
+    after sampling a stop id, exhausting its budget or filling its cache row.
+
+    Returns (cache, tokens [R, num_steps], logprobs [R, num_steps], emitted [R, num_steps]
+    bool — whether the row was active and sampled at that step)."""
+    TRACE_COUNTS["decode"] += 1
+    model = nnx.merge(graphdef, params)
+    cache = cache.replace(lengths=lengths)
+
+    def step(carry, _):
+        cache, tokens, active, steps, budget = carry
+        segment_ids = active.astype(jnp.int32)[:, None]
+        positions = cache_positions(cache.lengths, segment_ids)
+        hidden, cache = model(tokens[:, None], positions, segment_ids, cache)
+        new, logprobs = sample(model.logits(hidden)[:, 0], keys, steps, temperature, top_k,
+                               top_p)
+        emitted = active
+        budget = budget - emitted
+        hit_stop = jnp.any(new[:, None] == stop_ids, axis=1)
+        active = active & ~hit_stop & (budget > 0) & (cache.lengths < cache.max_len)
+        tokens = jnp.where(emitted, new, tokens)
+        return (cache, tokens, active, steps + emitted, budget), (new, logprobs, emitted)
+
+    carry = (cache, last_tokens, active, steps, budget)
+    (cache, *_), (tokens, logprobs, emitted) = jax.lax.scan(step, carry, length=num_steps)
+    return cache, tokens.T, logprobs.T, emitted.T
+
+
+class _StopStrings:
+    """Detects the first token whose decoded text completes a stop string.
+
+    Every byte of a stop string belongs to exactly one token, so an occurrence completed
+    by the newest token lies within the last `window` tokens (window = longest stop
+    string in bytes); only that window is decoded.
+    """
+
+    def __init__(self, tokenizer, stops: Sequence[str]):
+        self.tokenizer = tokenizer
+        self.stops = tuple(s for s in stops if s)
+        self.window = max((len(s.encode("utf-8")) for s in self.stops), default=0) + 1
+
+    def match(self, output_ids: Sequence[int]) -> str | None:
+        if not self.stops:
+            return None
+        text = self.tokenizer.decode(list(output_ids[-self.window:]), skip_special_tokens=False)
+        for stop in self.stops:
+            if stop in text:
+                return stop
+        return None
+
+
+@dataclasses.dataclass(eq=False)
+class _Sequence:
+    """One completion being produced (a request with n > 1 makes n of these)."""
+
+    input_ids: tuple[int, ...]
+    sampling: SamplingParams
+    session_id: str | None
+    key: np.ndarray
+    stop_ids: frozenset
+    stop_strings: _StopStrings
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    slot: int | None = None
+    prefilled: int = 0
+    outputs: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    cancelled: bool = False
+
+    @property
+    def decoding(self) -> bool:
+        return self.prefilled == len(self.input_ids)
+
+
+@dataclasses.dataclass(eq=False)
+class _Session:
+    """A multi-turn session: its cache row (None once evicted) and the ids cached there.
+
+    busy: a request of the session is in flight; ended: `end_session` arrived while busy.
+    """
+
+    slot: int | None
+    cached_ids: list[int]
+    last_used: float
+    busy: bool = False
+    ended: bool = False
+
+
+class JaxEngine:
+    """In-process batched sampler implementing the Engine protocol (module docstring).
+
+    Args:
+      graphdef: the model's graphdef (`nnx.split(model)`).
+      params: the model's params (`nnx.split(model)`), possibly sharded on a mesh.
+      tokenizer: needed for stop strings (and supplies the default eos ids).
+      max_slots: sequences in flight at once (the decode batch).
+      max_len: cache slots per sequence: prompt + output must fit.
+      prefill_chunks: chunk lengths for prefill programs (longer prompts take rounds).
+      prefill_rows: batch sizes of gathered-row prefill programs; more admitted rows
+        than the largest run one prefill over every row.
+      decode_steps: tokens per decode program call (host round trip).
+      batch_wait_s: when idle, how long to wait after a request for concurrent ones.
+      eos_token_ids: ids that always end generation (default: the tokenizer's
+        end-of-turn and eos ids).
+      max_stop_ids: most stop ids per request (static width of the device stop table).
+      cache_dtype: KV cache dtype (default: the model's compute dtype).
+      seed: seed of the engine's stream for requests without a seed.
+    """
+
+    def __init__(
+        self,
+        graphdef: nnx.GraphDef,
+        params: Any,
+        *,
+        tokenizer=None,
+        max_slots: int = 16,
+        max_len: int = 1024,
+        prefill_chunks: Sequence[int] = (64, 256),
+        prefill_rows: Sequence[int] = (1, 4),
+        decode_steps: int = 8,
+        batch_wait_s: float = 0.002,
+        eos_token_ids: Sequence[int] | None = None,
+        max_stop_ids: int = 8,
+        cache_dtype=None,
+        seed: int = 0,
+    ):
+        if max_slots < 1 or max_len < 2 or decode_steps < 1:
+            raise ValueError(
+                f"need max_slots >= 1, max_len >= 2, decode_steps >= 1; got {max_slots}, "
+                f"{max_len}, {decode_steps}")
+        if not prefill_chunks or min(prefill_chunks) < 1:
+            raise ValueError(f"prefill_chunks must be positive lengths, got {prefill_chunks!r}")
+        self._graphdef = graphdef
+        self._params = params
+        self.config = nnx.merge(graphdef, params).config
+        self.tokenizer = tokenizer
+        self.max_slots, self.max_len = max_slots, max_len
+        self._rows = max_slots + 1
+        self._scratch = max_slots
+        self._chunks = tuple(sorted(set(int(c) for c in prefill_chunks)))
+        self._row_buckets = tuple(sorted(set(int(p) for p in prefill_rows if 0 < p < self._rows)))
+        self.decode_steps = decode_steps
+        self.batch_wait_s = batch_wait_s
+        self.max_stop_ids = max_stop_ids
+        if eos_token_ids is None:
+            eos_token_ids = _default_eos_ids(tokenizer, self.config)
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self._cache = self._new_cache(cache_dtype)
+        self._lengths = np.zeros(self._rows, np.int32)
+        self._slots: list[_Sequence | str | None] = [None] * max_slots  # seq, parked session
+        self._sessions: dict[str, _Session] = {}
+        self._waiting: collections.deque[_Sequence] = collections.deque()
+        self._inbox: queue.Queue = queue.Queue()
+        self._base_key = jax.random.PRNGKey(seed)
+        self._unseeded = itertools.count()
+        self.weight_version = 0
+        self.stats = collections.Counter()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="jax-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_model(cls, model: nnx.Module, **kwargs) -> "JaxEngine":
+        """Builds an engine from a Decoder (`nnx.split` is applied); kwargs as __init__."""
+        graphdef, params = nnx.split(model)
+        return cls(graphdef, params, **kwargs)
+
+    # ---------------------------------------------------------------- Engine protocol
+
+    async def generate(self, requests: Sequence[GenerateRequest]) -> list[list[Completion]]:
+        """Samples every request; returns its `n` completions per request, in order.
+
+        Raises ValueError (naming the request) for invalid sampling parameters or ids;
+        a request that does not fit the cache comes back with finish_reason "abort".
+        """
+        if self._closed:
+            raise RuntimeError("JaxEngine is closed")
+        loop = asyncio.get_running_loop()
+        per_request = []
+        for index, request in enumerate(requests):
+            self._validate(index, request)
+            per_request.append([self._make_sequence(request, i, loop)
+                                for i in range(request.sampling.n)])
+        for seqs in per_request:
+            for seq in seqs:
+                seq.future.add_done_callback(functools.partial(_mark_cancelled, seq))
+                self._inbox.put(("sequence", seq))
+        results = await asyncio.gather(*(seq.future for seqs in per_request for seq in seqs))
+        out, flat = [], iter(results)
+        for seqs in per_request:
+            out.append([next(flat) for _ in seqs])
+        return out
+
+    def generate_sync(self, requests: Sequence[GenerateRequest]) -> list[list[Completion]]:
+        """`generate` for callers without an event loop."""
+        return asyncio.run(self.generate(requests))
+
+    def update_weights(self, weights: Any, *, version: int | None = None) -> None:
+        """Swaps in new params (same tree, shapes, dtypes; copied onto the current
+        shardings) between decode rounds; parked sessions are dropped. No recompilation.
+
+        Args:
+          weights: params with the structure of `nnx.split(model)[1]`.
+          version: recorded as `meta["weight_version"]` (default: previous + 1).
+        """
+        new_leaves, new_tree = jax.tree.flatten(weights)
+        old_leaves, old_tree = jax.tree.flatten(self._params)
+        if new_tree != old_tree:
+            raise ValueError(
+                f"update_weights: params tree differs from the engine's:\n{new_tree}\nvs\n"
+                f"{old_tree}")
+        for (path, old), new in zip(jax.tree_util.tree_leaves_with_path(self._params),
+                                    new_leaves):
+            if tuple(new.shape) != tuple(old.shape) or jnp.dtype(new.dtype) != old.dtype:
+                raise ValueError(
+                    f"update_weights: {jax.tree_util.keystr(path)} has "
+                    f"{jnp.dtype(new.dtype).name}{tuple(new.shape)}, the engine expects "
+                    f"{old.dtype.name}{tuple(old.shape)}")
+        copied = [jax.device_put(new, old.sharding, may_alias=False)
+                  for new, old in zip(new_leaves, old_leaves)]
+        done = threading.Event()
+        self._inbox.put(("weights", (jax.tree.unflatten(old_tree, copied), version, done)))
+        while not done.wait(timeout=1.0):
+            if not self.health():
+                raise RuntimeError("update_weights: the engine is not running")
+
+    def health(self) -> bool:
+        """True while the scheduler thread runs."""
+        return not self._closed and self._thread.is_alive()
+
+    def end_session(self, session_id: str) -> None:
+        """Frees the session's cache row (asynchronously, in the scheduler thread)."""
+        self._inbox.put(("end_session", session_id))
+
+    # ---------------------------------------------------------------- public extras
+
+    @property
+    def compile_counts(self) -> dict[str, int]:
+        """Traces (= compilations) of the jitted programs so far, process-wide."""
+        return dict(TRACE_COUNTS)
+
+    def close(self) -> None:
+        """Stops the scheduler thread; in-flight requests are aborted."""
+        if not self._closed:
+            self._closed = True
+            self._inbox.put(("stop", None))
+            self._thread.join(timeout=30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---------------------------------------------------------------- request intake
+
+    def _validate(self, index: int, request: GenerateRequest) -> None:
+        s = request.sampling
+        where = f"requests[{index}]"
+        ids = list(request.input_ids)
+        if not ids:
+            raise ValueError(f"{where}.input_ids is empty")
+        if min(ids) < 0 or max(ids) >= self.config.vocab_size:
+            raise ValueError(f"{where}.input_ids must be in [0, {self.config.vocab_size})")
+        if s.n < 1 or s.max_new_tokens < 1:
+            raise ValueError(f"{where}: n and max_new_tokens must be >= 1")
+        if s.temperature < 0 or not 0 < s.top_p <= 1:
+            raise ValueError(f"{where}: need temperature >= 0 and 0 < top_p <= 1")
+        if request.session_id is not None and s.n != 1:
+            raise ValueError(f"{where}: a session request must have n == 1")
+        if len(set(s.stop_token_ids) | set(self.eos_token_ids)) > self.max_stop_ids:
+            raise ValueError(f"{where}: more than max_stop_ids={self.max_stop_ids} stop ids")
+        if s.stop and self.tokenizer is None:
+            raise ValueError(f"{where}: stop strings need JaxEngine(tokenizer=...)")
+
+    def _make_sequence(self, request: GenerateRequest, sample_index: int, loop) -> _Sequence:
+        s = request.sampling
+        if s.seed is None:
+            base = jax.random.fold_in(self._base_key, next(self._unseeded))
+        else:
+            base = jax.random.fold_in(jax.random.PRNGKey(s.seed), sample_index)
+        return _Sequence(
+            input_ids=tuple(int(t) for t in request.input_ids), sampling=s,
+            session_id=request.session_id, key=np.asarray(base, np.uint32),
+            stop_ids=frozenset(s.stop_token_ids) | frozenset(self.eos_token_ids),
+            stop_strings=_StopStrings(self.tokenizer, s.stop),
+            future=loop.create_future(), loop=loop)
+
+    # ---------------------------------------------------------------- scheduler thread
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                if not self._receive():
+                    break
+                self._drop_cancelled()
+                self._admit()
+                self._prefill_round()
+                self._decode_round()
+            except Exception as error:  # noqa: BLE001 - never let the thread die
+                self._abort_all(f"engine error: {type(error).__name__}: {error}",
+                                traceback.format_exc())
+        self._abort_all("engine closed", None)
+
+    def _busy(self) -> bool:
+        return bool(self._waiting) or any(isinstance(s, _Sequence) for s in self._slots)
+
+    def _receive(self) -> bool:
+        """Handles inbox messages (blocking while idle); False once asked to stop."""
+        messages = []
+        if not self._busy():
+            messages.append(self._inbox.get())
+            deadline = time.perf_counter() + self.batch_wait_s
+            while messages[-1][0] == "sequence" and (left := deadline - time.perf_counter()) > 0:
+                try:
+                    messages.append(self._inbox.get(timeout=left))
+                except queue.Empty:
+                    break
+        while True:
+            try:
+                messages.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        for kind, payload in messages:
+            if kind == "stop":
+                return False
+            if kind == "sequence":
+                self._enqueue(payload)
+            elif kind == "end_session":
+                self._end_session(payload)
+            elif kind == "weights":
+                params, version, done = payload
+                self._params = params
+                self.weight_version = self.weight_version + 1 if version is None else version
+                for session_id in [k for k, v in self._sessions.items() if not v.busy]:
+                    self._end_session(session_id)
+                done.set()
+        return True
+
+    def _enqueue(self, seq: _Sequence) -> None:
+        if len(seq.input_ids) > self.max_len:
+            self._finish(seq, "abort", None, error=(
+                f"input of {len(seq.input_ids)} tokens does not fit max_len={self.max_len}"))
+            return
+        seq.meta["weight_version_start"] = self.weight_version
+        self._waiting.append(seq)
+
+    def _end_session(self, session_id: str) -> None:
+        session = self._sessions.get(session_id)
+        if session is None:
+            return
+        if session.busy:  # a request still runs: free the row when it finishes
+            session.ended = True
+            return
+        del self._sessions[session_id]
+        if session.slot is not None and self._slots[session.slot] == session_id:
+            self._slots[session.slot] = None
+
+    def _drop_cancelled(self) -> None:
+        self._waiting = collections.deque(s for s in self._waiting if not s.cancelled)
+        for seq in [s for s in self._slots if isinstance(s, _Sequence) and s.cancelled]:
+            self._release(seq)
+
+    def _admit(self) -> None:
+        """Moves waiting sequences into cache rows (sessions first: they own a row)."""
+        ordered = sorted(self._waiting, key=lambda s: not (
+            s.session_id in self._sessions and self._sessions[s.session_id].slot is not None))
+        still_waiting = collections.deque()
+        for seq in ordered:
+            session = self._sessions.get(seq.session_id) if seq.session_id else None
+            if session is not None and session.busy:
+                still_waiting.append(seq)  # one request per session at a time
+                continue
+            if session is not None and session.slot is not None:
+                slot = session.slot
+                reuse = _common_prefix(session.cached_ids, seq.input_ids)
+                seq.meta["prefix_mismatch"] = reuse < len(session.cached_ids)
+            else:
+                slot = self._free_slot()
+                if slot is None:
+                    still_waiting.append(seq)
+                    continue
+                reuse = 0
+                if session is not None:
+                    seq.meta["reprefilled"] = True
+            # At least one token is prefilled: its logits give the first sample.
+            reuse = min(reuse, len(seq.input_ids) - 1)
+            if seq.session_id is not None:
+                session = session or _Session(slot=slot, cached_ids=[], last_used=0.0)
+                session.slot, session.busy = slot, True
+                self._sessions[seq.session_id] = session
+            seq.slot, seq.prefilled = slot, reuse
+            seq.meta["cached_tokens"] = reuse
+            self._lengths[slot] = reuse
+            self._slots[slot] = seq
+        self._waiting = still_waiting
+
+    def _free_slot(self) -> int | None:
+        for slot, owner in enumerate(self._slots):
+            if owner is None:
+                return slot
+        parked = [(self._sessions[o].last_used, slot) for slot, o in enumerate(self._slots)
+                  if isinstance(o, str)]
+        if not parked:
+            return None
+        _, slot = min(parked)
+        evicted = self._sessions[self._slots[slot]]
+        evicted.slot, evicted.cached_ids = None, []
+        self._slots[slot] = None
+        self.stats["evictions"] += 1
+        return slot
+
+    def _sampling_arrays(self, seqs: Sequence[_Sequence], rows: Sequence[int], size: int):
+        keys = np.zeros((size, 2), np.uint32)
+        steps = np.zeros(size, np.int32)
+        temperature = np.ones(size, np.float32)
+        top_k = np.full(size, -1, np.int32)
+        top_p = np.ones(size, np.float32)
+        for seq, row in zip(seqs, rows):
+            keys[row] = seq.key
+            steps[row] = len(seq.outputs)
+            temperature[row] = seq.sampling.temperature
+            top_k[row] = seq.sampling.top_k
+            top_p[row] = seq.sampling.top_p
+        return keys, steps, temperature, top_k, top_p
+
+    def _prefill_round(self) -> None:
+        seqs = [s for s in self._slots if isinstance(s, _Sequence) and not s.decoding]
+        if not seqs:
+            return
+        gather = bool(self._row_buckets) and len(seqs) <= self._row_buckets[-1]
+        if gather:
+            size = next(p for p in self._row_buckets if p >= len(seqs))
+            rows = list(range(len(seqs)))
+        else:
+            size, rows = self._rows, [s.slot for s in seqs]
+        longest = max(len(s.input_ids) - s.prefilled for s in seqs)
+        width = next((c for c in self._chunks if c >= longest), self._chunks[-1])
+        tokens = np.zeros((size, width), np.int32)
+        segments = np.zeros((size, width), np.int32)
+        cache_rows = np.full(size, self._scratch, np.int32) if gather else np.arange(size,
+                                                                                    dtype=np.int32)
+        chunks = []
+        for seq, row in zip(seqs, rows):
+            chunk = seq.input_ids[seq.prefilled:seq.prefilled + width]
+            tokens[row, :len(chunk)] = chunk
+            segments[row, :len(chunk)] = 1
+            cache_rows[row] = seq.slot
+            chunks.append(len(chunk))
+        self._cache, new_tokens, logprobs = _prefill(
+            self._graphdef, self._params, self._cache, self._lengths, cache_rows, tokens,
+            segments, *self._sampling_arrays(seqs, rows, size), gather=gather)
+        new_tokens, logprobs = np.asarray(new_tokens), np.asarray(logprobs)
+        self.stats["prefill_calls"] += 1
+        self.stats["prefill_tokens"] += sum(chunks)
+        for seq, row, count in zip(seqs, rows, chunks):
+            self._lengths[seq.slot] += count
+            seq.prefilled += count
+            if seq.decoding:
+                self._append(seq, int(new_tokens[row]), float(logprobs[row]))
+
+    def _decode_round(self) -> None:
+        seqs = [s for s in self._slots if isinstance(s, _Sequence) and s.decoding]
+        if not seqs:
+            return
+        rows = [s.slot for s in seqs]
+        last = np.zeros(self._rows, np.int32)
+        active = np.zeros(self._rows, bool)
+        budget = np.zeros(self._rows, np.int32)
+        stop_ids = np.full((self._rows, self.max_stop_ids), -1, np.int32)
+        for seq in seqs:
+            last[seq.slot] = seq.outputs[-1]
+            active[seq.slot] = True
+            budget[seq.slot] = seq.sampling.max_new_tokens - len(seq.outputs)
+            ids = sorted(seq.stop_ids)
+            stop_ids[seq.slot, :len(ids)] = ids
+        keys, steps, temperature, top_k, top_p = self._sampling_arrays(seqs, rows, self._rows)
+        self._cache, tokens, logprobs, emitted = _decode(
+            self._graphdef, self._params, self._cache, self._lengths, last, active, keys,
+            steps, budget, stop_ids, temperature, top_k, top_p, num_steps=self.decode_steps)
+        tokens, logprobs, emitted = (np.asarray(a) for a in (tokens, logprobs, emitted))
+        self.stats["decode_calls"] += 1
+        for seq in seqs:
+            fed = int(emitted[seq.slot].sum())
+            self.stats["decode_tokens"] += fed
+            self._lengths[seq.slot] += fed
+            for step in np.flatnonzero(emitted[seq.slot]):
+                if self._append(seq, int(tokens[seq.slot, step]),
+                                float(logprobs[seq.slot, step])):
+                    break
+
+    def _append(self, seq: _Sequence, token: int, logprob: float) -> bool:
+        """Records a sampled token; finishes the sequence when it ends. True if ended."""
+        seq.outputs.append(token)
+        seq.logprobs.append(logprob)
+        if token in seq.stop_ids:
+            return self._finish(seq, "stop", token)
+        matched = seq.stop_strings.match(seq.outputs)
+        if matched is not None:
+            return self._finish(seq, "stop", matched)
+        if len(seq.outputs) >= seq.sampling.max_new_tokens:
+            return self._finish(seq, "length", None)
+        if len(seq.input_ids) + len(seq.outputs) > self.max_len:
+            return self._finish(seq, "length", None)
+        return False
+
+    def _finish(self, seq: _Sequence, reason: str, matched, error: str | None = None) -> bool:
+        if seq.slot is not None:
+            # The cache holds the input and every output but the last (never fed).
+            self._lengths[seq.slot] = len(seq.input_ids) + len(seq.outputs) - 1
+            self._release(seq)
+        meta = dict(seq.meta, prompt_tokens=len(seq.input_ids),
+                    completion_tokens=len(seq.outputs), weight_version=self.weight_version)
+        if error is not None:
+            meta["error"] = error
+        _resolve(seq, Completion(list(seq.outputs), list(seq.logprobs), reason, matched, meta))
+        return True
+
+    def _release(self, seq: _Sequence) -> None:
+        """Frees the sequence's row, or parks it for its session."""
+        slot, seq.slot = seq.slot, None
+        session = self._sessions.get(seq.session_id) if seq.session_id else None
+        if session is None or session.ended:
+            self._sessions.pop(seq.session_id, None)
+            self._slots[slot] = None
+            return
+        session.busy = False
+        session.cached_ids = list((seq.input_ids + tuple(seq.outputs))[:self._lengths[slot]])
+        session.last_used = time.perf_counter()
+        self._slots[slot] = seq.session_id
+
+    def _abort_all(self, message: str, details: str | None) -> None:
+        seqs = list(self._waiting) + [s for s in self._slots if isinstance(s, _Sequence)]
+        self._waiting.clear()
+        self._slots = [None] * self.max_slots
+        self._sessions.clear()
+        self._lengths[:] = 0
+        for seq in seqs:
+            seq.slot = None
+            seq.meta["traceback"] = details
+            self._finish(seq, "abort", None, error=message)
+        if details is not None:  # buffers may have been donated to the failed call
+            self._cache = self._new_cache(self._cache.k.dtype)
+
+    def _new_cache(self, dtype) -> KVCache:
+        cache = init_cache(self.config, self._rows, self.max_len, dtype)
+        sharding = _params_mesh_sharding(self._params)
+        if sharding is None:
+            return cache
+        from agentjax.parallel import tree_shardings
+        return jax.device_put(cache, tree_shardings(KVCache.logical_axes(), cache, *sharding))
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _mark_cancelled(seq: _Sequence, future: asyncio.Future) -> None:
+    if future.cancelled():
+        seq.cancelled = True
+
+
+def _resolve(seq: _Sequence, completion: Completion) -> None:
+    def set_result():
+        if not seq.future.done():
+            seq.future.set_result(completion)
+    try:
+        seq.loop.call_soon_threadsafe(set_result)
+    except RuntimeError:  # the caller's event loop is gone
+        pass
+
+
+def _default_eos_ids(tokenizer, config) -> tuple[int, ...]:
+    ids = set()
+    if tokenizer is not None:
+        from agentjax.models.tokenizer import end_of_turn_id
+        ids.add(end_of_turn_id(tokenizer))
+        if tokenizer.eos_token_id is not None:
+            ids.add(tokenizer.eos_token_id)
+    elif config.eos_token_id is not None:
+        eos = config.eos_token_id
+        ids.update(eos if isinstance(eos, tuple) else (eos,))
+    return tuple(sorted(ids))
+
+
+def _params_mesh_sharding(params):
+    """(mesh, rules) when params live on a multi-device mesh, else None."""
+    for leaf in jax.tree.leaves(params):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.size > 1:
+            return sharding.mesh, None
+        return None
+    return None
