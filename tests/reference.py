@@ -175,8 +175,10 @@ def kl_grad(logp, ref_logp, kind):
     """d kl / d logp per token."""
     logp, ref_logp = _f64(logp, ref_logp)
     d = logp - ref_logp
-    if kind in ("k2", "k1+", "k3+"):
+    if kind == "k2":
         return d
+    if kind in ("k1+", "k3+"):
+        return np.where(np.abs(d) < 20, d, 0.0)  # gradient of k2 on the clamped log-ratio
     if kind == "k1":
         return np.ones_like(d)
     # k3 = exp(-d) + d - 1 -> 1 - exp(-d), zero where a clamp is active.
@@ -218,6 +220,17 @@ def aggregate(x, mask, mode, num_tokens=None, num_seqs=None, constant=None):
     if mode == "seq-mean-token-sum-norm":
         return sum(row_sums) / (num_seqs * constant)
     raise ValueError(mode)
+
+
+def aggregate_weights(mask, mode, num_tokens=None, num_seqs=None, constant=None):
+    """w[b, t] with aggregate(x) = sum_bt w[b, t] x[b, t]: the gradient of the aggregate."""
+    mask = np.asarray(mask, bool)
+    weights = np.zeros(mask.shape)
+    for idx in zip(*np.nonzero(mask)):
+        one_hot = np.zeros(mask.shape)
+        one_hot[idx] = 1.0
+        weights[idx] = aggregate(one_hot, mask, mode, num_tokens, num_seqs, constant)
+    return weights
 
 
 def policy_token_loss(logp, old_logp, adv, mask, kind, clip_low, clip_high, dual_clip=None):

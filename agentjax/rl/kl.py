@@ -5,8 +5,9 @@ KL divergence", 2020), with d = logp - ref_logp:
   k1 = d,  k2 = d^2 / 2,  k3 = exp(-d) + d - 1  (>= 0, low variance).
 k3 clamps -d to [-20, 20] and the result to [-10, 10] like the PyTorch frameworks, so
 garbage log-probs (e.g. at padding) stay finite. The "+" variants (`k1+`, `k3+`) have the
-value of k1/k3 and the gradient of k2 (straight-through), which is an unbiased gradient of
-the KL when the tokens are sampled from pi.
+value of k1/k3 and the gradient of k2 (straight-through; the log-ratio is clamped to
+[-20, 20] there too), which is an unbiased gradient of the KL when the tokens are sampled
+from pi.
 """
 from __future__ import annotations
 
@@ -57,8 +58,11 @@ def kl(logp, ref_logp, kind):
     logp, ref_logp = as_float(logp, ref_logp)
     value = _ESTIMATORS[kind.rstrip("+")](logp, ref_logp)
     if kind.endswith("+"):
-        surrogate = _k2(logp, ref_logp)
-        value = surrogate + lax.stop_gradient(value - surrogate)
+        # Written as value + (k2 - sg(k2)) so the value is bit-exact; k2 uses the k3 clamp
+        # so infinite log-probs give a finite (zero) gradient instead of inf - inf.
+        log_ratio = jnp.clip(logp - ref_logp, -K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
+        surrogate = 0.5 * jnp.square(log_ratio)
+        value = lax.stop_gradient(value) + (surrogate - lax.stop_gradient(surrogate))
     return value
 
 

@@ -1,0 +1,261 @@
+"""agentjax.rl.losses against tests/reference.py: values, gradients, masking, micro-batching
+and sharding."""
+import functools
+
+import chex
+import hypothesis.extra.numpy as hnp
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from agentjax.rl import losses
+from tests import reference as ref
+from tests.rl._inputs import B, T, edge_mask, floats
+
+TOL = dict(rtol=1e-5, atol=1e-6)
+CLIPS = dict(clip_low=0.2, clip_high=0.28)
+
+
+def _policy_inputs(seed):
+    rng = np.random.default_rng(seed)
+    mask = edge_mask(rng)
+    logp = floats(rng, (B, T), 0.5) - 1.0
+    old_logp = logp + floats(rng, (B, T), 0.3)
+    old_logp[4, :3] = logp[4, :3] - 1.5  # ratio ~4.5: beyond the dual-clip bound
+    advantages = floats(rng, (B, T))
+    advantages[4, :3] = -1.0
+    return logp, old_logp, advantages, mask
+
+
+class ReferenceTest(chex.TestCase):
+    """Loss values and d loss / d logp vs the float64 reference, with and without jit."""
+
+    def setUp(self):
+        super().setUp()
+        self.logp, self.old_logp, self.adv, self.mask = _policy_inputs(0)
+
+    def _check_policy(self, fn, kind, agg, dual_clip=None):
+        loss, grad = fn(self.logp, self.old_logp, self.adv, self.mask)
+        token_args = (self.logp, self.old_logp, self.adv, self.mask, kind)
+        expected = ref.aggregate(ref.policy_token_loss(*token_args, **CLIPS, dual_clip=dual_clip),
+                                 self.mask, agg)
+        np.testing.assert_allclose(loss, expected, **TOL)
+        expected_grad = ref.policy_token_grad(*token_args, **CLIPS, dual_clip=dual_clip)
+        expected_grad = expected_grad * ref.aggregate_weights(self.mask, agg)
+        np.testing.assert_allclose(grad, expected_grad, **TOL)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_policy_loss_kinds_and_modes(self):
+        cases = [(kind, "token-mean", None) for kind in losses.POLICY_LOSS_KINDS]
+        cases += [("ppo", mode, 3.0) for mode in losses.AGG_MODES]
+        for kind, agg, dual_clip in cases:
+            def loss_fn(logp, old_logp, adv, mask, kind=kind, agg=agg, dual_clip=dual_clip):
+                return losses.policy_loss(logp, old_logp, adv, mask, kind=kind, agg=agg,
+                                          dual_clip=dual_clip, **CLIPS)[0]
+
+            fn = self.variant(jax.value_and_grad(loss_fn))
+            self._check_policy(fn, kind, agg, dual_clip)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_grpo_value_kl_entropy(self):
+        rng = np.random.default_rng(1)
+        ref_logp = self.logp + floats(rng, (B, T), 0.2)
+        seq_adv = floats(rng, (B,))
+        agg = "seq-mean-token-mean"
+        grpo = self.variant(functools.partial(losses.grpo_loss, kl_coef=0.1, agg=agg, **CLIPS))
+        loss, metrics = grpo(self.logp, self.old_logp, ref_logp, seq_adv, self.mask)
+        token_adv = np.broadcast_to(seq_adv[:, None], (B, T))
+        pg = ref.aggregate(ref.policy_token_loss(self.logp, self.old_logp, token_adv, self.mask,
+                                                 "ppo", **CLIPS), self.mask, agg)
+        kl = ref.aggregate(ref.kl(self.logp, ref_logp, "k3"), self.mask, agg)
+        np.testing.assert_allclose(loss, pg + 0.1 * kl, **TOL)
+        np.testing.assert_allclose(metrics["pg_loss"], pg, **TOL)
+        np.testing.assert_allclose(metrics["kl_loss"], kl, **TOL)
+
+        values, returns = floats(rng, (B, T)), floats(rng, (B, T))
+        old_values = values + floats(rng, (B, T), 0.3)
+        for clip in (None, 0.2):
+            fn = self.variant(functools.partial(losses.value_loss, clip=clip))
+            loss, metrics = fn(values, old_values, returns, self.mask)
+            expected = ref.aggregate(
+                ref.value_token_loss(values, old_values, returns, self.mask, clip), self.mask,
+                "token-mean")
+            np.testing.assert_allclose(loss, expected, **TOL)
+
+        entropy = np.abs(floats(rng, (B, T)))
+        value, metrics = self.variant(losses.entropy_bonus)(entropy, self.mask)
+        np.testing.assert_allclose(value, ref.aggregate(entropy, self.mask, "token-mean"), **TOL)
+        np.testing.assert_allclose(metrics["entropy"], entropy[self.mask].mean(), **TOL)
+
+
+def test_ppo_hand_computed_and_metrics():
+    # ratios 1.5 (A=+1, clipped high -> -1.2), 0.5 (A=-1, clipped low -> 0.8),
+    # 4 (A=-1, dual-clipped -> 3), 1 (A=+1 -> -1); a masked token with ratio 100.
+    ratio = jnp.array([[1.5, 0.5, 4.0, 1.0, 100.0]])
+    logp = jnp.full((1, 5), -1.0)
+    old_logp = logp - jnp.log(ratio)
+    adv = jnp.array([[1.0, -1.0, -1.0, 1.0, 1.0]])
+    mask = jnp.array([[1, 1, 1, 1, 0]])
+    loss, m = losses.policy_loss(logp, old_logp, adv, mask, dual_clip=3.0)
+    np.testing.assert_allclose(loss, (-1.2 + 0.8 + 3.0 - 1.0) / 4, rtol=1e-6)
+    expected = dict(clipfrac=0.5, clipfrac_high=0.25, clipfrac_low=0.25, clipfrac_dual=0.25,
+                    ratio_max=4.0, ratio_min=0.5, ratio_mean=1.75, num_tokens=4.0,
+                    advantage_mean=0.0, approx_kl=-np.log([1.5, 0.5, 4.0, 1.0]).mean())
+    for key, value in expected.items():
+        np.testing.assert_allclose(m[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
+
+
+def test_aggregate_hand_computed():
+    x = jnp.array([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
+    mask = jnp.array([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
+    expected = {"token-mean": 7 / 3, "seq-mean-token-mean": (1.5 + 4) / 2,
+                "seq-mean-token-sum": 7 / 2, "seq-mean-token-sum-norm": 7 / (2 * 3)}
+    for mode, value in expected.items():
+        np.testing.assert_allclose(losses.aggregate(x, mask, mode), value, rtol=1e-6)
+    np.testing.assert_allclose(
+        losses.aggregate(x, mask, "seq-mean-token-sum-norm", norm=losses.loss_norm(mask, constant=7)),
+        7 / (2 * 7), rtol=1e-6)
+    for mode in losses.AGG_MODES:  # an all-masked batch aggregates to 0, never NaN
+        assert losses.aggregate(x, jnp.zeros_like(mask), mode) == 0.0
+
+
+# --------------------------------------------------------------------------- properties
+
+_AGG = "seq-mean-token-mean"
+
+
+def _loss_fns(kind):
+    """name -> f(logp, other, adv, mask, norm) -> scalar, differentiable in logp."""
+    def policy(logp, other, adv, mask, norm):
+        dual = 3.0 if kind == "ppo" else None
+        return losses.policy_loss(logp, other, adv, mask, kind=kind, agg=_AGG, norm=norm,
+                                  dual_clip=dual, **CLIPS)[0]
+    return policy
+
+
+_ALL_LOSSES = {
+    **{f"policy-{kind}": _loss_fns(kind) for kind in losses.POLICY_LOSS_KINDS},
+    "grpo": lambda logp, other, adv, mask, norm: losses.grpo_loss(
+        logp, other, other - 0.1, adv, mask, kl_coef=0.5, agg=_AGG, norm=norm)[0],
+    "value": lambda logp, other, adv, mask, norm: losses.value_loss(
+        logp, other, adv, mask, clip=0.2, agg=_AGG, norm=norm)[0],
+    "kl-k3+": lambda logp, other, adv, mask, norm: losses.kl_penalty(
+        logp, other, mask, kind="k3+", agg=_AGG, norm=norm)[0],
+    "entropy": lambda logp, other, adv, mask, norm: losses.entropy_bonus(
+        logp, mask, agg=_AGG, norm=norm)[0],
+}
+
+
+@functools.partial(jax.jit, static_argnames="name")
+def _loss_and_grad(name, logp, other, adv, mask, norm=None):
+    return jax.value_and_grad(_ALL_LOSSES[name])(logp, other, adv, mask, norm)
+
+
+_token_floats = hnp.arrays(np.float32, (B, T), elements=st.floats(-2, 2, width=32))
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(logp=_token_floats, other=_token_floats, adv=_token_floats,
+       mask=hnp.arrays(np.bool_, (B, T)))
+def test_no_gradient_or_value_reaches_masked_tokens(logp, other, adv, mask):
+    # Garbage (NaN / inf) at masked positions must neither leak into the loss nor give a
+    # gradient there; action-token gradients must equal those of a clean batch.
+    dirty = [np.where(mask, x, bad) for x, bad in ((logp, np.nan), (other, np.inf), (adv, np.nan))]
+    for name in _ALL_LOSSES:
+        loss, grad = _loss_and_grad(name, *dirty, mask)
+        clean_loss, clean_grad = _loss_and_grad(name, logp, other, adv, mask)
+        assert np.isfinite(loss), name
+        assert np.all(np.asarray(grad)[~mask] == 0.0), name
+        np.testing.assert_allclose(loss, clean_loss, rtol=1e-6, err_msg=name)
+        np.testing.assert_allclose(grad, clean_grad, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "agg"))
+def _policy_loss_and_grad(logp, old_logp, adv, mask, norm, kind, agg):
+    def loss_fn(lp):
+        return losses.policy_loss(lp, old_logp, adv, mask, kind=kind, agg=agg, norm=norm,
+                                  **CLIPS)[0]
+    return jax.value_and_grad(loss_fn)(logp)
+
+
+_MICRO = 2  # rows per micro-batch
+
+
+@settings(max_examples=10, deadline=None, derandomize=True)
+@given(logp=_token_floats, old_logp=_token_floats, adv=_token_floats,
+       mask=hnp.arrays(np.bool_, (B, T)))
+def test_micro_batches_sum_to_the_full_batch(logp, old_logp, adv, mask):
+    norm = losses.loss_norm(mask, constant=20.0)
+    cases = [("ppo", mode) for mode in losses.AGG_MODES]
+    cases += [(kind, "seq-mean-token-mean") for kind in ("gspo", "cispo", "reinforce")]
+    for kind, agg in cases:
+        full_loss, full_grad = _policy_loss_and_grad(logp, old_logp, adv, mask, norm, kind, agg)
+        parts = [
+            _policy_loss_and_grad(logp[i:i + _MICRO], old_logp[i:i + _MICRO], adv[i:i + _MICRO],
+                                  mask[i:i + _MICRO], norm, kind, agg)
+            for i in range(0, B, _MICRO)
+        ]
+        np.testing.assert_allclose(sum(p[0] for p in parts), full_loss, rtol=1e-6, atol=1e-6,
+                                   err_msg=f"{kind} {agg}")
+        np.testing.assert_allclose(np.concatenate([p[1] for p in parts]), full_grad, rtol=1e-6,
+                                   atol=1e-6, err_msg=f"{kind} {agg}")
+
+
+def test_sharded_matches_single_device(eight_devices):
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=eight_devices)
+    rows = NamedSharding(mesh, PartitionSpec("data"))
+    logp, old_logp, adv, mask = _policy_inputs(3)
+    seq_adv = adv[:, 0]
+    ref_logp = old_logp - 0.1
+
+    def objective(logp, old_logp, ref_logp, seq_adv, mask):
+        loss, metrics = losses.grpo_loss(logp, old_logp, ref_logp, seq_adv, mask, agg=_AGG,
+                                         kl_coef=0.05, **CLIPS)
+        gspo, _ = losses.policy_loss(logp, old_logp, seq_adv, mask, kind="gspo", agg=_AGG)
+        return loss + gspo, metrics
+
+    fn = jax.jit(jax.value_and_grad(objective, has_aux=True))
+    args = (logp, old_logp, ref_logp, seq_adv, mask)
+    (loss, metrics), grad = fn(*(jax.device_put(x, eight_devices[0]) for x in args))
+    sharded_args = [jax.device_put(x, rows) for x in args]
+    (s_loss, s_metrics), s_grad = fn(*sharded_args)
+    assert s_grad.sharding.is_equivalent_to(rows, 2)
+    np.testing.assert_allclose(s_loss, loss, rtol=1e-6)
+    np.testing.assert_allclose(s_grad, grad, rtol=1e-6, atol=1e-8)
+    # atol: means of O(1) values that nearly cancel (advantage_mean ~ 0.02) differ by the
+    # absolute rounding of a reordered float32 sum, not by a relative amount.
+    chex.assert_trees_all_close(s_metrics, metrics, rtol=1e-6, atol=1e-7)
+
+
+def test_bad_arguments_name_the_argument():
+    x = jnp.zeros((2, 3))
+    with pytest.raises(ValueError, match="kind"):
+        losses.policy_loss(x, x, x, x, kind="trpo")
+    with pytest.raises(ValueError, match="agg"):
+        losses.policy_loss(x, x, x, x, agg="sum")
+    with pytest.raises(ValueError, match="mode"):
+        losses.aggregate(x, x, "mean")
+    with pytest.raises(ValueError, match="old_logp"):
+        losses.policy_loss(x, jnp.zeros((2, 4)), x, x)
+    with pytest.raises(ValueError, match="advantages"):
+        losses.policy_loss(x, x, jnp.zeros(3), x)
+    with pytest.raises(ValueError, match="dual_clip"):
+        losses.policy_loss(x, x, x, x, kind="gspo", dual_clip=3.0)
+    with pytest.raises(ValueError, match="dual_clip"):
+        losses.policy_loss(x, x, x, x, dual_clip=1.0)
+    with pytest.raises(ValueError, match="clip_low"):
+        losses.policy_loss(x, x, x, x, clip_low=-0.1)
+    with pytest.raises(ValueError, match="returns"):
+        losses.value_loss(x, x, jnp.zeros(3), x)
+    with pytest.raises(ValueError, match="clip"):
+        losses.value_loss(x, x, x, x, clip=0.0)
+    with pytest.raises(ValueError, match="ref_logp"):
+        losses.kl_penalty(x, jnp.zeros((3, 3)), x)
+    with pytest.raises(ValueError, match="kind"):
+        losses.grpo_loss(x, x, x, x, x, kl_kind="k5")
+    with pytest.raises(ValueError, match="constant"):
+        losses.loss_norm(x, constant=0)
