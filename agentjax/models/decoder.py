@@ -99,16 +99,23 @@ def remat_policy(name: str):
     }[name]
 
 
+def _accumulation_dtype(dtype) -> jnp.dtype:
+    """float32, or wider when the compute dtype is wider (float64 checks)."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """x / rms(x) * weight over the last axis, in float32; returns x's dtype."""
-    x32 = x.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (weight.astype(jnp.float32) * normed).astype(x.dtype)
+    """x / rms(x) * weight over the last axis, in (at least) float32; returns x's dtype."""
+    acc = _accumulation_dtype(x.dtype)
+    xa = x.astype(acc)
+    normed = xa * jax.lax.rsqrt(jnp.mean(xa * xa, axis=-1, keepdims=True) + eps)
+    return (weight.astype(acc) * normed).astype(x.dtype)
 
 
 def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
-    """cos, sin [B, T, head_dim] (float32) of the HF half-split rotary embedding."""
-    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    """cos, sin [B, T, head_dim] of the HF half-split rotary embedding, in inv_freq's
+    dtype (float32 as HF computes it)."""
+    freqs = positions.astype(inv_freq.dtype)[..., None] * jnp.asarray(inv_freq)
     angles = jnp.concatenate([freqs, freqs], axis=-1)
     return jnp.cos(angles), jnp.sin(angles)
 
@@ -116,9 +123,9 @@ def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     """Rotates x [B, T, heads, head_dim] by the tables [B, T, head_dim]."""
     half = x.shape[-1] // 2
-    x32 = x.astype(jnp.float32)
-    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-    out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    xa = x.astype(_accumulation_dtype(x.dtype))
+    rotated = jnp.concatenate([-xa[..., half:], xa[..., :half]], axis=-1)
+    out = xa * cos[:, :, None, :] + rotated * sin[:, :, None, :]
     return out.astype(x.dtype)
 
 
@@ -152,7 +159,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     b, t, h, hd = q.shape
     kv_heads = k.shape[2]
     q = q.reshape(b, t, kv_heads, h // kv_heads, hd) * jnp.asarray(hd ** -0.5, q.dtype)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k,
+                        preferred_element_type=_accumulation_dtype(q.dtype))
     scores = jnp.where(mask[:, None, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
