@@ -2,16 +2,17 @@
 
 Every run is one process tree:
 
-    prlimit --as --cpu --nproc --fsize --nofile --core -- bwrap ... -- python3 main.py
+    prlimit --as --cpu --nproc --fsize --nofile --core -- \
+      bwrap ... -- /bin/sh -c '"$0" "$@"; exit $?' python3 main.py
 
 started in a new session (its own process group) and, when we are root, as a dedicated
 unprivileged uid. bubblewrap gives it fresh namespaces (no network, its own pid space,
-no host files except read-only system binds, private size-capped tmpfs for /work and
-/tmp, all capabilities dropped, no nested user namespaces); the rlimits cap address
-space, CPU seconds, process count and file size; a wall-clock deadline and an output cap
-kill the whole process group. When the program exits, bubblewrap's pid-namespace init
-exits with it and the kernel kills every process left in the namespace, so nothing
-outlives a run.
+no host files except read-only system binds, private size-capped tmpfs for /work, /tmp
+and /dev/shm, a read-only root, all capabilities dropped, no nested user namespaces);
+the rlimits cap address space, CPU seconds, process count and file size; a wall-clock
+deadline and an output cap kill the run. The shell is pid 1 of the namespace: when the
+program exits, the shell exits with its status and the kernel kills every process left
+in the namespace, so nothing outlives a run.
 
 Why a dedicated uid per concurrent run: Linux does not enforce RLIMIT_NPROC for uid 0,
 so a fork bomb started by root is unbounded even inside a user namespace. Each slot of
@@ -306,8 +307,16 @@ class Sandbox:
             argv += ["--file", str(fd), f"{_WORKDIR}/{name}"]
         # bwrap's root and /dev are unsized tmpfs mounts: make them read-only.
         argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
-        argv += ["--chdir", _WORKDIR, "--clearenv", *_env_args(_WORKDIR)]
-        return argv + ["--", self.python, "-B", "-E", "-s", _MAIN]
+        argv += ["--chdir", _WORKDIR, "--clearenv"]
+        for key, value in _program_env(_WORKDIR).items():
+            argv += ["--setenv", key, value]
+        # A shell is pid 1 (init) of the namespace and runs the program as its child: the
+        # kernel ignores default-action signals sent to an init (SIGXCPU, SIGTERM, ...),
+        # and when pid 1 exits the namespace dies with every process left in it.
+        return argv + ["--", "/bin/sh", "-c", '"$0" "$@"; exit $?', *self._python_argv()]
+
+    def _python_argv(self) -> list[str]:
+        return [self.python, "-B", "-E", "-s", _MAIN]
 
     def _run_in_slot(self, uid, files, stdin_bytes, timeout_s, memory_mb, staging):
         stdin_path = staging / "stdin"
@@ -331,8 +340,8 @@ class Sandbox:
                 if uid is not None:
                     for path in [staging, *workdir.rglob("*"), workdir]:
                         os.chown(path, uid, uid)
-                argv = [self.python, "-B", "-E", "-s", _MAIN]
-                cwd, env = workdir, dict(_pairs(_env_args(str(workdir))))
+                argv = self._python_argv()
+                cwd, env = workdir, _program_env(str(workdir))
             argv = self._rlimits(timeout_s, memory_mb, uid) + argv
             with open(stdin_path, "rb") as stdin_file:
                 return _supervise(
@@ -385,7 +394,7 @@ def _supervise(argv, stdin_file, pass_fds, cwd, env, uid, timeout_s, max_output_
                 if not data:
                     sel.unregister(key.fileobj)
                     continue
-                room = max_output_bytes - sizes[key.fileobj]
+                room = max(max_output_bytes - sizes[key.fileobj], 0)
                 chunks[key.fileobj].append(data[:room])
                 sizes[key.fileobj] += len(data)
                 if sizes[key.fileobj] > max_output_bytes and killed_for is None:
@@ -478,17 +487,10 @@ def _nproc_limit(max_processes: int, uid: int | None) -> int:
     return max_processes + _BWRAP_HELPER_PROCESSES + own
 
 
-def _env_args(home: str) -> list[str]:
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": "/tmp",
-           "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
-    args = []
-    for key, value in env.items():
-        args += ["--setenv", key, value]
-    return args
-
-
-def _pairs(setenv_args: list[str]) -> list[tuple[str, str]]:
-    return [(setenv_args[i + 1], setenv_args[i + 2]) for i in range(0, len(setenv_args), 3)]
+def _program_env(home: str) -> dict[str, str]:
+    """The program's whole environment (nothing of ours leaks in)."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
 
 
 def _check_positive(**values) -> None:
