@@ -28,7 +28,8 @@ from typing import Any
 
 from agentjax.envs.base import Env, Task
 from agentjax.rollout.engine import Engine, GenerateRequest, SamplingParams
-from agentjax.rollout.trajectory import Trajectory, Turn, observation_token_ids
+from agentjax.rollout.trajectory import (Trajectory, Turn, end_of_turn_id,
+                                         observation_token_ids)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +72,7 @@ def action_text(tokenizer, action_ids) -> str:
 
     Other special tokens (`<search>`, `</answer>`, ...) stay: they are the action.
     """
-    from agentjax.models.tokenizer import end_of_turn_id
-
-    template = {end_of_turn_id(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id}
+    template = {end_of_turn_id(tokenizer), tokenizer.pad_token_id}
     return tokenizer.decode([t for t in action_ids if t not in template],
                             skip_special_tokens=False)
 

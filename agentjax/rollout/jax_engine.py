@@ -30,8 +30,10 @@ Design (static shapes, so XLA compiles a handful of programs once):
 - Sampling and log-probs: `rollout.sampling` (temperature, then top-k, then top-p,
   renormalized; the returned log-prob is that of the distribution sampled from; greedy
   reports the untempered log-prob). Each sequence's key is `fold_in(PRNGKey(seed),
-  sample_index)` (or drawn from the engine's stream when `seed` is None), and its t-th
-  token uses `fold_in(key, t)`: seeded requests are reproducible.
+  sample_index)` (or drawn from the engine's stream when `seed` is None), and the token
+  sampled for absolute position t uses `fold_in(key, t)`: seeded requests are
+  reproducible whatever shares their batch, and the turns of a seeded episode (later
+  positions) get fresh randomness.
 - Weights: `update_weights` copies the new params into the engine (same structure,
   shapes, dtypes and shardings as before — checked), so nothing recompiles and the
   trainer may donate its own buffers afterwards.
@@ -62,6 +64,7 @@ from flax import nnx
 from agentjax.models.cache import KVCache, cache_positions, init_cache
 from agentjax.rollout.engine import Completion, GenerateRequest, SamplingParams
 from agentjax.rollout.sampling import sample
+from agentjax.rollout.trajectory import end_of_turn_id
 
 # Traces of the jitted programs below, by program name (one trace = one compilation).
 TRACE_COUNTS: collections.Counter = collections.Counter()
@@ -196,7 +199,7 @@ class JaxEngine:
       decode_steps: tokens per decode program call (host round trip).
       batch_wait_s: when idle, how long to wait after a request for concurrent ones.
       eos_token_ids: ids that always end generation (default: the tokenizer's
-        end-of-turn and eos ids).
+        end-of-turn token, else the model config's eos ids).
       max_stop_ids: most stop ids per request (static width of the device stop table).
       cache_dtype: KV cache dtype (default: the model's compute dtype).
       seed: seed of the engine's stream for requests without a seed.
@@ -513,7 +516,7 @@ class JaxEngine:
         top_p = np.ones(size, np.float32)
         for seq, row in zip(seqs, rows):
             keys[row] = seq.key
-            steps[row] = len(seq.outputs)
+            steps[row] = len(seq.input_ids) + len(seq.outputs)
             temperature[row] = seq.sampling.temperature
             top_k[row] = seq.sampling.top_k
             top_p[row] = seq.sampling.top_p
@@ -547,6 +550,7 @@ class JaxEngine:
             segments, *self._sampling_arrays(seqs, rows, size), gather=gather)
         new_tokens, logprobs = np.asarray(new_tokens), np.asarray(logprobs)
         self.stats["prefill_calls"] += 1
+        self.stats["max_prefill_batch"] = max(self.stats["max_prefill_batch"], len(seqs))
         self.stats["prefill_tokens"] += sum(chunks)
         for seq, row, count in zip(seqs, rows, chunks):
             self._lengths[seq.slot] += count
@@ -575,6 +579,7 @@ class JaxEngine:
             steps, budget, stop_ids, temperature, top_k, top_p, num_steps=self.decode_steps)
         tokens, logprobs, emitted = (np.asarray(a) for a in (tokens, logprobs, emitted))
         self.stats["decode_calls"] += 1
+        self.stats["max_decode_batch"] = max(self.stats["max_decode_batch"], len(seqs))
         for seq in seqs:
             fed = int(emitted[seq.slot].sum())
             self.stats["decode_tokens"] += fed
@@ -672,10 +677,7 @@ def _resolve(seq: _Sequence, completion: Completion) -> None:
 def _default_eos_ids(tokenizer, config) -> tuple[int, ...]:
     ids = set()
     if tokenizer is not None:
-        from agentjax.models.tokenizer import end_of_turn_id
         ids.add(end_of_turn_id(tokenizer))
-        if tokenizer.eos_token_id is not None:
-            ids.add(tokenizer.eos_token_id)
     elif config.eos_token_id is not None:
         eos = config.eos_token_id
         ids.update(eos if isinstance(eos, tuple) else (eos,))

@@ -15,9 +15,9 @@ correction needs. Greedy rows (temperature 0) take the argmax and report the unt
 log_softmax(logits) of it (the point mass would report 0, which no trainer can use;
 the untempered value is what a trainer recomputes at temperature 1).
 
-Randomness is per row: the key of a row's t-th sampled token is
-`fold_in(row_key, t)`, so a seeded request samples the same tokens whatever else shares
-its batch or which slot it lands in.
+Randomness is per row: a row's token is drawn with `fold_in(row_key, step)` (the engine
+passes the token's absolute position as `step`), so a seeded request samples the same
+tokens whatever else shares its batch or which slot it lands in.
 """
 from __future__ import annotations
 
@@ -64,8 +64,8 @@ def sample(
     Args:
       logits: float [B, V].
       keys: per-row PRNG keys, uint32 [B, 2] (raw `jax.random.PRNGKey` data).
-      steps: int32 [B], index of the token being sampled within its request; folded
-        into the row key.
+      steps: int32 [B], folded into the row key (the engine passes the absolute position
+        of the token being sampled).
       temperature: float [B]; 0 means greedy.
       top_k: int32 [B]; <= 0 disables.
       top_p: float [B]; >= 1 disables.

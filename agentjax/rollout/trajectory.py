@@ -216,6 +216,32 @@ class Trajectory:
             group_id=group_id, task=task, metadata={"demonstration": True})
 
 
+def end_of_turn_id(tokenizer) -> int:
+    """The token that ends an assistant turn: the tokenizer's eos token (`<|im_end|>`
+    for ChatML, `<|eot_id|>` for Llama-3 instruct tokenizers).
+
+    Raises:
+      ValueError: the tokenizer has no eos token.
+    """
+    if tokenizer.eos_token_id is None:
+        raise ValueError("tokenizer has no eos_token: set it to the assistant end-of-turn "
+                         "token of its chat template")
+    return int(tokenizer.eos_token_id)
+
+
+def strip_control_text(tokenizer, text: str) -> str:
+    """Removes the text of the tokenizer's special (control) tokens from `text`.
+
+    Env output is untrusted: a document containing "<|im_end|>" must not become a
+    control token that closes the turn. Agent tags such as `<information>` are not
+    control tokens and stay.
+    """
+    for token in tokenizer.added_tokens_decoder.values():
+        if token.special and token.content in text:
+            text = text.replace(token.content, "")
+    return text
+
+
 def observation_token_ids(
     tokenizer,
     observation: str,
@@ -227,8 +253,9 @@ def observation_token_ids(
     """The ids appended after an action whose env returned `observation`.
 
     Args:
-      tokenizer: the policy's tokenizer.
-      observation: the env's observation text.
+      tokenizer: the policy's tokenizer (agentjax.models.tokenizer).
+      observation: the env's observation text; control-token text is stripped from it
+        (`strip_control_text`).
       role: None for an inline observation (encoded on its own, appended inside the
         assistant turn, Search-R1 style); a chat role ("tool", "user") for a new chat
         turn, whose ids come from template diffing (`models.tokenizer.observation_ids`:
@@ -240,17 +267,18 @@ def observation_token_ids(
         A cut chat observation is re-encoded from its decoded prefix, which is fine
         because the trajectory records the ids actually fed to the policy.
     """
-    from agentjax.models import tokenizer as tok
+    from agentjax.models.tokenizer import observation_ids
 
-    content_ids = tok.encode_text(tokenizer, observation)
+    observation = strip_control_text(tokenizer, observation)
+    content_ids = list(tokenizer.encode(observation, add_special_tokens=False))
     cut = max_tokens is not None and len(content_ids) > max_tokens
     if role is None:
         return content_ids[:max_tokens] if cut else content_ids
     if cut:
         observation = tokenizer.decode(content_ids[:max_tokens])
-    eot = tok.end_of_turn_id(tokenizer)
+    eot = end_of_turn_id(tokenizer)
     prefix = [] if (len(action_ids) and action_ids[-1] == eot) else [eot]
-    return prefix + list(tok.observation_ids(tokenizer, observation, role))
+    return prefix + list(observation_ids(tokenizer, observation, role, end_of_turn_id=eot))
 
 
 def bucket_length(needed: int, buckets: Sequence[int]) -> int:

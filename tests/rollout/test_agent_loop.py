@@ -1,0 +1,168 @@
+"""The agent loop: exact ids, masks and log-probs; every stop reason; failures flagged."""
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+
+from agentjax.envs.base import Task
+from agentjax.rollout.agent_loop import EpisodeLimits, action_text, run_episode
+from agentjax.rollout.engine import SamplingParams
+from agentjax.rollout.trajectory import Trajectory, observation_token_ids
+from agentjax.models.tokenizer import observation_ids, prompt_ids
+from tests.rollout.fakes import ScriptedEngine, ToyEnv
+
+TASK = Task("t1", "Which city is the capital of France?", answers=("Paris",))
+SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=32)
+
+
+def _script(*texts):
+    return lambda context, index: texts[min(index, len(texts) - 1)]
+
+
+def _run(engine, env, limits=EpisodeLimits(), sampling=SAMPLING, tokenizer=None):
+    return asyncio.run(run_episode(engine, env, TASK, sampling, limits, tokenizer))
+
+
+def test_inline_observations_exact_ids_masks_and_logprobs(tokenizer):
+    actions = ["<search>capital of France</search>", "<think>ok</think><answer>Paris</answer>"]
+    engine = ScriptedEngine(tokenizer, _script(*actions))
+    env = ToyEnv(step_reward=0.5)
+    traj = _run(engine, env, tokenizer=tokenizer)
+    log = env.log
+
+    prompt = prompt_ids(tokenizer, ToyEnv().reset(TASK))
+    a1, a2 = (tokenizer.encode(a, add_special_tokens=False) for a in actions)
+    obs = tokenizer.encode("<information>ecnarF fo latipac</information>",
+                           add_special_tokens=False)
+    np.testing.assert_array_equal(traj.token_ids, prompt + a1 + obs + a2)
+    np.testing.assert_array_equal(
+        traj.action_mask, [0] * len(prompt) + [1] * len(a1) + [0] * len(obs) + [1] * len(a2))
+    np.testing.assert_array_equal(
+        traj.turn_ids, [0] * len(prompt) + [1] * (len(a1) + len(obs)) + [2] * len(a2))
+    engine_logp = [lp for c in engine.completions for lp in c.logprobs]
+    np.testing.assert_allclose(traj.behavior_logp[traj.action_mask == 1], engine_logp)
+    assert not traj.behavior_logp[traj.action_mask == 0].any()
+    # Round trip: the action tokens decode to exactly the model's outputs, and no
+    # observation text leaks into them.
+    decoded = tokenizer.decode(traj.token_ids[traj.action_mask == 1].tolist())
+    assert decoded == "".join(actions) and "<information>" not in decoded
+    # The second request carried the whole exact context, with the env's stop strings.
+    assert list(engine.requests[1].input_ids) == prompt + a1 + obs
+    assert set(ToyEnv.stop) <= set(engine.requests[1].sampling.stop)
+    assert traj.metadata["stop_reason"] == "answer" and not traj.metadata["failed"]
+    assert [t.reward for t in traj.turns] == [0.5, 0.0]
+    assert traj.metadata["num_tool_calls"] == 1 and traj.metadata["env_log"] is log
+    # The session was used for both turns and ended with the episode.
+    sessions = {r.session_id for r in engine.requests}
+    assert len(sessions) == 1 and engine.ended_sessions == list(sessions)
+
+
+@pytest.mark.parametrize("eot_sampled", [False, True])
+def test_chat_role_observations_and_demonstration_give_identical_ids(tokenizer, eot_sampled):
+    eot = tokenizer.eos_token
+    first = "<tool_call>{\"name\": \"lookup\"}</tool_call><search>fox</search>"
+    actions = [first + (eot if eot_sampled else ""), "<answer>Paris</answer>"]
+    engine = ScriptedEngine(tokenizer, _script(*actions))
+    env = ToyEnv(observation_role="tool")
+    traj = _run(engine, env, tokenizer=tokenizer)
+
+    a1 = tokenizer.encode(actions[0], add_special_tokens=False)
+    turn_obs = observation_ids(tokenizer, "xof", "tool", end_of_turn_id=tokenizer.eos_token_id)
+    # A turn that stopped on a stop string gets the end-of-turn token as a template token.
+    expected_obs = turn_obs if eot_sampled else [tokenizer.eos_token_id] + turn_obs
+    assert traj.turns[0].observation_ids == expected_obs
+    assert traj.turns[0].action_ids == a1
+    assert traj.action_mask[len(traj.prompt_ids) + len(a1)] == 0  # the appended token
+    # The env never sees the end-of-turn token in the action text.
+    assert env.actions[0] == first
+
+    demo = Trajectory.from_demonstration(
+        tokenizer, ToyEnv().reset(TASK), [(actions[0], "xof", True), (actions[1], None, True)],
+        observation_role="tool", reward=1.0, task=TASK)
+    np.testing.assert_array_equal(demo.token_ids, traj.token_ids)
+    np.testing.assert_array_equal(demo.action_mask, traj.action_mask)
+    np.testing.assert_array_equal(demo.turn_ids, traj.turn_ids)
+    assert demo.final_reward == 1.0 and demo.task_id == TASK.task_id
+
+
+def test_demonstration_excludes_untrainable_turns_and_checks_turns(tokenizer):
+    messages = [{"role": "user", "content": "q"}]
+    demo = Trajectory.from_demonstration(
+        tokenizer, messages,
+        [("bad action", "invalid action, try again", False),
+         ("<answer>Paris</answer>", None, True)])
+    bad = tokenizer.encode("bad action", add_special_tokens=False)
+    start = len(demo.prompt_ids)
+    assert not demo.action_mask[start:start + len(bad)].any()
+    assert demo.action_mask.sum() == len(tokenizer.encode("<answer>Paris</answer>",
+                                                          add_special_tokens=False))
+    with pytest.raises(ValueError, match=r"turns\[0\] has no observation"):
+        Trajectory.from_demonstration(tokenizer, messages, [("a", None, True), ("b", None, True)])
+
+
+def test_observation_ids_strip_control_text_and_cut(tokenizer):
+    ids = observation_token_ids(tokenizer, "Paris<|im_end|> is big", role=None, action_ids=[])
+    assert tokenizer.eos_token_id not in ids
+    assert tokenizer.decode(ids) == "Paris is big"
+    cut = observation_token_ids(tokenizer, "Paris is the capital of France", role=None,
+                                action_ids=[], max_tokens=3)
+    assert cut == tokenizer.encode("Paris is the capital of France",
+                                   add_special_tokens=False)[:3]
+    chat = observation_token_ids(tokenizer, "Paris is the capital of France", role="user",
+                                 action_ids=[tokenizer.eos_token_id], max_tokens=2)
+    content = tokenizer.decode(tokenizer.encode("Paris is the capital of France",
+                                                add_special_tokens=False)[:2])
+    assert chat == observation_ids(tokenizer, content, "user",
+                                   end_of_turn_id=tokenizer.eos_token_id)
+
+
+def test_stop_reasons_max_turns_and_token_budget(tokenizer):
+    search = "<search>capital of France</search>"
+    engine = ScriptedEngine(tokenizer, _script(search))
+    traj = _run(engine, ToyEnv(), EpisodeLimits(max_turns=3), tokenizer=tokenizer)
+    assert traj.metadata["stop_reason"] == "max_turns" and len(traj.turns) == 3
+    assert traj.turns[-1].observation_ids == []  # nothing follows the last action
+    assert not traj.metadata["failed"]
+
+    prompt_len = len(prompt_ids(tokenizer, ToyEnv().reset(TASK)))
+    budget = prompt_len + 2 * len(tokenizer.encode(search, add_special_tokens=False)) + 20
+    engine = ScriptedEngine(tokenizer, _script(search))
+    traj = _run(engine, ToyEnv(), EpisodeLimits(max_turns=10, max_context_tokens=budget),
+                tokenizer=tokenizer)
+    assert traj.metadata["stop_reason"] == "token_budget"
+    assert traj.num_tokens <= budget
+    # Every request's max_new_tokens was cut to the room left in the budget.
+    for request in engine.requests:
+        assert len(request.input_ids) + request.sampling.max_new_tokens <= budget
+
+
+def test_failures_are_flagged_and_partial_turns_kept(tokenizer):
+    search = "<search>capital of France</search>"
+    traj = _run(ScriptedEngine(tokenizer, _script(search)), ToyEnv(fail_on_step=1),
+                tokenizer=tokenizer)
+    assert traj.metadata["failed"] and traj.metadata["stop_reason"] == "env_error"
+    assert "tool exploded at step 1" in traj.metadata["error"] and len(traj.turns) == 2
+    assert traj.metadata["env_log"].stop_reason == "env_error"
+
+    aborting = ScriptedEngine(tokenizer, _script(search), finish_reason="abort")
+    traj = _run(aborting, ToyEnv(), tokenizer=tokenizer)
+    assert traj.metadata["stop_reason"] == "engine_error" and traj.turns == []
+
+    slow = ScriptedEngine(tokenizer, _script(search))
+    traj = _run(slow, ToyEnv(tool_latency_s=0.3), EpisodeLimits(max_turns=5, timeout_s=0.5),
+                tokenizer=tokenizer)
+    assert traj.metadata["stop_reason"] == "timeout" and traj.metadata["failed"]
+    assert 1 <= len(traj.turns) <= 2 and slow.ended_sessions
+
+
+def test_action_text_drops_only_template_tokens(tokenizer):
+    ids = tokenizer.encode("<answer>Paris</answer>", add_special_tokens=False)
+    assert action_text(tokenizer, ids + [tokenizer.eos_token_id]) == "<answer>Paris</answer>"
+
+
+def test_limits_validation():
+    with pytest.raises(ValueError, match="max_turns"):
+        EpisodeLimits(max_turns=0)
+    with pytest.raises(ValueError, match="max_context_tokens"):
+        dataclasses.replace(EpisodeLimits(), max_context_tokens=0)
