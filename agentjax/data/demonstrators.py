@@ -1,0 +1,298 @@
+"""Scripted demonstrators for the multi-hop search world (SFT warm-start, seed §6.2/§6.3).
+
+A demonstrator acts in a real `SearchEnv` (real BM25 retrieval, real observations) the
+way a model would: it parses the question into a start entity and relation chain, issues
+`<search> name </search>`, reads the next entity out of the observation text with the
+relation's sentence pattern, and finally writes `<answer> name </answer>`. It never
+looks at the task's answers or metadata — only the question and the observations.
+
+`DemonstratorConfig()` is the gold policy (scores 1.0 on a well-formed world). Knobs
+make it imperfect, each a probability:
+  p_guess       per episode: answer at once, a guess drawn from the training answers of
+                questions ending in the same relation (no search at all);
+  p_stop_early  per episode of >= 2 hops: answer the bridge entity one hop early;
+  p_repeat      per search: first re-issue the previous query (a wasted turn; with a
+                tight turn budget the episode can run out of turns);
+  p_poor_query  per search: query a fragment of the name (one word of a two-word name,
+                a misspelled one-word name) and read sloppily — take the first sentence
+                of the right relation about *anyone*, which under BM25 with confusable
+                twins is often the wrong entity;
+  p_negative    per episode: one malformed action (Agent-FLAN negative example) followed
+                by the env's corrective observation and the correct action; the malformed
+                turn is marked `trainable=False` (SFT learns the recovery, not the error)
+                and is only inserted when the turn budget has room for it.
+
+Demonstrations keep each observation exactly as the env returned it.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from agentjax.data.world import RELATIONS, parse_question
+from agentjax.envs.base import EpisodeLog, Task
+from agentjax.rewards.outcome import episode_answer, exact_match
+
+_MALFORMED = ("{q}", "<query> {q} </query>", "<search> </search>", "<search> {q} </answer>")
+
+
+class DemoTurn(NamedTuple):
+    """One policy turn of a demonstration.
+
+    Attributes:
+      action: the action text (what SFT trains on when trainable).
+      observation: the env's observation after it, verbatim ("" when the episode ended).
+      trainable: False for negative-example turns (loss-masked in SFT).
+    """
+
+    action: str
+    observation: str
+    trainable: bool
+
+
+@dataclasses.dataclass
+class Demonstration:
+    """One scripted episode.
+
+    Attributes:
+      task: the task.
+      messages: the env's initial chat messages.
+      turns: the policy turns in order.
+      log: the env's EpisodeLog (None when read back from jsonl).
+      reward: reward_fn(task, log) total (exact match unless another reward_fn was given).
+      policy: the demonstrator's name.
+    """
+
+    task: Task
+    messages: list[dict[str, str]]
+    turns: list[DemoTurn]
+    log: EpisodeLog | None
+    reward: float
+    policy: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DemonstratorConfig:
+    """Imperfection knobs (module docstring); all zero is the gold policy.
+
+    Attributes:
+      name: recorded in each Demonstration.
+      p_guess, p_stop_early, p_repeat, p_poor_query, p_negative: see module docstring.
+    """
+
+    name: str = "gold"
+    p_guess: float = 0.0
+    p_stop_early: float = 0.0
+    p_repeat: float = 0.0
+    p_poor_query: float = 0.0
+    p_negative: float = 0.0
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            if field.name.startswith("p_") and not 0.0 <= getattr(self, field.name) <= 1.0:
+                raise ValueError(f"DemonstratorConfig.{field.name} must be in [0, 1], "
+                                 f"got {getattr(self, field.name)}")
+
+
+def guess_pool(tasks: Sequence[Task]) -> dict[str, list[str]]:
+    """Guess candidates: the answers of `tasks` grouped by the question's last relation
+    (with multiplicity, so frequent answers are guessed more often)."""
+    pool: dict[str, list[str]] = collections.defaultdict(list)
+    for task in tasks:
+        parsed = parse_question(task.question)
+        if parsed is not None and task.answers:
+            pool[parsed[1][-1]].append(task.answers[0])
+    return dict(pool)
+
+
+def search_action(query: str) -> str:
+    return f"<search> {query} </search>"
+
+
+def answer_action(answer: str) -> str:
+    return f"<answer> {answer} </answer>"
+
+
+def _poor_query(name: str, rng: np.random.Generator) -> str:
+    words = name.split()
+    if len(words) > 1:
+        return words[int(rng.integers(len(words)))]
+    vowels = [i for i, ch in enumerate(name) if ch in "aeiou"]
+    i = vowels[int(rng.integers(len(vowels)))] if vowels else len(name) - 1
+    other = [v for v in "aeiou" if v != name[i]]
+    return name[:i] + other[int(rng.integers(len(other)))] + name[i + 1:]
+
+
+def read_object(observation: str, relation: str, subject: str | None) -> str | None:
+    """The object of `relation` for `subject` (None: for the first subject found) stated
+    in `observation`, else None."""
+    match = RELATIONS[relation].object_pattern(subject).search(observation)
+    return match.group("o").strip() if match else None
+
+
+class ScriptedSearcher:
+    """A scripted policy of controllable quality (module docstring).
+
+    Args:
+      config: the imperfection knobs.
+      guesses: guess candidates per final relation (`guess_pool(train_tasks)`); needed
+        when config.p_guess > 0.
+    """
+
+    def __init__(self, config: DemonstratorConfig = DemonstratorConfig(),
+                 guesses: Mapping[str, Sequence[str]] | None = None):
+        if config.p_guess > 0 and not guesses:
+            raise ValueError("ScriptedSearcher: p_guess > 0 needs guess candidates "
+                             "(guesses=guess_pool(train_tasks))")
+        self.config = config
+        self.guesses = {k: list(v) for k, v in (guesses or {}).items()}
+
+    def _guess(self, relation: str, rng: np.random.Generator) -> str:
+        pool = self.guesses.get(relation) or [n for v in self.guesses.values() for n in v]
+        return pool[int(rng.integers(len(pool)))]
+
+    def run(self, env, task: Task, rng: np.random.Generator, *, reward_fn=None) -> Demonstration:
+        """Plays one episode of `task` in `env` (a SearchEnv with tag actions).
+
+        Args:
+          env: the env; reset here.
+          task: a world task (its question must parse with `world.parse_question`).
+          rng: this episode's random stream.
+          reward_fn: `(task, log) -> (total, components)`; default exact match.
+        """
+        parsed = parse_question(task.question)
+        if parsed is None:
+            raise ValueError(f"task {task.task_id!r}: question is not a world question: "
+                             f"{task.question!r}")
+        current, relations = parsed
+        cfg = self.config
+        guess = rng.random() < cfg.p_guess
+        target_hops = len(relations) - 1 if (
+            len(relations) >= 2 and rng.random() < cfg.p_stop_early) else len(relations)
+        negative = rng.random() < cfg.p_negative
+        budget = getattr(env, "max_turns", None)
+        messages = env.reset(task)
+        turns: list[DemoTurn] = []
+        hop, last_query, repeat_pending = 0, None, False
+        while not env.log.done:
+            needed = 1 if guess else (target_hops - hop) + 1 + int(repeat_pending)
+            if negative and (budget is None or len(turns) + needed + 1 <= budget) and (
+                    rng.random() < 1.0 / needed):
+                negative = False
+                text = _MALFORMED[int(rng.integers(len(_MALFORMED)))].format(q=current)
+                turns.append(DemoTurn(text, env.step(text).observation, False))
+                continue
+            fresh_search = False
+            if guess:
+                text = answer_action(self._guess(relations[-1], rng))
+            elif hop == target_hops:
+                text = answer_action(current)
+            elif repeat_pending:  # re-issues the query it already read: nothing new to read
+                text, repeat_pending = search_action(last_query), False
+            else:
+                poor = rng.random() < cfg.p_poor_query
+                last_query = _poor_query(current, rng) if poor else current
+                text, fresh_search = search_action(last_query), True
+            observation = env.step(text).observation
+            turns.append(DemoTurn(text, observation, True))
+            if fresh_search:
+                # A fragment query is read sloppily: the relation's first fact about anyone.
+                found = read_object(observation, relations[hop],
+                                    current if last_query == current else None)
+                if found is not None and found != current:
+                    current, hop = found, hop + 1
+                    repeat_pending = hop < target_hops and rng.random() < cfg.p_repeat
+        log = env.log
+        if reward_fn is None:
+            reward = exact_match(episode_answer(log), task.answers)
+        else:
+            reward = float(reward_fn(task, log)[0])
+        return Demonstration(task, messages, turns, log, reward, cfg.name)
+
+
+class SuccessReport(NamedTuple):
+    """A policy's measured success: overall, per hop count, and counts."""
+
+    success: float
+    by_hops: dict[int, float]
+    episodes: int
+    mean_turns: float
+
+
+def run_demonstrations(searcher: ScriptedSearcher, env, tasks: Sequence[Task], *,
+                       seed: int = 0, reward_fn=None) -> list[Demonstration]:
+    """Plays every task once; episode i uses the random stream (seed, i).
+
+    Args:
+      searcher: the demonstrator.
+      env: a SearchEnv (tags format).
+      tasks: the tasks, in order.
+      seed: base seed.
+      reward_fn: optional `(task, log) -> (total, components)`; default exact match.
+    """
+    return [searcher.run(env, task, np.random.default_rng([seed, i]), reward_fn=reward_fn)
+            for i, task in enumerate(tasks)]
+
+
+def success_report(demos: Sequence[Demonstration]) -> SuccessReport:
+    """Success rate (answer exact match) overall and per hop count of demonstrations."""
+    if not demos:
+        raise ValueError("success_report needs at least one demonstration")
+    wins = [exact_match(episode_answer(d.log), d.task.answers) if d.log is not None
+            else float(d.reward) for d in demos]
+    by_hops: dict[int, list[float]] = collections.defaultdict(list)
+    for d, w in zip(demos, wins):
+        by_hops[int(d.task.metadata.get("hops", 0))].append(w)
+    return SuccessReport(float(np.mean(wins)), {k: float(np.mean(v)) for k, v in
+                                                 sorted(by_hops.items())},
+                         len(demos), float(np.mean([len(d.turns) for d in demos])))
+
+
+def measure_success(searcher: ScriptedSearcher, env, tasks: Sequence[Task], *,
+                    seed: int = 0) -> SuccessReport:
+    """Runs the demonstrator on `tasks` and reports its success (see success_report)."""
+    return success_report(run_demonstrations(searcher, env, tasks, seed=seed))
+
+
+def write_demonstrations_jsonl(path: str, demos: Sequence[Demonstration]) -> None:
+    """One JSON object per demonstration: task, messages, turns, reward, policy."""
+    with open(path, "w", encoding="utf-8") as f:
+        for d in demos:
+            record = {"task": {"task_id": d.task.task_id, "question": d.task.question,
+                               "answers": list(d.task.answers),
+                               "data_source": d.task.data_source,
+                               "metadata": dict(d.task.metadata)},
+                      "messages": d.messages,
+                      "turns": [t._asdict() for t in d.turns],
+                      "reward": d.reward, "policy": d.policy}
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def read_demonstrations_jsonl(path: str) -> list[Demonstration]:
+    """Reads `write_demonstrations_jsonl` output (log=None).
+
+    Raises:
+      ValueError: naming the file and line of a malformed record.
+    """
+    demos = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r: dict[str, Any] = json.loads(line)
+                t = r["task"]
+                task = Task(t["task_id"], t["question"], tuple(t["answers"]),
+                            t.get("data_source", ""), t.get("metadata", {}))
+                turns = [DemoTurn(str(x["action"]), str(x["observation"]), bool(x["trainable"]))
+                         for x in r["turns"]]
+                demos.append(Demonstration(task, list(r["messages"]), turns, None,
+                                           float(r["reward"]), str(r.get("policy", ""))))
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ValueError(f"{path}: line {line_no}: malformed demonstration "
+                                 f"({type(err).__name__}: {err})") from None
+    return demos

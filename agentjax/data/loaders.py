@@ -1,0 +1,228 @@
+"""Task files in the public formats: Search-R1 parquet and jsonl, read and written.
+
+Readers never drop a row silently: each bad row becomes a `RowError(index, message)` in
+the result, next to the tasks that loaded. Accepted rows:
+
+* Search-R1 parquet (verl): `data_source`, `prompt` = [{"role", "content"}],
+  `reward_model.ground_truth.target` (list or string), `extra_info` {"split", "index",
+  ...}; the question is the `question` column when present (Search-R1 keeps the
+  source columns), else the text after the last "Question:" of the last user message.
+* jsonl, one object a line, as FlashRAG / Search-R1 raw data (`question`,
+  `golden_answers`), HotpotQA (`question`, `answer`) or this package's own
+  (`task_id`, `question`, `answers`, `data_source`, `metadata`).
+
+Writers produce the same formats (and the Search-R1 corpus jsonl), so a world built here
+can train Search-R1/verl directly and comes back identically through the readers.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from agentjax.envs.base import Task
+
+SEARCH_R1_TEMPLATE = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> "
+    "first every time you get new information. After reasoning, if you find you lack some "
+    "knowledge, you can call a search engine by <search> query </search> and it will "
+    "return the top searched results between <information> and </information>. You can "
+    "search as many times as you want. If you find no further external knowledge needed, "
+    "you can directly provide the answer inside <answer> and </answer>, without detailed "
+    "illustrations. For example, <answer> Beijing </answer>. Question: {question}\n")
+
+
+class RowError(NamedTuple):
+    """A row that did not load: its 0-based index in the file and why."""
+
+    index: int
+    message: str
+
+
+class LoadResult(NamedTuple):
+    """Tasks that loaded and the rows that did not (unpacks as `tasks, errors`)."""
+
+    tasks: list[Task]
+    errors: list[RowError]
+
+
+def _strings(value: Any, field: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"{field} must be a non-empty string or list of strings, got {value!r}")
+    if not all(isinstance(v, str) and v.strip() for v in value):
+        raise ValueError(f"{field} holds an empty or non-string answer: {value!r}")
+    return tuple(v.strip() for v in value)
+
+
+def _question_from_prompt(prompt: Any) -> str:
+    if not isinstance(prompt, (list, tuple)) or not prompt:
+        raise ValueError(f"prompt must be a non-empty list of messages, got {prompt!r}")
+    users = [m for m in prompt if isinstance(m, Mapping) and m.get("role") == "user"]
+    if not users or not isinstance(users[-1].get("content"), str):
+        raise ValueError("prompt has no user message with string content")
+    content = users[-1]["content"]
+    return content.rsplit("Question:", 1)[-1].strip()
+
+
+def task_from_record(record: Mapping[str, Any], index: int, *, default_id: str,
+                     default_source: str) -> Task:
+    """One row (any accepted schema, module docstring) as a Task.
+
+    Args:
+      record: the row as a dict.
+      index: its 0-based row index (used in the default task id).
+      default_id: prefix of the task id when the row carries none.
+      default_source: data_source when the row carries none.
+
+    Raises:
+      ValueError: the row has no usable question or answers.
+    """
+    extra = record.get("extra_info") or {}
+    if not isinstance(extra, Mapping):
+        raise ValueError(f"extra_info must be a mapping, got {type(extra).__name__}")
+    question = record.get("question")
+    if question is None and "prompt" in record:
+        question = _question_from_prompt(record["prompt"])
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"no question: need a non-empty 'question' or 'prompt', "
+                         f"got {question!r}")
+    reward_model = record.get("reward_model") or {}
+    truth = reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None
+    target = truth.get("target") if isinstance(truth, Mapping) else None
+    for field, value in (("reward_model.ground_truth.target", target),
+                         ("golden_answers", record.get("golden_answers")),
+                         ("answers", record.get("answers")),
+                         ("answer", record.get("answer"))):
+        if value is not None:
+            answers = _strings(value, field)
+            break
+    else:
+        raise ValueError("no answers: need reward_model.ground_truth.target, golden_answers, "
+                         "answers or answer")
+    metadata = record.get("metadata") or extra.get("metadata") or {}
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"metadata is not valid JSON: {err}") from err
+    if not isinstance(metadata, Mapping):
+        raise ValueError(f"metadata must be a mapping, got {type(metadata).__name__}")
+    task_id = record.get("task_id") or extra.get("task_id") or record.get("id")
+    return Task(task_id=str(task_id) if task_id is not None else f"{default_id}-{index}",
+                question=question.strip(), answers=answers,
+                data_source=str(record.get("data_source") or default_source),
+                metadata=dict(metadata))
+
+
+def _load_rows(rows: Iterable[tuple[int, Any]], path: str) -> LoadResult:
+    stem = os.path.splitext(os.path.basename(path))[0]
+    tasks, errors, seen = [], [], set()
+    for index, row in rows:
+        try:
+            if isinstance(row, Exception):
+                raise row
+            if not isinstance(row, Mapping):
+                raise ValueError(f"row is a {type(row).__name__}, not an object")
+            task = task_from_record(row, index, default_id=stem, default_source=stem)
+            if task.task_id in seen:
+                raise ValueError(f"duplicate task id {task.task_id!r}")
+        except ValueError as err:
+            errors.append(RowError(index, f"{path} row {index}: {err}"))
+            continue
+        seen.add(task.task_id)
+        tasks.append(task)
+    return LoadResult(tasks, errors)
+
+
+def load_search_r1_parquet(path: str) -> LoadResult:
+    """Reads a Search-R1 / verl parquet file (module docstring) into Tasks.
+
+    Args:
+      path: the parquet file.
+
+    Raises:
+      FileNotFoundError: no such file.
+      ValueError: the file is not readable parquet.
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no parquet file at {path}")
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ValueError(f"{path}: not a readable parquet file: {err}") from err
+    return _load_rows(enumerate(rows), path)
+
+
+def load_jsonl(path: str) -> LoadResult:
+    """Reads a jsonl task file (module docstring); blank lines are skipped, and a line
+    that is not JSON is a RowError with its 0-based line index.
+
+    Args:
+      path: the jsonl file.
+    """
+
+    def rows():
+        with open(path, encoding="utf-8") as f:
+            for index, line in enumerate(f):
+                if not line.strip():
+                    continue
+                try:
+                    yield index, json.loads(line)
+                except json.JSONDecodeError as err:
+                    yield index, ValueError(f"invalid JSON: {err}")
+
+    return _load_rows(rows(), path)
+
+
+def write_search_r1_parquet(path: str, tasks: Sequence[Task], *, split: str,
+                            template: str = SEARCH_R1_TEMPLATE,
+                            ability: str = "fact-reasoning") -> None:
+    """Writes tasks as a Search-R1 / verl parquet file.
+
+    Args:
+      path: output file.
+      tasks: the tasks (at least one).
+      split: value of extra_info.split ("train", "test").
+      template: user prompt with a `{question}` slot (default: Search-R1's).
+      ability: the `ability` column.
+    """
+    if not tasks:
+        raise ValueError(f"write_search_r1_parquet({path!r}): no tasks to write")
+    rows = [{"id": t.task_id, "question": t.question, "golden_answers": list(t.answers),
+             "data_source": t.data_source,
+             "prompt": [{"role": "user", "content": template.format(question=t.question)}],
+             "ability": ability,
+             "reward_model": {"style": "rule", "ground_truth": {"target": list(t.answers)}},
+             "extra_info": {"split": split, "index": i, "task_id": t.task_id,
+                            "metadata": json.dumps(dict(t.metadata), sort_keys=True)}}
+            for i, t in enumerate(tasks)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def _write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def write_tasks_jsonl(path: str, tasks: Sequence[Task]) -> None:
+    """Writes tasks as jsonl in this package's own schema (read back by `load_jsonl`)."""
+    _write_jsonl(path, ({"task_id": t.task_id, "question": t.question,
+                         "answers": list(t.answers), "data_source": t.data_source,
+                         "metadata": dict(t.metadata)} for t in tasks))
+
+
+def write_corpus_jsonl(path: str, records: Iterable[Mapping[str, str]]) -> None:
+    """Writes a Search-R1 corpus: one `{"id", "contents": '"Title"\\ntext'}` a line."""
+    def checked():
+        for i, r in enumerate(records):
+            if not isinstance(r.get("id"), str) or not isinstance(r.get("contents"), str):
+                raise ValueError(f"corpus record {i} needs string 'id' and 'contents': {r!r}")
+            yield {"id": r["id"], "contents": r["contents"]}
+
+    _write_jsonl(path, checked())

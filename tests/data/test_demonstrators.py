@@ -1,0 +1,142 @@
+import re
+
+import numpy as np
+import pytest
+
+from agentjax.data import demonstrators as demo_lib
+from agentjax.data.demonstrators import DemonstratorConfig, ScriptedSearcher
+from agentjax.data.hindsight import relabel
+from agentjax.rewards.outcome import episode_answer, exact_match
+from agentjax.rewards.tools import tool_call_counts
+from agentjax.data.world import WorldConfig
+from tests.data.worlds import env, world
+
+_ACTION = re.compile(r"<(search|answer)> [^<>]+ </\1>")
+
+
+def _run(config, tasks, max_turns=5, seed=0):
+    w = world()
+    searcher = ScriptedSearcher(config, demo_lib.guess_pool(w.train_tasks))
+    return demo_lib.run_demonstrations(searcher, env(max_turns=max_turns), tasks, seed=seed)
+
+
+def test_gold_scores_one_through_real_bm25_and_copies_observations():
+    w = world()
+    demos = _run(DemonstratorConfig(), w.test_tasks + w.train_tasks[:40])
+    report = demo_lib.success_report(demos)
+    assert report.success == 1.0 and set(report.by_hops) == {1, 2, 3, 4}
+    for d in demos:
+        hops = d.task.metadata["hops"]
+        assert d.reward == 1.0 and len(d.turns) == hops + 1
+        assert all(t.trainable and _ACTION.fullmatch(t.action) for t in d.turns)
+        # Queries name the start and each bridge entity; the answer names the answer.
+        chain = d.task.metadata["chain"]
+        assert [t.action for t in d.turns] == (
+            [f"<search> {h['subject']} </search>" for h in chain]
+            + [f"<answer> {d.task.answers[0]} </answer>"])
+        # Observations are exactly the env's, turn by turn.
+        assert [t.observation for t in d.turns] == [t.observation for t in d.log.turns]
+        assert d.messages[0]["content"].endswith(d.task.question + "\n")
+
+
+def test_closed_book_guessing_is_near_zero():
+    # The default-size world: the small test world has too few countries for flat priors.
+    w = world(WorldConfig())
+    searcher = ScriptedSearcher(DemonstratorConfig("closed", p_guess=1.0),
+                                demo_lib.guess_pool(w.train_tasks))
+    demos = demo_lib.run_demonstrations(searcher, env(WorldConfig()), w.test_tasks)
+    assert all(len(d.turns) == 1 and d.turns[0].action.startswith("<answer>") for d in demos)
+    assert demo_lib.success_report(demos).success < 0.05
+
+
+def test_negative_examples_are_masked_and_recovered():
+    demos = _run(DemonstratorConfig("neg", p_negative=1.0), world().test_tasks, max_turns=6)
+    assert demo_lib.success_report(demos).success == 1.0
+    for d in demos:
+        masked = [i for i, t in enumerate(d.turns) if not t.trainable]
+        assert len(masked) == 1
+        i = masked[0]
+        assert not d.log.turns[i].valid and d.log.turns[i].observation == d.turns[i].observation
+        assert "invalid" in d.turns[i].observation
+        assert d.log.turns[i + 1].valid  # recovery right after the corrective observation
+    # Without a spare turn the negative example is skipped rather than costing the answer.
+    tight = _run(DemonstratorConfig("neg", p_negative=1.0), world().test_tasks, max_turns=5)
+    four_hop = [d for d in tight if d.task.metadata["hops"] == 4]
+    assert all(all(t.trainable for t in d.turns) and d.reward == 1.0 for d in four_hop)
+
+
+def test_repeats_waste_turns_and_are_counted_as_duplicates():
+    demos = _run(DemonstratorConfig("rep", p_repeat=1.0), world().test_tasks, max_turns=5)
+    by_hops = demo_lib.success_report(demos).by_hops
+    assert by_hops[1] == 1.0 and by_hops[4] == 0.0  # 4 hops + repeats exceed 5 turns
+    # Each hop read but the last is re-searched once; 3 and 4 hops run out of turns
+    # after two repeats (search, repeat, search, repeat, search).
+    expected = {1: 0, 2: 1, 3: 2, 4: 2}
+    for d in demos:
+        assert tool_call_counts(d.log)["duplicate"] == expected[d.task.metadata["hops"]]
+
+
+def test_stop_early_answers_the_bridge_and_hindsight_makes_it_a_success():
+    w = world()
+    multi = [t for t in w.test_tasks if t.metadata["hops"] >= 2]
+    demos = _run(DemonstratorConfig("early", p_stop_early=1.0), multi)
+    assert demo_lib.success_report(demos).success == 0.0
+    test_questions = set()
+    for d in demos:
+        assert episode_answer(d.log) == d.task.metadata["bridge_entities"][-1]
+        new = relabel(d.task, d.log, w, exclude_questions=test_questions)
+        assert new is not None and new.metadata["hops"] == d.task.metadata["hops"] - 1
+        assert exact_match(episode_answer(d.log), new.answers) == 1.0
+        assert new.metadata["relabeled_from"] == d.task.task_id
+
+
+def test_poor_queries_use_name_fragments_and_lose_accuracy():
+    w = world()
+    names = {e.name for e in w.entities}
+    demos = _run(DemonstratorConfig("poor", p_poor_query=1.0), w.test_tasks, max_turns=5)
+    queries = [t.action[len("<search> "):-len(" </search>")] for d in demos for t in d.turns
+               if t.action.startswith("<search>")]
+    # One word of a two-word name, or a one-word name with a vowel changed (which may
+    # happen to spell a twin's name — the confusion is the point).
+    assert queries and all(len(q.split()) == 1 for q in queries)
+    assert sum(q in names for q in queries) < 0.5 * len(queries)
+    report = demo_lib.success_report(demos)
+    assert 0.0 < report.success < 0.8
+
+
+def test_imperfect_demonstrator_is_deterministic_and_measured():
+    config = DemonstratorConfig("imperfect", p_guess=0.5, p_stop_early=0.1, p_repeat=0.1,
+                                p_poor_query=0.1, p_negative=0.1)
+    tasks = world().train_tasks
+    a, b = _run(config, tasks, seed=7), _run(config, tasks, seed=7)
+    assert [[tuple(t) for t in d.turns] for d in a] == [[tuple(t) for t in d.turns] for d in b]
+    report = demo_lib.success_report(a)
+    assert report.success == pytest.approx(np.mean([d.reward for d in a]))
+    # Half the episodes guess, so success leaves clear room above it.
+    assert 0.3 < report.success < 0.7
+    guessed = sum(len(d.turns) == 1 and d.task.metadata["hops"] >= 1 for d in a) / len(a)
+    assert 0.35 < guessed < 0.65
+
+
+def test_demonstrations_jsonl_round_trip(tmp_path):
+    demos = _run(DemonstratorConfig("neg", p_negative=1.0), world().test_tasks[:5], max_turns=6)
+    path = str(tmp_path / "demos.jsonl")
+    demo_lib.write_demonstrations_jsonl(path, demos)
+    back = demo_lib.read_demonstrations_jsonl(path)
+    assert [(d.task, d.messages, d.turns, d.reward, d.policy) for d in back] == \
+           [(d.task, d.messages, d.turns, d.reward, d.policy) for d in demos]
+    with open(path, "a") as f:
+        f.write('{"task": {}}\n')
+    with pytest.raises(ValueError, match="line 6"):
+        demo_lib.read_demonstrations_jsonl(path)
+
+
+def test_bad_inputs_are_clear_errors():
+    with pytest.raises(ValueError, match="p_guess"):
+        DemonstratorConfig(p_guess=1.5)
+    with pytest.raises(ValueError, match="guess candidates"):
+        ScriptedSearcher(DemonstratorConfig(p_guess=0.5))
+    task = world().test_tasks[0]
+    bad = type(task)("x", "How tall is it?", ("1",))
+    with pytest.raises(ValueError, match="not a world question"):
+        ScriptedSearcher().run(env(), bad, np.random.default_rng(0))
