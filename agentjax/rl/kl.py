@@ -11,7 +11,6 @@ from pi.
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -79,7 +78,10 @@ def entropy_from_logits(logits):
     if jnp.ndim(logits) < 1:
         raise ValueError(f"logits must have a vocabulary axis, got shape {jnp.shape(logits)}")
     (z,) = as_float(logits)
-    lse = jax.nn.logsumexp(z, axis=-1)
+    # Entropy is shift-invariant; shifting by the max keeps lse - E_p[z] from cancelling
+    # two large numbers on peaked distributions.
+    z = z - lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
+    lse = jnp.log(jnp.sum(jnp.exp(z), axis=-1))
     probs = jnp.exp(z - lse[..., None])
     # -inf logits (banned tokens) have probability 0 and contribute 0, not 0 * -inf (the
     # inner where keeps the gradient finite as well).

@@ -55,11 +55,15 @@ def token_logprobs_full(hidden, lm_head, targets, *, temperature=1.0):
 def _chunk_forward(hidden, lm_head, targets, temperature):
     """[B, C, D] hidden chunk -> (logp, entropy, lse), each [B, C] float32."""
     logits = _logits(hidden, lm_head, temperature)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    probs = jnp.exp(logits - lse[..., None])
-    entropy = lse - jnp.sum(probs * logits, axis=-1)
-    return target_logit - lse, entropy, lse
+    # Work with max-shifted logits: entropy = lse' - E_p[z'] then cancels small numbers,
+    # not two copies of a large logit (which costs ~1e-5 absolute on peaked rows).
+    peak = jnp.max(logits, axis=-1, keepdims=True)
+    shifted = logits - peak
+    shifted_lse = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
+    probs = jnp.exp(shifted - shifted_lse[..., None])
+    entropy = shifted_lse - jnp.sum(probs * shifted, axis=-1)
+    target = jnp.take_along_axis(shifted, targets[..., None], axis=-1)[..., 0]
+    return target - shifted_lse, entropy, peak[..., 0] + shifted_lse
 
 
 def _to_chunks(x, chunk_size):
@@ -101,13 +105,12 @@ def _chunked_bwd(chunk_size, temperature, residuals, cotangents):
 
     def body(g_head, chunk):
         h, t, ent, z_lse, g_lp, g_ent = chunk
-        logits = _logits(h, lm_head, temperature)
-        probs = jnp.exp(logits - z_lse[..., None])
-        mean_logit = (z_lse - ent)[..., None]  # E_p[z] = lse - H
-        # d logp / dz = onehot - p ;  d H / dz = -p (z - E_p[z]).
-        onehot = lax.broadcasted_iota(jnp.int32, logits.shape, 2) == t[..., None]
+        log_probs = _logits(h, lm_head, temperature) - z_lse[..., None]
+        probs = jnp.exp(log_probs)
+        # d logp / dz = onehot - p ;  d H / dz = -p (z - E_p[z]) = -p (log p + H).
+        onehot = lax.broadcasted_iota(jnp.int32, log_probs.shape, 2) == t[..., None]
         g_logits = jnp.where(onehot, g_lp[..., None], 0.0) - probs * (
-            g_lp[..., None] + g_ent[..., None] * (logits - mean_logit)
+            g_lp[..., None] + g_ent[..., None] * (log_probs + ent[..., None])
         )
         g_logits = (g_logits / temperature).astype(lm_head.dtype)
         g_h = jnp.einsum("bcv,dv->bcd", g_logits, lm_head, preferred_element_type=jnp.float32)
