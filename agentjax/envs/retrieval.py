@@ -15,7 +15,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import threading
 import time
 from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
@@ -208,8 +207,10 @@ class BM25Retriever:
                                 token_pattern=_TOKEN_PATTERN, return_ids=False,
                                 show_progress=False)
         k = min(topk, len(self.documents))
+        # numpy top-k: bm25s would otherwise pick jax when installed and compile a new
+        # top_k for every distinct k and batch size.
         indices, scores = self.model.retrieve(tokens, k=k, show_progress=False,
-                                              n_threads=1)
+                                              n_threads=1, backend_selection="numpy")
         return [
             [dataclasses.replace(self.documents[i], score=float(s))
              for i, s in zip(row_idx, row_scores) if s > 0]
@@ -229,7 +230,7 @@ class HttpRetriever:
       backoff_s: first retry delay in seconds.
 
     Raises `RetrievalError` when every attempt failed; the env turns that into an error
-    observation. Safe to use from many threads (one connection pool per thread).
+    observation. Safe to use from many threads (they share one connection pool).
     """
 
     def __init__(self, url: str, *, timeout_s: float = 10.0, retries: int = 2,
@@ -245,7 +246,7 @@ class HttpRetriever:
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
-        self._local = threading.local()
+        self._client = httpx.Client(timeout=timeout_s)
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[Document]]:
         if not queries:
@@ -256,7 +257,7 @@ class HttpRetriever:
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                response = self._client().post(self.url, json=payload)
+                response = self._client.post(self.url, json=payload)
                 if response.status_code >= 500:
                     raise RetrievalError(f"HTTP {response.status_code}")
                 if response.status_code != 200:  # a client error will not heal on retry
@@ -270,17 +271,8 @@ class HttpRetriever:
             f"{self.url}: {self.retries + 1} attempts failed; last: {errors[-1]}")
 
     def close(self) -> None:
-        """Closes this thread's connection pool."""
-        client = getattr(self._local, "client", None)
-        if client is not None:
-            client.close()
-            self._local.client = None
-
-    def _client(self) -> httpx.Client:
-        client = getattr(self._local, "client", None)
-        if client is None:
-            client = self._local.client = httpx.Client(timeout=self.timeout_s)
-        return client
+        """Closes the connection pool."""
+        self._client.close()
 
 
 class _Fatal(Exception):
