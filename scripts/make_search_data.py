@@ -27,6 +27,15 @@ def hop_counts(text: str) -> dict[int, int]:
         raise argparse.ArgumentTypeError(f"expected 'hops:count,...', got {text!r}") from None
 
 
+def demo_hops(text: str) -> dict[int, float]:
+    """Parses "1,2,3:0.1" into {1: 1.0, 2: 1.0, 3: 0.1}."""
+    try:
+        items = [item.split(":") for item in text.split(",") if item.strip()]
+        return {int(i[0]): float(i[1]) if len(i) == 2 else 1.0 for i in items}
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"expected 'hops[:fraction],...', got {text!r}") from None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output folder")
@@ -39,8 +48,9 @@ def main(argv=None) -> int:
     p.add_argument("--train", type=hop_counts, default={1: 300, 2: 300, 3: 200, 4: 200},
                    help="training questions per hop count, e.g. 1:300,2:300")
     p.add_argument("--test", type=hop_counts, default={1: 50, 2: 50, 3: 50, 4: 50})
-    p.add_argument("--demo-hops", type=lambda s: [int(x) for x in s.split(",")], default=None,
-                   help="hop counts to demonstrate, e.g. 1,2 (default: all)")
+    p.add_argument("--demo-hops", type=demo_hops, default=None,
+                   help="training questions to demonstrate: hop counts, each optionally "
+                        "with the fraction of its questions, e.g. 1,2,3:0.1 (default: all)")
     p.add_argument("--max-turns", type=int, default=None,
                    help="env turn budget (default: longest chain + 2)")
     p.add_argument("--topk", type=int, default=3)
@@ -69,7 +79,8 @@ def main(argv=None) -> int:
           f"{len(data.world.train_tasks)} train / {len(data.world.test_tasks)} test questions "
           f"({elapsed:.1f}s)")
     hops = sorted(data.reports["gold"]["test"].by_hops)
-    print(f"| policy | split | success | mean turns | " + " | ".join(f"{h} hops" for h in hops) + " |")
+    print("| policy | split | success | mean turns | "
+          + " | ".join(f"{h} hops" for h in hops) + " |")
     print("|---|---|---|---|" + "---|" * len(hops))
     for name, by_split in data.reports.items():
         for split, r in by_split.items():

@@ -56,7 +56,8 @@ class _Base:
         self._index = {t.task_id: i for i, t in enumerate(self.tasks)}
         self.rng = np.random.default_rng(seed)
 
-    def _indices(self, tasks: Sequence[Task], successes: Sequence[float]) -> list[tuple[int, float]]:
+    def _indices(self, tasks: Sequence[Task],
+                 successes: Sequence[float]) -> list[tuple[int, float]]:
         if len(tasks) != len(successes):
             raise ValueError(f"update: {len(tasks)} tasks but {len(successes)} successes")
         out = []
@@ -123,7 +124,8 @@ def _draw(rng: np.random.Generator, weights: np.ndarray, n: int) -> list[int]:
     out: list[int] = []
     while len(out) < n:
         k = min(n - len(out), len(weights))
-        out.extend(rng.choice(len(weights), size=k, replace=False, p=weights / weights.sum()).tolist())
+        picked = rng.choice(len(weights), size=k, replace=False, p=weights / weights.sum())
+        out.extend(picked.tolist())
     return out
 
 

@@ -22,7 +22,8 @@ make it imperfect, each a probability:
                 turn is marked `trainable=False` (SFT learns the recovery, not the error)
                 and is only inserted when the turn budget has room for it.
 
-Demonstrations keep each observation exactly as the env returned it.
+Demonstrations keep each observation exactly as the env returned it (None after the
+turn that ended the episode), ready for `rollout.Trajectory.from_demonstration`.
 """
 from __future__ import annotations
 
@@ -45,12 +46,13 @@ class DemoTurn(NamedTuple):
 
     Attributes:
       action: the action text (what SFT trains on when trainable).
-      observation: the env's observation after it, verbatim ("" when the episode ended).
+      observation: the env's observation after it, verbatim; None when the env ended the
+        episode on this turn (as `Trajectory.from_demonstration` expects).
       trainable: False for negative-example turns (loss-masked in SFT).
     """
 
     action: str
-    observation: str
+    observation: str | None
     trainable: bool
 
 
@@ -127,6 +129,10 @@ def _poor_query(name: str, rng: np.random.Generator) -> str:
     return name[:i] + other[int(rng.integers(len(other)))] + name[i + 1:]
 
 
+def _observation(result) -> str | None:
+    return None if result.done else result.observation
+
+
 def read_object(observation: str, relation: str, subject: str | None) -> str | None:
     """The object of `relation` for `subject` (None: for the first subject found) stated
     in `observation`, else None."""
@@ -184,7 +190,7 @@ class ScriptedSearcher:
                     rng.random() < 1.0 / needed):
                 negative = False
                 text = _MALFORMED[int(rng.integers(len(_MALFORMED)))].format(q=current)
-                turns.append(DemoTurn(text, env.step(text).observation, False))
+                turns.append(DemoTurn(text, _observation(env.step(text)), False))
                 continue
             fresh_search = False
             if guess:
@@ -197,11 +203,11 @@ class ScriptedSearcher:
                 poor = rng.random() < cfg.p_poor_query
                 last_query = _poor_query(current, rng) if poor else current
                 text, fresh_search = search_action(last_query), True
-            observation = env.step(text).observation
+            observation = _observation(env.step(text))
             turns.append(DemoTurn(text, observation, True))
             if fresh_search:
                 # A fragment query is read sloppily: the relation's first fact about anyone.
-                found = read_object(observation, relations[hop],
+                found = read_object(observation or "", relations[hop],
                                     current if last_query == current else None)
                 if found is not None and found != current:
                     current, hop = found, hop + 1
@@ -288,7 +294,8 @@ def read_demonstrations_jsonl(path: str) -> list[Demonstration]:
                 t = r["task"]
                 task = Task(t["task_id"], t["question"], tuple(t["answers"]),
                             t.get("data_source", ""), t.get("metadata", {}))
-                turns = [DemoTurn(str(x["action"]), str(x["observation"]), bool(x["trainable"]))
+                turns = [DemoTurn(str(x["action"]), None if x["observation"] is None
+                                  else str(x["observation"]), bool(x["trainable"]))
                          for x in r["turns"]]
                 demos.append(Demonstration(task, list(r["messages"]), turns, None,
                                            float(r["reward"]), str(r.get("policy", ""))))

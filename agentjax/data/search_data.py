@@ -25,6 +25,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 from agentjax.data import demonstrators as demo_lib
 from agentjax.data.loaders import write_corpus_jsonl, write_search_r1_parquet
 from agentjax.data.world import World, WorldConfig, build_world
+from agentjax.envs.base import Task
 from agentjax.envs.retrieval import BM25Retriever
 from agentjax.envs.search import SHORT_INSTRUCTION, SearchEnv
 
@@ -51,9 +52,30 @@ def default_env_kwargs(world_config: WorldConfig) -> dict[str, Any]:
     return {"topk": 3, "max_turns": max_hops + 2, "instruction": SHORT_INSTRUCTION}
 
 
+def select_by_hops(tasks: Sequence[Task],
+                   hops: Sequence[int] | Mapping[int, float] | None) -> list[Task]:
+    """The tasks whose hop count is in `hops`; with {hops: fraction}, the first
+    round(fraction * count) tasks of each hop count (task order is already random)."""
+    if hops is None:
+        return list(tasks)
+    if not isinstance(hops, Mapping):
+        hops = {h: 1.0 for h in hops}
+    bad = {h: f for h, f in hops.items() if not 0.0 <= f <= 1.0}
+    if bad:
+        raise ValueError(f"hop fractions must be in [0, 1], got {bad}")
+    by_hops: dict[int, list[Task]] = {}
+    for t in tasks:
+        by_hops.setdefault(t.metadata["hops"], []).append(t)
+    keep = set()
+    for h, fraction in hops.items():
+        group = by_hops.get(h, [])
+        keep.update(t.task_id for t in group[:int(round(fraction * len(group)))])
+    return [t for t in tasks if t.task_id in keep]
+
+
 def make_search_dataset(out_dir: str, world_config: WorldConfig = WorldConfig(),
                         demonstrator: demo_lib.DemonstratorConfig = demo_lib.DemonstratorConfig(),
-                        *, demo_hops: Sequence[int] | None = None,
+                        *, demo_hops: Sequence[int] | Mapping[int, float] | None = None,
                         env_kwargs: Mapping[str, Any] | None = None,
                         seed: int = 0) -> SearchDataset:
     """Builds the world, index, splits, demonstrations and measurements into `out_dir`.
@@ -62,8 +84,9 @@ def make_search_dataset(out_dir: str, world_config: WorldConfig = WorldConfig(),
       out_dir: output folder (created; existing files are overwritten).
       world_config: the world.
       demonstrator: the demonstrator that writes the SFT data.
-      demo_hops: hop counts of the training questions to demonstrate (None: all) — e.g.
-        (1, 2) keeps longer chains out of the SFT data, for RL to discover.
+      demo_hops: which training questions to demonstrate: None (all), hop counts such as
+        (1, 2) (longer chains stay out of the SFT data, for RL to discover), or
+        {hops: fraction}, e.g. {1: 1.0, 2: 1.0, 3: 0.1} (3-hop chains rare).
       env_kwargs: SearchEnv keyword arguments (default: `default_env_kwargs`).
       seed: seed of the demonstrators' random streams.
     """
@@ -78,8 +101,7 @@ def make_search_dataset(out_dir: str, world_config: WorldConfig = WorldConfig(),
     write_search_r1_parquet(paths["test"], world.test_tasks, split="test")
     env_kwargs = dict(env_kwargs or default_env_kwargs(world_config))
     env = SearchEnv(retriever, **env_kwargs)
-    demo_tasks = [t for t in world.train_tasks
-                  if demo_hops is None or t.metadata["hops"] in demo_hops]
+    demo_tasks = select_by_hops(world.train_tasks, demo_hops)
     if not demo_tasks:
         raise ValueError(f"demo_hops={demo_hops} selects no training question")
     guesses = demo_lib.guess_pool(world.train_tasks)
@@ -104,7 +126,8 @@ def make_search_dataset(out_dir: str, world_config: WorldConfig = WorldConfig(),
                   "test_questions": len(world.test_tasks)},
         "env": {k: v for k, v in env_kwargs.items()},
         "demonstrator": dataclasses.asdict(demonstrator),
-        "demo_hops": list(demo_hops) if demo_hops is not None else None,
+        "demo_hops": (None if demo_hops is None else {str(h): f for h, f in demo_hops.items()}
+                      if isinstance(demo_hops, Mapping) else list(demo_hops)),
         "demonstrations": len(demos),
         "success": {name: {split: r._asdict() for split, r in by_split.items()}
                     for name, by_split in reports.items()},

@@ -152,7 +152,8 @@ class WorldConfig:
                              f"num_countries ({self.num_countries}): every country needs a "
                              "capital among its cities")
         if not 0.0 <= self.twin_fraction < 1.0:
-            raise ValueError(f"WorldConfig.twin_fraction must be in [0, 1), got {self.twin_fraction}")
+            raise ValueError(f"WorldConfig.twin_fraction must be in [0, 1), "
+                             f"got {self.twin_fraction}")
         for name in ("train_questions", "test_questions"):
             for hops, count in getattr(self, name).items():
                 if hops not in (1, 2, 3, 4) or count < 0:
@@ -344,7 +345,8 @@ class _NameMaker:
                 if etype in ("city", "country"):
                     self._used_words.add(name.lower())
                 return name, aliases
-        return self.fresh(etype)
+        raise ValueError(f"could not make a name confusable with {original!r} that is not "
+                         "taken; lower WorldConfig.twin_fraction")
 
 
 def _balanced(objects: Sequence[str], subjects: Sequence[str],
@@ -420,6 +422,7 @@ def _sample_splits(world: World) -> tuple[list[Task], list[Task]]:
         for rank, index in enumerate(picked):
             start, relations = chains[index]
             split, bucket = (test, "test") if rank < n_test else (train, "train")
-            task_id = f"mh{cfg.seed}-{bucket}-{hops}h-{rank if rank < n_test else rank - n_test:05d}"
+            index = rank if rank < n_test else rank - n_test
+            task_id = f"mh{cfg.seed}-{bucket}-{hops}h-{index:05d}"
             split.append(world.make_task(start, relations, task_id))
     return train, test

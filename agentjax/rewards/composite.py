@@ -19,6 +19,16 @@ be at least that share of the sum over all components. Hence a policy that maxes
 process and shaping term but fails the task can never out-score one that succeeds.
 Components that need objects (a sandbox, a judge) receive them as keyword resources:
 `make_reward_fn(config, sandbox=..., judge=...)`.
+
+Registered components (options in parentheses):
+  outcome  exact_match, f1, math_match — on the last `<answer>` vs Task.answers;
+           tests_pass (timeout_s, memory_mb, max_workers; resource sandbox);
+           judge (resource judge: an LLMJudge)
+  process  process (include_answer) — subgoal_reward
+  shaping  format (action_tags, terminal_tags, think_tag); tool_shaping (valid_bonus,
+           max_bonus_calls, duplicate_penalty, invalid_penalty, cap); length (penalty:
+           overlong|linear|sigmoid, unit: turns|tokens, and length_reward's max_len,
+           buffer, factor, target, coef, max_penalty, tau; resource tokenizer for tokens)
 """
 from __future__ import annotations
 
@@ -171,8 +181,10 @@ def _length(*, penalty: str = "overlong", unit: str = "turns", tokenizer=None, *
     if unit == "tokens" and tokenizer is None:
         raise ValueError("reward component 'length' counts tokens: pass "
                          "make_reward_fn(config, tokenizer=...)")
-    length.episode_length(_EMPTY_LOG, unit=unit, tokenizer=tokenizer)  # validates unit
-    length.length_reward(0, kind=penalty, **params)  # validates the parameters now
+    if unit not in length.LENGTH_UNITS:
+        raise ValueError(f"reward component 'length': unit must be one of "
+                         f"{length.LENGTH_UNITS}, got {unit!r}")
+    length.length_reward(0, kind=penalty, **params)  # a bad config fails now, not mid-run
     bounds = length.length_bounds(penalty, factor=params.get("factor", 1.0),
                                   max_penalty=params.get("max_penalty", 1.0))
     return Term(lambda task, log: length.length_reward(
@@ -184,9 +196,6 @@ def _length(*, penalty: str = "overlong", unit: str = "turns", tokenizer=None, *
 def _process(*, include_answer: bool = True):
     return Term(lambda task, log: process.subgoal_reward(
         task, log, include_answer=include_answer), 0.0, 1.0)
-
-
-_EMPTY_LOG = EpisodeLog(task=Task(task_id="", question=""))
 
 
 class RewardFn:

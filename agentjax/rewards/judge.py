@@ -128,7 +128,8 @@ class LLMJudge:
         for i, turn in enumerate(log.turns, 1):
             lines.append(f"[agent turn {i}] {clean(turn.action_text)}")
             if turn.observation:
-                lines.append(f"[environment] {clean(turn.observation)[:self.max_observation_chars]}")
+                observation = clean(turn.observation)[:self.max_observation_chars]
+                lines.append(f"[environment] {observation}")
         answer = episode_answer(log)
         lines.append(f"[final answer] {clean(answer) if answer is not None else '(none)'}")
         lines.append(_MARKERS[1])

@@ -43,7 +43,8 @@ def episode_length(log: EpisodeLog, *, unit: str = "turns", tokenizer: Any = Non
     raise ValueError(f"length unit must be one of {LENGTH_UNITS}, got {unit!r}")
 
 
-def length_bounds(kind: str, *, factor: float = 1.0, max_penalty: float = 1.0) -> tuple[float, float]:
+def length_bounds(kind: str, *, factor: float = 1.0,
+                  max_penalty: float = 1.0) -> tuple[float, float]:
     """[low, high] of `length_reward` for `kind`."""
     return {"overlong": (-factor, 0.0), "linear": (-max_penalty, 0.0),
             "sigmoid": (-1.0, 0.0)}[kind]

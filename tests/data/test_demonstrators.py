@@ -34,8 +34,9 @@ def test_gold_scores_one_through_real_bm25_and_copies_observations():
         assert [t.action for t in d.turns] == (
             [f"<search> {h['subject']} </search>" for h in chain]
             + [f"<answer> {d.task.answers[0]} </answer>"])
-        # Observations are exactly the env's, turn by turn.
-        assert [t.observation for t in d.turns] == [t.observation for t in d.log.turns]
+        # Observations are exactly the env's, turn by turn; None once the episode ended.
+        assert [t.observation for t in d.turns[:-1]] == [t.observation for t in d.log.turns[:-1]]
+        assert d.turns[-1].observation is None and d.log.turns[-1].observation == ""
         assert d.messages[0]["content"].endswith(d.task.question + "\n")
 
 
@@ -140,3 +141,23 @@ def test_bad_inputs_are_clear_errors():
     bad = type(task)("x", "How tall is it?", ("1",))
     with pytest.raises(ValueError, match="not a world question"):
         ScriptedSearcher().run(env(), bad, np.random.default_rng(0))
+
+
+def test_demonstrations_become_trajectories_with_masked_negatives():
+    from agentjax.models.tokenizer import build_tokenizer
+    from agentjax.rollout.trajectory import Trajectory
+
+    w = world()
+    demos = _run(DemonstratorConfig("neg", p_negative=1.0), w.test_tasks[:6], max_turns=6)
+    texts = [r["contents"] for r in w.corpus_records()] + [
+        t.action + (t.observation or "") for d in demos for t in d.turns]
+    tokenizer = build_tokenizer(texts, vocab_size=600)
+    e = env(max_turns=6)
+    for d in demos:
+        traj = Trajectory.from_demonstration(tokenizer, d.messages, d.turns,
+                                             observation_role=e.observation_role,
+                                             reward=d.reward, task=d.task)
+        assert [t.trainable for t in traj.turns] == [t.trainable for t in d.turns]
+        for built, turn in zip(traj.turns, d.turns):
+            assert tokenizer.decode(built.action_ids) == turn.action
+            assert tokenizer.decode(built.observation_ids) == (turn.observation or "")

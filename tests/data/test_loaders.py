@@ -19,7 +19,8 @@ def test_world_round_trips_through_search_r1_parquet(tmp_path):
     # The columns Search-R1 / verl read.
     row = pq.read_table(path).slice(0, 1).to_pylist()[0]
     assert row["data_source"] == "synthetic_multihop" and row["ability"] == "fact-reasoning"
-    assert row["reward_model"] == {"style": "rule", "ground_truth": {"target": list(tasks[0].answers)}}
+    assert row["reward_model"] == {"style": "rule",
+                                   "ground_truth": {"target": list(tasks[0].answers)}}
     assert row["prompt"][0]["role"] == "user"
     assert row["prompt"][0]["content"].endswith(f"Question: {tasks[0].question}\n")
     assert row["extra_info"]["split"] == "train" and row["extra_info"]["index"] == 0
@@ -64,8 +65,8 @@ def test_jsonl_schemas_and_bad_rows_by_index(tmp_path):
     assert tasks[2].metadata == {"hops": 2} and tasks[0].data_source == "tasks"
     assert [e.index for e in errors] == [2, 3, 4, 5, 6, 8]
     messages = " ".join(e.message for e in errors)
-    for needle in ("invalid JSON", "no answers", "no question", "duplicate task id", "not an object",
-                   "non-string answer"):
+    for needle in ("invalid JSON", "no answers", "no question", "duplicate task id",
+                   "not an object", "non-string answer"):
         assert needle in messages
 
 

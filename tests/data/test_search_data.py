@@ -35,8 +35,10 @@ def test_script_prints_the_measured_success(tmp_path, capsys):
     main = runpy.run_path(SCRIPT, run_name="make_search_data")["main"]
     assert main(["--out", str(tmp_path), "--seed", "5", "--people", "30", "--companies", "8",
                  "--cities", "8", "--countries", "4", "--train", "1:20,2:20",
-                 "--test", "1:5,2:5", "--p-guess", "0.5"]) == 0
+                 "--test", "1:5,2:5", "--p-guess", "0.5", "--demo-hops", "1,2:0.25"]) == 0
     out = capsys.readouterr().out
     assert "| gold | test | 1.000 |" in out and "| demonstrator | train |" in out
-    assert sorted(os.listdir(tmp_path)) == ["corpus.jsonl", "demos.jsonl", "index", "summary.json",
-                                            "test.parquet", "train.parquet"]
+    assert sorted(os.listdir(tmp_path)) == ["corpus.jsonl", "demos.jsonl", "index",
+                                            "summary.json", "test.parquet", "train.parquet"]
+    demos = read_demonstrations_jsonl(str(tmp_path / "demos.jsonl"))
+    assert sorted(d.task.metadata["hops"] for d in demos) == [1] * 20 + [2] * 5

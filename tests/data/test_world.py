@@ -5,7 +5,8 @@ import pytest
 from bm25s.stopwords import STOPWORDS_EN_PLUS
 
 from agentjax.data import world as world_lib
-from agentjax.data.world import RELATIONS, WorldConfig, build_world, compose_question, parse_question
+from agentjax.data.world import (RELATIONS, WorldConfig, build_world, compose_question,
+                                 parse_question)
 from agentjax.rewards.outcome import normalize_answer
 from tests.data.worlds import SMALL, world
 

@@ -26,7 +26,8 @@ def episode(task: Task, *turns: tuple[str, str] | str) -> EpisodeLog:
         log.turns.append(turn(*t) if isinstance(t, tuple) else turn(t))
     last = log.turns[-1] if log.turns else None
     if last is not None and last.kind == "answer":
-        log.final_answer = re.findall(r"<answer>(.*?)</answer>", last.action_text, re.S)[-1].strip()
+        answers = re.findall(r"<answer>(.*?)</answer>", last.action_text, re.S)
+        log.final_answer = answers[-1].strip()
         log.done, log.stop_reason = True, "answer"
     return log
 
@@ -35,8 +36,10 @@ TWO_HOP = Task(
     task_id="t2", question="Who is the founder of the employer of Varo Kessin?",
     answers=("Dara Voss",), data_source="synthetic_multihop",
     metadata={"hops": 2, "bridge_entities": ["Quellon Corp"],
-              "chain": [{"subject": "Varo Kessin", "relation": "works_for", "object": "Quellon Corp"},
-                        {"subject": "Quellon Corp", "relation": "founded_by", "object": "Dara Voss"}]})
+              "chain": [{"subject": "Varo Kessin", "relation": "works_for",
+                         "object": "Quellon Corp"},
+                        {"subject": "Quellon Corp", "relation": "founded_by",
+                         "object": "Dara Voss"}]})
 
 OBS_1 = ("<information>Doc 1(Title: Varo Kessin) Varo Kessin works for Quellon Corp."
          "</information>")

@@ -47,7 +47,8 @@ def test_extract_code_prefers_the_last_fenced_block():
 def test_assertion_tests_pass_fraction():
     sandbox = SubprocessSandbox()
     tests = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 5"]
-    assert code.tests_pass_fraction(PROGRAM, tests, sandbox, timeout_s=10, memory_mb=64) == pytest.approx(2 / 3)
+    got = code.tests_pass_fraction(PROGRAM, tests, sandbox, timeout_s=10, memory_mb=64)
+    assert got == pytest.approx(2 / 3)
     # Each test ran in its own run, with the limits passed through.
     assert len(sandbox.calls) == 3
     assert all(c[2] == 10 and c[3] == 64 for c in sandbox.calls)
@@ -73,3 +74,14 @@ def test_bad_tests_are_clear_errors():
         code.tests_pass_fraction(PROGRAM, [], SubprocessSandbox())
     with pytest.raises(ValueError, match="stdout"):
         code.tests_pass_fraction(PROGRAM, [{"stdin": "1"}], SubprocessSandbox())
+
+
+def test_real_sandbox():
+    from agentjax.envs.sandbox import Sandbox, SandboxUnavailableError
+    try:
+        sandbox = Sandbox()
+    except SandboxUnavailableError as err:
+        pytest.skip(f"bubblewrap unavailable: {err}")
+    tests = ["assert add(1, 2) == 3", "assert add(2, 2) == 5",
+             "import socket; socket.create_connection(('1.1.1.1', 53), timeout=1)"]
+    assert code.tests_pass_fraction(PROGRAM, tests, sandbox, timeout_s=10) == pytest.approx(1 / 3)
