@@ -1,0 +1,173 @@
+"""Benchmarks of the env machinery, each against a baseline measured in the same run.
+
+    python scripts/bench/envs.py                     # full size (about two minutes)
+    python scripts/bench/envs.py --docs 20000 --sandbox_runs 40   # quicker
+
+1. Sandbox: runs/s of a trivial program with `--parallel` runs in flight, bubblewrap +
+   rlimits vs plain `subprocess` of the same interpreter without isolation.
+2. Retrieval: queries/s and latency of BM25Retriever in-process (one thread, and
+   `--clients` threads) and through scripts/serve_retrieval.py over HTTP with `--clients`
+   concurrent HttpRetriever callers, on a synthetic corpus of `--docs` documents.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import pathlib
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import numpy as np
+
+from agentjax.envs.retrieval import BM25Retriever, HttpRetriever
+from agentjax.envs.sandbox import Sandbox
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TRIVIAL_PROGRAM = "print(sum(range(100)))"
+
+
+def timed_parallel(fn, n: int, workers: int) -> tuple[float, np.ndarray]:
+    """Runs fn(i) for i < n on `workers` threads; returns wall seconds and per-call
+    latencies in seconds."""
+    def one(i):
+        start = time.perf_counter()
+        fn(i)
+        return time.perf_counter() - start
+
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        latencies = np.array(list(pool.map(one, range(n))))
+    return time.perf_counter() - start, latencies
+
+
+def row(name, wall, latencies, baseline_rate=None):
+    rate = len(latencies) / wall
+    ratio = "" if baseline_rate is None else f"{rate / baseline_rate:8.3f}"
+    p50, p99 = np.percentile(latencies, [50, 99]) * 1e3
+    print(f"  {name:<44} {rate:10.1f} {p50:9.2f} {p99:9.2f} {ratio:>8}")
+    return rate
+
+
+def header(unit):
+    print(f"  {'':<44} {unit + '/s':>10} {'p50 ms':>9} {'p99 ms':>9} {'ratio':>8}")
+
+
+def bench_sandbox(runs: int, parallel: int) -> None:
+    sandbox = Sandbox(max_parallel=parallel)
+    plain = [sandbox.python, "-B", "-E", "-s", "-c", TRIVIAL_PROGRAM]
+
+    def baseline(_):
+        out = subprocess.run(plain, capture_output=True, check=True).stdout
+        assert out == b"4950\n"
+
+    def sandboxed(_):
+        result = sandbox.run(TRIVIAL_PROGRAM)
+        assert result.ok and result.stdout == "4950\n", result
+
+    for fn in (baseline, sandboxed):  # warm the page cache and the slot locks
+        timed_parallel(fn, parallel, parallel)
+    print(f"\nSandbox: {runs} runs of a trivial program, {parallel} in parallel "
+          f"({sandbox.python})")
+    header("runs")
+    base_rate = row("plain subprocess (baseline)", *timed_parallel(baseline, runs, parallel))
+    rate = row("Sandbox.run (bwrap + prlimit)", *timed_parallel(sandboxed, runs, parallel),
+               baseline_rate=base_rate)
+    print(f"  sandbox overhead: {base_rate / rate:.2f}x the time of a plain subprocess")
+
+
+def synthetic_corpus(num_docs: int, seed: int = 0) -> tuple[list[dict], list[str]]:
+    """Documents of 40-120 Zipf-distributed pseudo-words (30k vocabulary), and queries of
+    2-5 words drawn from random documents (so every query has hits)."""
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    vocab = ["".join(rng.choice(letters, size=rng.integers(4, 10))) for _ in range(30_000)]
+    weights = 1.0 / np.arange(1, len(vocab) + 1) ** 1.1
+    lengths = rng.integers(40, 121, size=num_docs)
+    words = rng.choice(len(vocab), size=int(lengths.sum()), p=weights / weights.sum())
+    records, texts, at = [], [], 0
+    for i, n in enumerate(lengths):
+        text = " ".join(vocab[w] for w in words[at:at + n])
+        at += n
+        texts.append(text)
+        records.append({"id": str(i), "contents": f'"Doc {i}"\n{text}'})
+    queries = []
+    for _ in range(2000):
+        doc = texts[rng.integers(num_docs)].split()
+        queries.append(" ".join(rng.choice(doc, size=rng.integers(2, 6), replace=False)))
+    return records, queries
+
+
+def bench_retrieval(num_docs: int, num_queries: int, clients: int) -> None:
+    records, queries = synthetic_corpus(num_docs)
+    queries = (queries * (num_queries // len(queries) + 1))[:num_queries]
+    start = time.perf_counter()
+    retriever = BM25Retriever.from_corpus(records)
+    print(f"\nRetrieval: {num_docs} documents (indexed in {time.perf_counter() - start:.1f} s), "
+          f"{num_queries} queries, topk 3")
+
+    with tempfile.TemporaryDirectory() as index_dir:
+        retriever.save(index_dir)
+        port = _free_port()
+        server = subprocess.Popen(
+            [sys.executable, str(REPO / "scripts" / "serve_retrieval.py"), "--index_dir",
+             index_dir, "--port", str(port)], cwd=REPO)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_healthy(url, server)
+            client = HttpRetriever(url, timeout_s=30)
+            search = lambda i: retriever.search([queries[i]], 3)  # noqa: E731
+            remote = lambda i: client.search([queries[i]], 3)  # noqa: E731
+            for i in range(50):  # warm up both paths
+                search(i), remote(i)
+            header("queries")
+            base = row("BM25Retriever in-process, 1 thread (base)",
+                       *timed_parallel(search, num_queries, 1))
+            row(f"BM25Retriever in-process, {clients} threads",
+                *timed_parallel(search, num_queries, clients), baseline_rate=base)
+            row(f"HTTP server, {clients} concurrent clients",
+                *timed_parallel(remote, num_queries, clients), baseline_rate=base)
+            got = client.search(queries[:20], 3)
+            want = retriever.search(queries[:20], 3)
+            assert [[d.id for d in h] for h in got] == [[d.id for d in h] for h in want]
+        finally:
+            server.terminate()
+            server.wait(10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, server: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError("the retrieval server exited")
+        try:
+            httpx.get(url + "/health", timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError("the retrieval server did not come up")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sandbox_runs", type=int, default=160)
+    parser.add_argument("--parallel", type=int, default=8)
+    parser.add_argument("--docs", type=int, default=100_000)
+    parser.add_argument("--queries", type=int, default=2000)
+    parser.add_argument("--clients", type=int, default=32)
+    args = parser.parse_args()
+    bench_sandbox(args.sandbox_runs, args.parallel)
+    bench_retrieval(args.docs, args.queries, args.clients)
+
+
+if __name__ == "__main__":
+    main()
