@@ -11,8 +11,9 @@ make it imperfect, each a probability:
   p_guess       per episode: answer at once, a guess drawn from the training answers of
                 questions ending in the same relation (no search at all);
   p_stop_early  per episode of >= 2 hops: answer the bridge entity one hop early;
-  p_repeat      per search: first re-issue the previous query (a wasted turn; with a
-                tight turn budget the episode can run out of turns);
+  p_repeat      per hop read (but the last): issue the same query once more before
+                moving on (a wasted turn; with a tight turn budget the episode can run
+                out of turns);
   p_poor_query  per search: query a fragment of the name (one word of a two-word name,
                 a misspelled one-word name) and read sloppily — take the first sentence
                 of the right relation about *anyone*, which under BM25 with confusable

@@ -24,16 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from agentjax.envs.base import Task
-
-SEARCH_R1_TEMPLATE = (
-    "Answer the given question. You must conduct reasoning inside <think> and </think> "
-    "first every time you get new information. After reasoning, if you find you lack some "
-    "knowledge, you can call a search engine by <search> query </search> and it will "
-    "return the top searched results between <information> and </information>. You can "
-    "search as many times as you want. If you find no further external knowledge needed, "
-    "you can directly provide the answer inside <answer> and </answer>, without detailed "
-    "illustrations. For example, <answer> Beijing </answer>. Question: {question}\n")
-
+from agentjax.envs.search import DEFAULT_INSTRUCTION
+from agentjax.envs.turns import check_instruction, fill_question
 
 class RowError(NamedTuple):
     """A row that did not load: its 0-based index in the file and why."""
@@ -180,7 +172,7 @@ def load_jsonl(path: str) -> LoadResult:
 
 
 def write_search_r1_parquet(path: str, tasks: Sequence[Task], *, split: str,
-                            template: str = SEARCH_R1_TEMPLATE,
+                            template: str = DEFAULT_INSTRUCTION,
                             ability: str = "fact-reasoning") -> None:
     """Writes tasks as a Search-R1 / verl parquet file.
 
@@ -188,14 +180,16 @@ def write_search_r1_parquet(path: str, tasks: Sequence[Task], *, split: str,
       path: output file.
       tasks: the tasks (at least one).
       split: value of extra_info.split ("train", "test").
-      template: user prompt with a `{question}` slot (default: Search-R1's).
+      template: user prompt with a `{question}` slot (default: Search-R1's, verbatim,
+        as the search env uses it).
       ability: the `ability` column.
     """
     if not tasks:
         raise ValueError(f"write_search_r1_parquet({path!r}): no tasks to write")
+    check_instruction(template, "template")
     rows = [{"id": t.task_id, "question": t.question, "golden_answers": list(t.answers),
              "data_source": t.data_source,
-             "prompt": [{"role": "user", "content": template.format(question=t.question)}],
+             "prompt": [{"role": "user", "content": fill_question(template, t.question)}],
              "ability": ability,
              "reward_model": {"style": "rule", "ground_truth": {"target": list(t.answers)}},
              "extra_info": {"split": split, "index": i, "task_id": t.task_id,

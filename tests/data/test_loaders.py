@@ -6,6 +6,7 @@ import pytest
 
 from agentjax.data import loaders
 from agentjax.envs.base import Task
+from agentjax.envs.search import DEFAULT_INSTRUCTION
 from agentjax.envs.retrieval import read_corpus
 from tests.data.worlds import world
 
@@ -29,7 +30,7 @@ def test_world_round_trips_through_search_r1_parquet(tmp_path):
 def test_reads_search_r1_rows_without_a_question_column(tmp_path):
     # As Search-R1's own preprocessing writes them when the source columns are dropped.
     rows = [{"data_source": "nq", "prompt": [{"role": "user", "content":
-             loaders.SEARCH_R1_TEMPLATE.format(question="who wrote hamlet?")}],
+             DEFAULT_INSTRUCTION.replace("{question}", "who wrote hamlet?")}],
              "ability": "fact-reasoning",
              "reward_model": {"style": "rule", "ground_truth": {"target": ["Shakespeare"]}},
              "extra_info": {"split": "test", "index": 0}},
@@ -96,3 +97,6 @@ def test_file_errors(tmp_path):
         loaders.load_search_r1_parquet(str(bad))
     with pytest.raises(ValueError, match="no tasks"):
         loaders.write_search_r1_parquet(str(tmp_path / "x.parquet"), [], split="train")
+    with pytest.raises(ValueError, match="template"):
+        loaders.write_search_r1_parquet(str(tmp_path / "x.parquet"), world().test_tasks,
+                                        split="test", template="no slot")
