@@ -11,7 +11,7 @@ from agentjax.rollout.jax_engine import JaxEngine
 from tests.rollout.fakes import CORPUS
 
 # Shapes of the shared engine; tests that need the model's context length use these.
-ENGINE_KWARGS = dict(max_slots=4, max_len=96, prefill_chunks=(16, 64), prefill_rows=(1,),
+ENGINE_KWARGS = dict(max_slots=4, max_len=96, prefill_chunks=(32,), prefill_rows=(1,),
                      decode_steps=4, batch_wait_s=0.01)
 
 

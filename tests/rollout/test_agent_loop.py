@@ -11,6 +11,7 @@ from agentjax.rollout.engine import SamplingParams
 from agentjax.rollout.trajectory import Trajectory, observation_token_ids
 from agentjax.models.tokenizer import observation_ids, prompt_ids
 from tests.rollout.fakes import ScriptedEngine, ToyEnv
+from tests.rollout.reference import full_logits, reference_logp
 
 TASK = Task("t1", "Which city is the capital of France?", answers=("Paris",))
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=32)
@@ -166,3 +167,38 @@ def test_limits_validation():
         EpisodeLimits(max_turns=0)
     with pytest.raises(ValueError, match="max_context_tokens"):
         dataclasses.replace(EpisodeLimits(), max_context_tokens=0)
+
+
+class _WithoutSessions:
+    """Forwards to an engine with every request's session dropped (prefill from scratch)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    async def generate(self, requests):
+        return await self.engine.generate(
+            [dataclasses.replace(r, session_id=None) for r in requests])
+
+    def end_session(self, session_id):
+        pass
+
+
+@pytest.mark.parametrize("role", [None, "user"])
+def test_episode_on_the_jax_engine_is_exact(engine, tiny_model, tokenizer, role):
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
+    limits = EpisodeLimits(max_turns=3, max_context_tokens=90)
+    traj = _run(engine, ToyEnv(observation_role=role), limits, sampling, tokenizer)
+    assert len(traj.turns) >= 2 and not traj.metadata["failed"]
+    assert all(t.observation_ids for t in traj.turns[:-1])
+    # Behavior log-probs equal one full forward over the final token ids.
+    ids = traj.token_ids
+    logits = full_logits(tiny_model, ids.tolist())
+    positions = np.flatnonzero(traj.action_mask)
+    expected = [reference_logp(logits[p - 1], 1.0, -1, 1.0)[ids[p]] for p in positions]
+    np.testing.assert_allclose(traj.behavior_logp[positions], expected, atol=1e-4)
+    # Re-prefilling every turn from scratch gives the same episode.
+    again = _run(_WithoutSessions(engine), ToyEnv(observation_role=role), limits, sampling,
+                 tokenizer)
+    np.testing.assert_array_equal(again.token_ids, traj.token_ids)
+    np.testing.assert_array_equal(again.action_mask, traj.action_mask)
+    np.testing.assert_array_equal(again.turn_ids, traj.turn_ids)

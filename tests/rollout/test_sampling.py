@@ -6,30 +6,7 @@ import numpy as np
 import pytest
 
 from agentjax.rollout.sampling import filter_logits, sample
-
-
-def _reference_logp(logits, temperature, top_k, top_p):
-    """float64 log pi over the vocabulary for one row, straight from the definition."""
-    logits = np.asarray(logits, np.float64)
-    if temperature == 0:
-        z = logits
-        return z - np.log(np.exp(z - z.max()).sum()) - z.max()
-    z = logits / temperature
-    order = np.argsort(-z, kind="stable")
-    keep = np.zeros(len(z), bool)
-    k = len(z) if top_k <= 0 else min(top_k, len(z))
-    top = order[:k]
-    p_top = np.exp(z[top] - z[top].max())
-    p_top /= p_top.sum()
-    before = 0.0
-    for token, p in zip(top, p_top):
-        if top_p >= 1.0 or before < top_p:
-            keep[token] = True
-        before += p
-    out = np.full(len(z), -np.inf)
-    kept = z[keep]
-    out[keep] = kept - (np.log(np.exp(kept - kept.max()).sum()) + kept.max())
-    return out
+from tests.rollout.reference import reference_logp
 
 
 _ROWS = [  # (temperature, top_k, top_p)
@@ -57,7 +34,7 @@ def test_filter_logits_keeps_the_reference_set(transform):
     for row, (t, k, p) in enumerate(_ROWS):
         if t > 0:
             np.testing.assert_array_equal(
-                kept[row], np.isfinite(_reference_logp(logits[row], t, k, p)), err_msg=str(row))
+                kept[row], np.isfinite(reference_logp(logits[row], t, k, p)), err_msg=str(row))
     assert kept[2].sum() == 5 and kept[6].sum() == 1 and kept[7].sum() == 1
 
 
@@ -72,7 +49,7 @@ def test_sample_logprobs_are_those_of_the_sampling_distribution(transform):
         chex.assert_shape([tokens, logprobs], (len(_ROWS),))
         assert tokens.dtype == jnp.int32 and logprobs.dtype == jnp.float32
         for row, (t, k, p) in enumerate(_ROWS):
-            ref = _reference_logp(logits[row], t, k, p)
+            ref = reference_logp(logits[row], t, k, p)
             token = int(tokens[row])
             assert np.isfinite(ref[token]), f"row {row} sampled a token outside its set"
             np.testing.assert_allclose(logprobs[row], ref[token], atol=1e-5, err_msg=str(row))
@@ -92,7 +69,7 @@ def test_sampling_frequencies_follow_pi_and_are_batch_independent():
     for t, k, p in [(1.0, -1, 1.0), (0.8, 3, 1.0), (1.0, -1, 0.7)]:
         args = (np.array([t], np.float32), np.array([k], np.int32), np.array([p], np.float32))
         counts = np.bincount(np.asarray(many(logits, *args)), minlength=vocab) / draws
-        pi = np.exp(_reference_logp(logits[0], t, k, p))
+        pi = np.exp(reference_logp(logits[0], t, k, p))
         # 5 standard errors of a binomial frequency.
         np.testing.assert_allclose(counts, pi, atol=5 * np.sqrt(0.25 / draws) + 1e-9)
     # The same row key and step give the same token whatever else is in the batch.

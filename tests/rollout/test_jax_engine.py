@@ -1,0 +1,238 @@
+"""JaxEngine against full forwards of the same model (one shared engine, few compiles)."""
+import asyncio
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from agentjax.rollout.engine import GenerateRequest, SamplingParams
+from agentjax.rollout.jax_engine import JaxEngine
+from tests.rollout.conftest import ENGINE_KWARGS
+from tests.rollout.reference import full_logits, reference_logp
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
+MAX_LEN = ENGINE_KWARGS["max_len"]
+
+
+def _generate(engine, *requests):
+    return engine.generate_sync(list(requests))
+
+
+def _prompts(tokenizer):
+    texts = ["Which city is the capital of France?", "The quick brown fox",
+             "<search>capital of France</search> <information>Paris</information> answer:"]
+    return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+
+def _check_against_full_forward(model, request, completion):
+    """Each output token's log-prob (and, greedy, the token itself) vs a full forward."""
+    ids = list(request.input_ids) + completion.output_ids
+    logits = full_logits(model, ids)
+    s = request.sampling
+    for i, token in enumerate(completion.output_ids):
+        ref = reference_logp(logits[len(request.input_ids) - 1 + i], s.temperature, s.top_k,
+                             s.top_p)
+        assert np.isfinite(ref[token]), f"token {i} outside the sampling set"
+        np.testing.assert_allclose(completion.logprobs[i], ref[token], atol=1e-4,
+                                   err_msg=f"token {i}")
+        if s.temperature == 0:
+            assert token == int(np.argmax(logits[len(request.input_ids) - 1 + i]))
+
+
+def _ends_correctly(engine, request, completion):
+    s = request.sampling
+    if completion.finish_reason == "stop":
+        assert completion.output_ids[-1] in engine.eos_token_ids + s.stop_token_ids
+        assert completion.matched_stop == completion.output_ids[-1]
+    else:
+        assert completion.finish_reason == "length"
+        assert len(completion.output_ids) == s.max_new_tokens
+
+
+def test_greedy_and_sampled_outputs_match_full_forwards(engine, tiny_model, tokenizer):
+    prompts = _prompts(tokenizer)
+    requests = [
+        GenerateRequest(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=5)),
+        GenerateRequest(prompts[1], SamplingParams(temperature=0.0, max_new_tokens=20)),
+        GenerateRequest(prompts[2], SamplingParams(temperature=1.0, max_new_tokens=9, seed=1)),
+        GenerateRequest(prompts[0], SamplingParams(temperature=0.7, top_k=20, top_p=0.9,
+                                                   max_new_tokens=14, seed=2, n=2)),
+        GenerateRequest(prompts[1], SamplingParams(temperature=1.3, top_p=0.5,
+                                                   max_new_tokens=7, seed=3)),
+    ]
+    results = _generate(engine, *requests)
+    assert [len(r) for r in results] == [1, 1, 1, 2, 1]
+    for request, completions in zip(requests, results):
+        for completion in completions:
+            _ends_correctly(engine, request, completion)
+            _check_against_full_forward(tiny_model, request, completion)
+            assert completion.meta["prompt_tokens"] == len(request.input_ids)
+    # Sequences finished independently with their own budgets.
+    assert len(results[0][0].output_ids) <= 5 and len(results[1][0].output_ids) <= 20
+    assert results[3][0].output_ids != results[3][1].output_ids  # n=2: distinct samples
+
+
+def test_seeded_sampling_is_reproducible_in_any_batch(engine, tokenizer):
+    prompt = _prompts(tokenizer)[1]
+    seeded = GenerateRequest(prompt, SamplingParams(temperature=1.0, max_new_tokens=10, seed=7))
+    [[alone]] = _generate(engine, seeded)
+    [[again]] = _generate(engine, seeded)
+    crowd = _generate(engine, GenerateRequest(_prompts(tokenizer)[0], SamplingParams(seed=9)),
+                      seeded, GenerateRequest(prompt, SamplingParams(max_new_tokens=3)))
+    assert alone.output_ids == again.output_ids == crowd[1][0].output_ids
+    np.testing.assert_allclose(alone.logprobs, crowd[1][0].logprobs, atol=1e-5)
+    [[other]] = _generate(engine, GenerateRequest(
+        prompt, SamplingParams(temperature=1.0, max_new_tokens=10, seed=8)))
+    assert other.output_ids != alone.output_ids
+
+
+def test_stop_strings_and_stop_ids_keep_the_stop(engine, tokenizer):
+    prompt = _prompts(tokenizer)[0]
+    base = SamplingParams(temperature=0.0, max_new_tokens=24)
+    [[free]] = _generate(engine, GenerateRequest(prompt, base))
+    out = free.output_ids
+    eos = set(engine.eos_token_ids)
+    # A stop id: the first output token that did not occur before it (k >= 2).
+    k = next(i for i in range(2, len(out)) if out[i] not in out[:i] and out[i] not in eos)
+    [[by_id]] = _generate(engine, GenerateRequest(
+        prompt, SamplingParams(temperature=0.0, max_new_tokens=24, stop_token_ids=(out[k],))))
+    assert by_id.output_ids == out[:k + 1] and by_id.finish_reason == "stop"
+    assert by_id.matched_stop == out[k]
+    # A stop string: the text of tokens k-1..k, when it does not occur earlier.
+    stop = tokenizer.decode(out[k - 1:k + 1])
+    first = next(j for j in range(len(out)) if stop in tokenizer.decode(out[:j + 1]))
+    [[by_text]] = _generate(engine, GenerateRequest(
+        prompt, SamplingParams(temperature=0.0, max_new_tokens=24, stop=(stop,))))
+    assert by_text.output_ids == out[:first + 1] and by_text.finish_reason == "stop"
+    assert by_text.matched_stop == stop
+    assert stop in tokenizer.decode(by_text.output_ids)
+
+
+def test_concurrent_callers_share_one_batch(engine, tokenizer):
+    prompts = _prompts(tokenizer)
+    before = dict(engine.stats)
+
+    async def callers():
+        return await asyncio.gather(*(
+            engine.generate([GenerateRequest(prompts[i % 2], GREEDY)]) for i in range(4)))
+
+    results = asyncio.run(callers())
+    assert len(results) == 4
+    assert engine.stats["prefill_calls"] - before.get("prefill_calls", 0) == 1
+    assert engine.stats["max_prefill_batch"] >= 4 and engine.stats["max_decode_batch"] >= 4
+    # Same prompt, greedy: identical outputs whatever row they used.
+    assert results[0][0][0].output_ids == results[2][0][0].output_ids
+
+
+def test_sessions_reuse_the_cache_and_match_reprefilling(engine, tiny_model, tokenizer):
+    prompt = _prompts(tokenizer)[0]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=4)
+    observation = tokenizer.encode("<information>Paris</information>", add_special_tokens=False)
+
+    def turn(context, session):
+        [[c]] = _generate(engine, GenerateRequest(context, sampling, session_id=session))
+        return c
+
+    first = turn(prompt, "s-main")
+    context = prompt + first.output_ids + observation
+    cached = turn(context, "s-main")
+    fresh = turn(context, None)
+    assert cached.meta["cached_tokens"] == len(prompt) + len(first.output_ids) - 1
+    assert fresh.meta["cached_tokens"] == 0
+    assert cached.output_ids == fresh.output_ids
+    request = GenerateRequest(context, sampling)
+    _check_against_full_forward(tiny_model, request, cached)
+    _check_against_full_forward(tiny_model, request, fresh)
+
+    # A history that differs from the cached one reuses only the common prefix.
+    edited = list(context)
+    edited[3] = (edited[3] + 1) % len(tokenizer)
+    mismatch = turn(edited + cached.output_ids, "s-main")
+    assert mismatch.meta["cached_tokens"] == 3 and mismatch.meta["prefix_mismatch"]
+    assert mismatch.output_ids == turn(edited + cached.output_ids, None).output_ids
+
+    # More sessions than rows: the least recently used is evicted, then re-prefilled.
+    for i in range(ENGINE_KWARGS["max_slots"]):
+        turn(prompt, f"s-{i}")
+    evictions = engine.stats["evictions"]
+    again = turn(context, "s-main")
+    assert engine.stats["evictions"] == evictions + 1  # s-0 made room for s-main
+    assert again.meta["reprefilled"] and again.meta["cached_tokens"] == 0
+    assert again.output_ids == fresh.output_ids
+    for i in range(ENGINE_KWARGS["max_slots"]):
+        engine.end_session(f"s-{i}")
+    engine.end_session("s-main")
+
+
+def test_update_weights_changes_outputs_without_recompiling(engine, tiny_model, tokenizer):
+    request = GenerateRequest(_prompts(tokenizer)[1], GREEDY)
+    [[original]] = _generate(engine, request)
+    compiles = engine.compile_counts
+    graphdef, params = nnx.split(tiny_model)
+    other = nnx.split(type(tiny_model)(tiny_model.config, rngs=nnx.Rngs(1)))[1]
+    other = jax.tree.map(lambda x: x * 8.0 if x.ndim >= 2 else x, other)
+    engine.update_weights(other, version=5)
+    [[swapped]] = _generate(engine, request)
+    assert swapped.output_ids != original.output_ids
+    assert swapped.meta["weight_version"] == 5
+    _check_against_full_forward(nnx.merge(graphdef, other), request, swapped)
+    engine.update_weights(params)
+    [[restored]] = _generate(engine, request)
+    assert restored.output_ids == original.output_ids and restored.meta["weight_version"] == 6
+    assert engine.compile_counts == compiles
+
+    bad = jax.tree.map(lambda x: x, params)
+    bad["embed"].set_value(bad["embed"].get_value()[:, :8])
+    with pytest.raises(ValueError, match=r"embed.*expects"):
+        engine.update_weights(bad)
+
+
+def test_cancelled_requests_free_their_rows_and_bad_input(engine, tiny_model, tokenizer):
+    prompt = _prompts(tokenizer)[0]
+
+    async def cancel_then_generate():
+        long = GenerateRequest(prompt, SamplingParams(temperature=1.0, max_new_tokens=60))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(engine.generate([long] * 4), timeout=0.05)
+        return await engine.generate([GenerateRequest(prompt, GREEDY)])
+
+    [[after]] = asyncio.run(cancel_then_generate())
+    assert after.finish_reason in ("stop", "length") and after.output_ids
+    assert engine.health()
+
+    [[too_long]] = _generate(engine, GenerateRequest([5] * (MAX_LEN + 1), GREEDY))
+    assert too_long.finish_reason == "abort" and "max_len" in too_long.meta["error"]
+    # A prompt that fills the cache still yields one token, then stops on length.
+    [[full]] = _generate(engine, GenerateRequest([5] * MAX_LEN, GREEDY))
+    assert full.finish_reason == "length" and len(full.output_ids) == 1
+    for bad, match in [
+        (GenerateRequest([], GREEDY), "empty"),
+        (GenerateRequest([10 ** 6], GREEDY), r"input_ids must be in"),
+        (GenerateRequest([5], SamplingParams(n=2), session_id="x"), "session"),
+        (GenerateRequest([5], SamplingParams(top_p=0.0)), "top_p"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            _generate(engine, bad)
+    with JaxEngine.from_model(tiny_model, **ENGINE_KWARGS) as no_tokenizer:
+        with pytest.raises(ValueError, match="stop strings need"):
+            _generate(no_tokenizer, GenerateRequest([5], SamplingParams(stop=("x",))))
+
+
+def test_sharded_params_give_the_same_outputs(engine, tiny_model, tokenizer, eight_devices):
+    from agentjax.parallel import make_mesh, shard_params
+
+    mesh = make_mesh({"data": 1, "fsdp": 2, "tensor": 4}, devices=eight_devices)
+    graphdef, params = nnx.split(tiny_model)
+    sharded = shard_params(params, mesh)
+    assert len(jax.tree.leaves(sharded)[0].sharding.device_set) == 8
+    request = GenerateRequest(_prompts(tokenizer)[1], SamplingParams(temperature=1.0, seed=3,
+                                                                     max_new_tokens=6))
+    [[reference]] = _generate(engine, request)
+    with JaxEngine(graphdef, sharded, tokenizer=tokenizer, max_slots=2, max_len=MAX_LEN,
+                   prefill_chunks=(16,), prefill_rows=(), decode_steps=3) as sharded_engine:
+        [[out]] = _generate(sharded_engine, request)
+        assert sharded_engine._cache.k.sharding.mesh == mesh
+    assert out.output_ids == reference.output_ids
+    np.testing.assert_allclose(out.logprobs, reference.logprobs, atol=1e-4)
