@@ -154,13 +154,20 @@ class Sandbox:
         self._prlimit = shutil.which("prlimit")
         if self._prlimit is None:
             raise SandboxUnavailableError("prlimit not found on PATH; install util-linux")
+        if os.geteuid() == 0:
+            base = _pick_uid_base(self.max_parallel) if uid_base is None else int(uid_base)
+            _check_uids_mapped(base, self.max_parallel)
+            uids = [base + i for i in range(self.max_parallel)]
+        else:
+            uids = [None] * self.max_parallel  # runs as ourselves; see _nproc_limit
+        self._slots = _SlotPool(uids, pathlib.Path(lock_dir))
+
         self._bwrap = shutil.which(bwrap)
-        problem = (
-            f"bubblewrap ({bwrap!r}) not found on PATH; {INSTALL_HINT}"
-            if self._bwrap is None else self._probe_bwrap()
-        )
-        self.sandboxed = problem is None
-        if not self.sandboxed:
+        self.sandboxed = self._bwrap is not None
+        _check_python(python, self.ro_binds, visible_inside=self.sandboxed)
+        problem = (self._trial_run() if self.sandboxed else
+                   f"bubblewrap ({bwrap!r}) not found on PATH; {INSTALL_HINT}")
+        if problem is not None:
             if not allow_unsandboxed:
                 raise SandboxUnavailableError(
                     f"{problem}. Running untrusted code without it is possible only with "
@@ -172,15 +179,7 @@ class Sandbox:
                 "rlimits only and can read the host file system and use the network.",
                 problem,
             )
-
-        self._as_root = os.geteuid() == 0
-        if self._as_root:
-            base = _pick_uid_base(self.max_parallel) if uid_base is None else int(uid_base)
-            _check_uids_mapped(base, self.max_parallel)
-            uids = [base + i for i in range(self.max_parallel)]
-        else:
-            uids = [None] * self.max_parallel  # runs as ourselves; see _nproc_limit
-        self._slots = _SlotPool(uids, pathlib.Path(lock_dir))
+            self.sandboxed = False
 
     # ------------------------------------------------------------------ public API
 
@@ -242,22 +241,19 @@ class Sandbox:
 
     # ------------------------------------------------------------------ internals
 
-    def _probe_bwrap(self) -> str | None:
-        """Runs `true` in a minimal sandbox; returns why it failed, or None."""
-        argv = [self._bwrap, "--unshare-all", "--die-with-parent", *self._system_binds(),
-                "--", "/usr/bin/true"]
-        try:
-            proc = subprocess.run(argv, capture_output=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return f"bubblewrap failed to start: {e}"
-        if proc.returncode != 0:
-            return (
-                f"bubblewrap cannot create a sandbox here (exit {proc.returncode}: "
-                f"{proc.stderr.decode(errors='replace').strip()}); it needs user namespaces "
-                "(sysctl kernel.unprivileged_userns_clone=1, or a container started with "
-                "--privileged / a seccomp profile that allows unshare)"
-            )
-        return None
+    def _trial_run(self) -> str | None:
+        """Runs an empty program exactly as `run` will; returns why it failed, or None."""
+        result = self.run("", timeout_s=30)
+        if result.ok:
+            return None
+        return (
+            f"a trial run in the sandbox failed ({result.status}, exit {result.exit_code}: "
+            f"{result.stderr.strip()[-500:]}). bubblewrap needs unprivileged user "
+            "namespaces (sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces"
+            " > 0; on Ubuntu 24.04 also kernel.apparmor_restrict_unprivileged_userns=0 or an "
+            "AppArmor profile for bwrap; in Docker, --security-opt seccomp=unconfined), and "
+            "every bound path must be readable by the sandbox uid"
+        )
 
     def _system_binds(self) -> list[str]:
         args = []
@@ -497,6 +493,18 @@ def _check_positive(**values) -> None:
     for name, value in values.items():
         if not value > 0:
             raise ValueError(f"{name} must be positive, got {value!r}")
+
+
+def _check_python(python: str, ro_binds: Sequence[str], visible_inside: bool) -> None:
+    if not os.access(python, os.X_OK):
+        raise ValueError(f"python: {python!r} is not an executable file")
+    if not visible_inside:
+        return
+    roots = (*_SYSTEM_RO_PATHS, *ro_binds)
+    if not any(os.path.commonpath([python, root]) == root for root in roots
+               if os.path.isabs(python)):
+        raise ValueError(f"python: {python!r} would not be visible inside the sandbox; "
+                         f"add its installation prefix to ro_binds")
 
 
 def _check_files(files: Mapping[str, str | bytes] | None) -> dict[str, str | bytes]:

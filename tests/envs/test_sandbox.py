@@ -122,6 +122,23 @@ def test_missing_bwrap_fails_with_install_hint():
         Sandbox(bwrap="no-such-bwrap-binary")
 
 
+def test_interpreter_must_exist_and_be_visible(tmp_path):
+    with pytest.raises(ValueError, match="python: '/no/such/python' is not an executable"):
+        Sandbox(python="/no/such/python")
+    outside = tmp_path / "python3"
+    outside.symlink_to("/usr/bin/python3")
+    with pytest.raises(ValueError, match="not be visible inside the sandbox; add its"):
+        Sandbox(python=str(outside))
+
+
+def test_failed_trial_run_is_reported(tmp_path):
+    # A bind bubblewrap cannot make stands in for a host without user namespaces.
+    with pytest.raises(SandboxUnavailableError, match="trial run in the sandbox failed.*"
+                                                      "Can't find source path"):
+        Sandbox(ro_binds=[str(tmp_path / "missing")], uid_base=uid_base_for("trial"),
+                max_parallel=1)
+
+
 def test_unsandboxed_fallback_only_when_asked(caplog):
     with caplog.at_level(logging.WARNING):
         sb = Sandbox(bwrap="no-such-bwrap-binary", allow_unsandboxed=True,
