@@ -3,6 +3,7 @@ plus helpers shared by the model tests."""
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,8 @@ TINY = ModelConfig(arch="qwen3", vocab_size=128, hidden_size=64, intermediate_si
 
 def randomize_params(model: nnx.Module, seed: int, scale: float = 0.2) -> None:
     """Overwrites every Param with random values in place (norm weights around 1) so
-    biases, norm weights and heads are all exercised, not left at their init."""
+    biases, norm weights and heads are all exercised, not left at their init. Works on
+    abstract models (`nnx.eval_shape`) too."""
     rng = np.random.default_rng(seed)
     state = nnx.state(model)
 
@@ -31,6 +33,13 @@ def randomize_params(model: nnx.Module, seed: int, scale: float = 0.2) -> None:
         return jnp.asarray(value, leaf.dtype)
 
     nnx.update(model, jax.tree_util.tree_map_with_path(draw, state))
+
+
+def random_model(make: Callable[[], nnx.Module], seed: int) -> nnx.Module:
+    """`make()` with random params, built abstractly so no JAX random init is compiled."""
+    model = nnx.eval_shape(make)
+    randomize_params(model, seed)
+    return model
 
 
 def numpy_params(model: nnx.Module) -> dict:

@@ -9,7 +9,7 @@ from flax import nnx
 
 from agentjax.models.cache import KVCache, cache_positions, init_cache, write_slots
 from agentjax.models.decoder import Decoder, apply
-from tests.models.reference_decoder import TINY, randomize_params
+from tests.models.reference_decoder import TINY, random_model
 
 MAX_LEN = 24
 _step = jax.jit(apply, static_argnums=0, donate_argnums=5)
@@ -18,9 +18,7 @@ _full = jax.jit(apply, static_argnums=0)
 
 @pytest.fixture(scope="module")
 def split():
-    model = Decoder(TINY, rngs=nnx.Rngs(0))
-    randomize_params(model, seed=2)
-    return nnx.split(model)
+    return nnx.split(random_model(lambda: Decoder(TINY, rngs=nnx.Rngs(0)), seed=2))
 
 
 def _chunk(rows: list[list[int]], width: int, left_pad: bool = False):

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from agentjax.models.decoder import Decoder, apply, positions_from_segments
-from tests.models.reference_decoder import TINY, numpy_params, randomize_params, reference_hidden
+from tests.models.reference_decoder import TINY, numpy_params, random_model, reference_hidden
 
 B, T = 3, 10
 # Row 0 packs two sequences and ends with padding, row 1 is left padded, row 2 is full.
@@ -22,9 +22,7 @@ SEGMENTS = np.array([
 
 @pytest.fixture(scope="module")
 def model():
-    model = Decoder(TINY, rngs=nnx.Rngs(0))
-    randomize_params(model, seed=1)
-    return model
+    return random_model(lambda: Decoder(TINY, rngs=nnx.Rngs(0)), seed=1)
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +111,7 @@ def test_remat_policies_give_identical_gradients():
         positions = positions_from_segments(segments)
         for remat in ("none", "full"):
             cfg = dataclasses.replace(TINY, remat=remat, param_dtype="float64", dtype="float64")
-            model = Decoder(cfg, rngs=nnx.Rngs(0))
-            randomize_params(model, seed=1)
+            model = random_model(lambda: Decoder(cfg, rngs=nnx.Rngs(0)), seed=1)
             graphdef, params = nnx.split(model)
             grads[remat] = jax.jit(jax.grad(_loss, argnums=1), static_argnums=0)(
                 graphdef, params, tokens, positions, segments)
@@ -127,7 +124,7 @@ def test_remat_policies_give_identical_gradients():
 
 def test_bfloat16_params_and_compute_track_float32(model):
     cfg = dataclasses.replace(TINY, param_dtype="bfloat16", dtype="bfloat16")
-    bf16 = Decoder(cfg, rngs=nnx.Rngs(0))
+    bf16 = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     nnx.update(bf16, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(model)))
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(nnx.state(bf16)))
     tokens, segments = _tokens(seed=5), jnp.asarray(SEGMENTS)
