@@ -22,6 +22,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
+
 from agentjax.envs.base import EpisodeLog, Env, Task
 from agentjax.rollout.agent_loop import EpisodeLimits, describe_error, run_episode
 from agentjax.rollout.engine import Engine, SamplingParams
@@ -62,7 +64,9 @@ class RolloutPool:
       engine: the rollout engine shared by all episodes.
       env_factory: builds a fresh env per episode (called in a worker thread).
       tokenizer: the policy's tokenizer.
-      sampling: sampling parameters of every turn.
+      sampling: sampling parameters of every turn. With a seed, each episode samples
+        with its own seed derived from (seed, group id, member index): reproducible,
+        yet the members of a group differ.
       limits: per-episode bounds (`timeout_s` is overridden by episode_timeout_s).
       concurrency: most episodes in flight at once.
       reward_fn: `reward_fn(task, env.log) -> (total, components)`; sets each
@@ -131,11 +135,11 @@ class RolloutPool:
         total = len(tasks) * group_size
         start = time.perf_counter()
 
-        async def one(task: Task, group_id: int) -> Trajectory:
+        async def one(task: Task, group_id: int, member: int) -> Trajectory:
             async with semaphore:
                 stats["in_flight"] += 1
                 try:
-                    traj = await self._episode(task, group_id)
+                    traj = await self._episode(task, group_id, member)
                 finally:
                     stats["in_flight"] -= 1
             stats["done"] += 1
@@ -149,13 +153,17 @@ class RolloutPool:
 
         group_ids = [next(self._group_ids) for _ in tasks]
         flat = await asyncio.gather(*(
-            one(task, group_id) for task, group_id in zip(tasks, group_ids)
-            for _ in range(group_size)))
+            one(task, group_id, member) for task, group_id in zip(tasks, group_ids)
+            for member in range(group_size)))
         return [list(flat[i * group_size:(i + 1) * group_size]) for i in range(len(tasks))]
 
-    async def _episode(self, task: Task, group_id: int) -> Trajectory:
+    async def _episode(self, task: Task, group_id: int, member: int) -> Trajectory:
         """One episode plus its reward; every failure comes back as a flagged trajectory."""
         loop = asyncio.get_running_loop()
+        sampling = self.sampling
+        if sampling.seed is not None:
+            sampling = dataclasses.replace(sampling, seed=episode_seed(sampling.seed, group_id,
+                                                                       member))
         try:
             env = await loop.run_in_executor(self._executor, self.env_factory)
         except Exception as error:  # noqa: BLE001
@@ -164,7 +172,7 @@ class RolloutPool:
                 metadata={"stop_reason": "env_error", "failed": True,
                           "error": f"env_factory failed: {describe_error(error)}",
                           "num_turns": 0, "env_log": None})
-        traj = await run_episode(self.engine, env, task, self.sampling, self.limits,
+        traj = await run_episode(self.engine, env, task, sampling, self.limits,
                                  self.tokenizer, group_id=group_id, executor=self._executor)
         if self.reward_fn is not None and traj.metadata.get("env_log") is not None:
             try:
@@ -177,3 +185,9 @@ class RolloutPool:
                                      error=traj.metadata.get("error") or
                                      f"reward_fn failed: {describe_error(error)}")
         return traj
+
+
+def episode_seed(seed: int, group_id: int, member: int) -> int:
+    """A 31-bit seed for one episode, derived from the pool's seed and its position."""
+    state = np.random.SeedSequence([seed, group_id, member]).generate_state(1)[0]
+    return int(state & 0x7FFFFFFF)

@@ -119,3 +119,14 @@ def test_pool_validates_arguments(tokenizer):
     with RolloutPool(engine, ToyEnv, tokenizer) as pool:
         with pytest.raises(ValueError, match="group_size"):
             pool.collect_sync(TASKS, group_size=0)
+
+
+def test_seeded_pool_gives_each_member_its_own_reproducible_seed(tokenizer):
+    def seeds():
+        engine = ScriptedEngine(tokenizer, _two_turns(tokenizer))
+        with RolloutPool(engine, ToyEnv, tokenizer, sampling=SamplingParams(seed=11)) as pool:
+            pool.collect_sync(TASKS[:2], group_size=3)
+        return sorted({r.sampling.seed for r in engine.requests})
+
+    first = seeds()
+    assert len(first) == 6 and first == seeds()
