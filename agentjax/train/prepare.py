@@ -1,0 +1,118 @@
+"""Between rollout and update: log-probs, KL, values and advantages of a batch.
+
+`build_prepare(...)` returns the jitted pure function
+
+    prepare(params, ref_params, critic_params, batch) -> (batch, metrics)
+
+that adds to a collated batch everything `step.update` reads: `loss_mask`, `old_logp`,
+`ref_logp`, `advantages` (and for PPO `old_values`, `returns`), `is_weights`. All
+advantages are computed on the full batch before any minibatching.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from agentjax.rl import advantages as adv_lib
+from agentjax.rl import kl as kl_lib
+from agentjax.train.step import policy_logprobs
+
+
+def loss_mask(batch: dict, *, mask_observations: bool) -> jax.Array:
+    """Tokens that enter the loss: the action tokens, or — for the observation-masking
+    ablation (seed §2.1) — every real token after the prompt, observations included."""
+    if mask_observations:
+        return batch["action_mask"]
+    return ((batch["turn_ids"] > 0) & (batch["segment_ids"] > 0)).astype(jnp.float32)
+
+
+def _masked_mean(x, mask):
+    return jnp.where(mask > 0, x, 0.0).sum() / jnp.maximum((mask > 0).sum(), 1)
+
+
+def sequence_advantages(kind: str, scores: jax.Array, group_ids: jax.Array, num_groups: int,
+                        mask: jax.Array, token_rewards: jax.Array, *, gamma: float):
+    """[B, T] advantages of the critic-free estimators (GRPO family, RLOO, REINFORCE++)."""
+    if kind in ("grpo", "dr_grpo"):
+        seq = adv_lib.grpo(scores, group_ids, num_groups, norm_by_std=kind == "grpo")
+        return adv_lib.broadcast_to_tokens(seq, mask)
+    if kind == "rloo":
+        return adv_lib.broadcast_to_tokens(adv_lib.rloo(scores, group_ids, num_groups), mask)
+    if kind == "reinforce_pp":
+        return adv_lib.reinforce_plus_plus(token_rewards, mask, gamma=gamma)
+    if kind == "reinforce_pp_baseline":
+        return adv_lib.reinforce_plus_plus_baseline(scores, group_ids, num_groups, mask)
+    raise ValueError(f"unknown advantage estimator {kind!r}")
+
+
+def build_prepare(graphdef: nnx.GraphDef, algo: Any, *, num_groups: int, chunk_size: int,
+                  mask_observations: bool = True, critic_graphdef: nnx.GraphDef | None = None):
+    """Returns `prepare(params, ref_params, critic_params, batch) -> (batch, metrics)`.
+
+    Args:
+      graphdef: policy graphdef (the reference policy shares it).
+      algo: the `config.algo` section.
+      num_groups: static number of groups (prompts) per batch; padding rows carry group
+        id -1 and get zero advantage.
+      chunk_size: log-prob chunk length.
+      mask_observations: False puts observation tokens into the loss (ablation).
+      critic_graphdef: the critic's graphdef (PPO only).
+
+    The batch must hold `temperature` [B]: the rollout temperature, so recomputed
+    log-probs describe the distribution the engine sampled from.
+    """
+    need_ref = algo.kl_coef > 0
+
+    def prepare(params, ref_params, critic_params, batch):
+        batch = dict(batch)
+        mask = loss_mask(batch, mask_observations=mask_observations)
+        action = batch["action_mask"]
+        temperature = batch["temperature"][0]
+        metrics = {}
+        current, _ = policy_logprobs(graphdef, params, batch, chunk_size=chunk_size,
+                                     temperature=temperature)
+        current = jax.lax.stop_gradient(current)
+        behavior = batch["behavior_logp"]
+        # Off-policy gap between the engine's sampling and the trainer's numerics.
+        metrics["logp_mismatch_abs"] = _masked_mean(jnp.abs(current - behavior), action)
+        metrics["logp_mismatch_kl"] = _masked_mean(kl_lib.kl(behavior, current, "k3"), action)
+        if algo.old_logp == "behavior":
+            old = jnp.where(action > 0, behavior, current)
+        else:
+            old = current
+            if algo.tis_cap:
+                weights = jnp.minimum(jnp.exp(jnp.clip(current - behavior, -20, 20)),
+                                      algo.tis_cap)
+                batch["is_weights"] = jnp.where(action > 0, weights, 1.0)
+        batch["old_logp"] = old
+        token_rewards = batch["rewards"]
+        if need_ref:
+            ref, _ = policy_logprobs(graphdef, ref_params, batch, chunk_size=chunk_size,
+                                     temperature=temperature)
+            batch["ref_logp"] = jax.lax.stop_gradient(ref)
+            kl_tokens = jnp.where(mask > 0, kl_lib.kl(old, batch["ref_logp"], algo.kl_kind), 0.)
+            metrics["kl_ref"] = _masked_mean(kl_tokens, mask)
+            if algo.kl_in_reward:
+                token_rewards = token_rewards - algo.kl_coef * kl_tokens
+        scores = token_rewards.sum(axis=1)
+        if algo.advantage == "gae":
+            critic = nnx.merge(critic_graphdef, critic_params)
+            values = jax.lax.stop_gradient(
+                critic(batch["inputs"], batch["positions"], batch["segment_ids"]))
+            advantages, returns = adv_lib.gae(token_rewards, values, mask, gamma=algo.gamma,
+                                              lam=algo.lam)
+            batch["advantages"] = adv_lib.whiten(advantages, mask)
+            batch["returns"], batch["old_values"] = returns, values
+            metrics["value_mean"] = _masked_mean(values, mask)
+        else:
+            batch["advantages"] = sequence_advantages(
+                algo.advantage, scores, batch["group_ids"], num_groups, mask, token_rewards,
+                gamma=algo.gamma)
+        batch["loss_mask"] = mask
+        metrics["advantage_abs_mean"] = _masked_mean(jnp.abs(batch["advantages"]), mask)
+        return batch, metrics
+
+    return prepare

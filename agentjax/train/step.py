@@ -1,0 +1,271 @@
+"""The jitted update: `update(state, batch) -> (state, metrics)`.
+
+One pure function does PPO epochs x minibatches x micro-batches:
+
+    for epoch:                       shuffle rows (state.rng)
+      for minibatch:                 one optimizer step
+        norm = loss_norm(minibatch)  global denominators of the whole minibatch
+        grads = sum over micro-batches of grad(loss)(params, micro, norm)
+
+Because every micro-batch loss divides by the minibatch's global token / sequence
+counts (`agentjax.rl.losses.LossNorm`), the summed gradient equals the full-minibatch
+gradient exactly (up to float rounding) — the micro-batch normalization bug of peers
+(REFERENCES.md) cannot happen. The same machinery runs the RL objective, the critic's
+value loss and the SFT loss; only `loss_fn` differs.
+
+A batch is a dict of [B, T] / [B] arrays as `agentjax.rollout.trajectory.collate`
+makes them, plus what `prepare` adds (old_logp, ref_logp, advantages, ...).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from agentjax.rl import losses as rl_losses
+from agentjax.rl.logprobs import token_logprobs
+
+LossFn = Callable[[Any, dict, rl_losses.LossNorm], tuple[jax.Array, dict]]
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything the update changes, as one pytree (checkpointed as a whole).
+
+    Attributes:
+      step: number of updates applied.
+      params: policy params (`nnx.split(model)[1]`).
+      opt_state: optax state of the policy optimizer.
+      rng: PRNG key for shuffling minibatches (and anything else stochastic).
+      critic_params / critic_opt_state: the PPO critic (None for critic-free methods).
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    rng: jax.Array
+    critic_params: Any = None
+    critic_opt_state: Any = None
+
+
+def make_optimizer(lr: float, *, total_steps: int, warmup_steps: int = 0,
+                   schedule: str = "constant", weight_decay: float = 0.0, b1: float = 0.9,
+                   b2: float = 0.99, grad_clip: float = 0.0) -> optax.GradientTransformation:
+    """AdamW with linear warmup, then constant or cosine decay, and global-norm clipping.
+
+    Args:
+      lr: peak learning rate.
+      total_steps: optimizer steps of the run (cosine decays to 0 at the end).
+      warmup_steps: linear warmup steps from 0.
+      schedule: "constant" or "cosine".
+      weight_decay: decoupled weight decay.
+      b1, b2: Adam betas.
+      grad_clip: clip the global gradient norm to this (0 disables).
+    """
+    if schedule == "cosine":
+        lr_schedule = optax.warmup_cosine_decay_schedule(
+            0.0, lr, max(warmup_steps, 1), max(total_steps, warmup_steps + 1))
+    elif schedule == "constant":
+        lr_schedule = optax.join_schedules(
+            [optax.linear_schedule(0.0, lr, max(warmup_steps, 1)), optax.constant_schedule(lr)],
+            [max(warmup_steps, 1)]) if warmup_steps else optax.constant_schedule(lr)
+    else:
+        raise ValueError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
+    chain = [optax.clip_by_global_norm(grad_clip)] if grad_clip else []
+    chain.append(optax.adamw(lr_schedule, b1=b1, b2=b2, weight_decay=weight_decay))
+    return optax.chain(*chain)
+
+
+def policy_logprobs(graphdef: nnx.GraphDef, params: Any, batch: dict, *, chunk_size: int,
+                    temperature: jax.Array | float = 1.0):
+    """(logp, entropy) [B, T] of `batch["targets"]` under the policy, at a temperature.
+
+    Logits never materialize whole (`rl.logprobs.token_logprobs` chunks them); the
+    temperature divides the hidden states (logits are linear in them), so a temperature
+    schedule does not recompile.
+    """
+    model = nnx.merge(graphdef, params)
+    hidden, _ = model(batch["inputs"], batch["positions"], batch["segment_ids"])
+    hidden = hidden / jnp.asarray(temperature, hidden.dtype)
+    return token_logprobs(hidden, model.lm_head_weight(), batch["targets"],
+                          chunk_size=chunk_size)
+
+
+def sft_loss(graphdef: nnx.GraphDef, *, chunk_size: int) -> LossFn:
+    """Masked next-token cross-entropy on `batch["loss_mask"]` tokens (token-mean)."""
+
+    def loss_fn(params, batch, norm):
+        logp, entropy = policy_logprobs(graphdef, params, batch, chunk_size=chunk_size)
+        mask = batch["loss_mask"]
+        loss = rl_losses.aggregate(-logp, mask, "token-mean", norm=norm)
+        valid = mask > 0
+        count = jnp.maximum(valid.sum(), 1)
+        return loss, {"nll": jnp.where(valid, -logp, 0.0).sum() / count,
+                      "entropy": jnp.where(valid, entropy, 0.0).sum() / count}
+
+    return loss_fn
+
+
+def rl_loss(graphdef: nnx.GraphDef, algo: Any, *, chunk_size: int) -> LossFn:
+    """The policy objective: policy loss + kl_coef * KL (as a loss) - entropy bonus.
+
+    Args:
+      graphdef: the policy graphdef.
+      algo: the `config.algo` section (loss kind, clips, agg, kl/entropy coefs, ...).
+      chunk_size: log-prob chunk length.
+
+    The batch carries `loss_mask`, `old_logp`, `advantages` [B, T], `temperature` [B]
+    (all rows equal), `ref_logp` when the KL is a loss term and `is_weights` [B, T] when
+    truncated importance sampling corrects behavior-policy log-probs.
+    """
+    kl_as_loss = algo.kl_coef > 0 and not algo.kl_in_reward
+
+    def loss_fn(params, batch, norm):
+        logp, entropy = policy_logprobs(graphdef, params, batch, chunk_size=chunk_size,
+                                        temperature=batch["temperature"][0])
+        mask = batch["loss_mask"]
+        advantages = batch["advantages"] * batch.get("is_weights", 1.0)
+        loss, metrics = rl_losses.policy_loss(
+            logp, batch["old_logp"], advantages, mask, kind=algo.loss,
+            clip_low=algo.clip_low, clip_high=algo.clip_high,
+            dual_clip=algo.dual_clip or None, agg=algo.agg, norm=norm)
+        metrics["pg_loss"] = loss
+        if kl_as_loss:
+            kl_term, kl_metrics = rl_losses.kl_penalty(
+                logp, batch["ref_logp"], mask, kind=algo.kl_kind, agg=algo.agg, norm=norm)
+            loss = loss + algo.kl_coef * kl_term
+            metrics.update(kl_metrics)
+        entropy_term, entropy_metrics = rl_losses.entropy_bonus(entropy, mask, agg=algo.agg,
+                                                                norm=norm)
+        metrics.update(entropy_metrics)
+        if algo.entropy_coef:
+            loss = loss - algo.entropy_coef * entropy_term
+        return loss, metrics
+
+    return loss_fn
+
+
+def value_loss_fn(critic_graphdef: nnx.GraphDef, algo: Any) -> LossFn:
+    """Clipped value loss of the critic on `loss_mask` tokens."""
+
+    def loss_fn(critic_params, batch, norm):
+        critic = nnx.merge(critic_graphdef, critic_params)
+        values = critic(batch["inputs"], batch["positions"], batch["segment_ids"])
+        return rl_losses.value_loss(values, batch["old_values"], batch["returns"],
+                                    batch["loss_mask"], clip=algo.value_clip or None,
+                                    agg=algo.agg, norm=norm)
+
+    return loss_fn
+
+
+def _rows(batch: dict, index: jax.Array) -> dict:
+    return {k: v[index] for k, v in batch.items()}
+
+
+def _split(batch: dict, parts: int) -> dict:
+    return {k: v.reshape(parts, v.shape[0] // parts, *v.shape[1:]) for k, v in batch.items()}
+
+
+def accumulate_grads(loss_fn: LossFn, params: Any, batch: dict, *, micro_batches: int,
+                     norm_constant: float | None = None):
+    """Gradient of `batch`'s loss, summed over `micro_batches` equal row slices.
+
+    Every slice is normalized by the global LossNorm of the whole `batch`, so the result
+    equals `grad(loss_fn)(params, batch, norm)` up to float rounding.
+
+    Returns:
+      (loss, grads, metrics): summed loss and grads; metrics named "*loss" summed (they
+      are additive terms of the loss), the others averaged over slices.
+    """
+    norm = rl_losses.loss_norm(batch["loss_mask"], constant=norm_constant)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if micro_batches == 1:
+        (loss, metrics), grads = grad_fn(params, batch, norm)
+        return loss, grads, metrics
+
+    def body(carry, micro):
+        (loss, metrics), grads = grad_fn(params, micro, norm)
+        total_loss, total_grads = carry
+        return (total_loss + loss, jax.tree.map(jnp.add, total_grads, grads)), metrics
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    (loss, grads), metrics = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros),
+                                          _split(batch, micro_batches))
+    # Loss terms carry global denominators and add up; the rest are per-slice means.
+    return loss, grads, {k: v.sum() if k.endswith("loss") else v.mean()
+                         for k, v in metrics.items()}
+
+
+def epoch_minibatch_steps(loss_fn: LossFn, optimizer: optax.GradientTransformation,
+                          params: Any, opt_state: Any, batch: dict, rng: jax.Array, *,
+                          epochs: int, minibatches: int, micro_batches: int,
+                          norm_constant: float | None = None, shuffle: bool = True):
+    """Runs `epochs` passes over `batch` in `minibatches` optimizer steps each.
+
+    Returns:
+      (params, opt_state, metrics) with metrics averaged over all optimizer steps,
+      plus `grad_norm` and `loss`.
+    """
+    rows = next(iter(batch.values())).shape[0]
+
+    def one_step(carry, index):
+        params, opt_state = carry
+        loss, grads, metrics = accumulate_grads(
+            loss_fn, params, _rows(batch, index), micro_batches=micro_batches,
+            norm_constant=norm_constant)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+        return (params, opt_state), metrics
+
+    def order(key):
+        return jax.random.permutation(key, rows) if shuffle else jnp.arange(rows)
+
+    keys = jax.random.split(rng, epochs)
+    indices = jax.vmap(order)(keys).reshape(epochs * minibatches, rows // minibatches)
+    (params, opt_state), metrics = jax.lax.scan(one_step, (params, opt_state), indices)
+    return params, opt_state, jax.tree.map(jnp.mean, metrics)
+
+
+def build_update(policy_loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
+                 epochs: int, minibatches: int, micro_batches: int,
+                 norm_constant: float | None = None, critic_loss_fn: LossFn | None = None,
+                 critic_optimizer: optax.GradientTransformation | None = None,
+                 critic_warmup_steps: int = 0, shuffle: bool = True):
+    """Returns the pure `update(state, batch) -> (state, metrics)` (jit it with shardings).
+
+    With a critic, the critic is updated on the same minibatch schedule; during the
+    first `critic_warmup_steps` updates only the critic learns (the policy is frozen).
+    """
+    steps = functools.partial(epoch_minibatch_steps, epochs=epochs, minibatches=minibatches,
+                              micro_batches=micro_batches, norm_constant=norm_constant,
+                              shuffle=shuffle)
+
+    def update(state: TrainState, batch: dict):
+        rng, policy_key, critic_key = jax.random.split(state.rng, 3)
+        metrics = {}
+        new_state = state.replace(step=state.step + 1, rng=rng)
+        if critic_loss_fn is not None:
+            critic_params, critic_opt, critic_metrics = steps(
+                critic_loss_fn, critic_optimizer, state.critic_params,
+                state.critic_opt_state, batch, critic_key)
+            metrics.update({f"critic/{k}": v for k, v in critic_metrics.items()})
+            new_state = new_state.replace(critic_params=critic_params,
+                                          critic_opt_state=critic_opt)
+        params, opt_state, policy_metrics = steps(
+            policy_loss_fn, optimizer, state.params, state.opt_state, batch, policy_key)
+        if critic_warmup_steps:
+            frozen = state.step < critic_warmup_steps
+            params = jax.tree.map(lambda new, old: jnp.where(frozen, old, new),
+                                  params, state.params)
+            opt_state = jax.tree.map(lambda new, old: jnp.where(frozen, old, new),
+                                     opt_state, state.opt_state)
+        metrics.update(policy_metrics)
+        return new_state.replace(params=params, opt_state=opt_state), metrics
+
+    return update
