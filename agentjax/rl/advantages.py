@@ -61,8 +61,7 @@ def gae(rewards, values, mask, *, gamma, lam):
         return carry, adv
 
     zeros = jnp.zeros((batch,), rewards.dtype)
-    # unroll amortises the per-iteration loop overhead, which dominates for small B.
-    _, adv = lax.scan(step, (zeros, zeros), (rewards.T, values.T, valid.T), reverse=True, unroll=16)
+    _, adv = lax.scan(step, (zeros, zeros), (rewards.T, values.T, valid.T), reverse=True)
     adv = jnp.where(valid, adv.T, 0.0)
     return adv, jnp.where(valid, adv + values, 0.0)
 

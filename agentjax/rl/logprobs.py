@@ -43,8 +43,17 @@ def _logits(hidden, lm_head, temperature):
 def token_logprobs_full(hidden, lm_head, targets, *, temperature=1.0):
     """Reference path of `token_logprobs` that materializes the full [B, T, V] logits.
 
-    Fine for tiny vocabularies (tests, CPU toy models); same arguments and results as
-    `token_logprobs` without `chunk_size`.
+    Fine for tiny vocabularies (tests, CPU toy models); for real vocabularies use
+    `token_logprobs`, which gives the same results without the [B, T, V] buffer.
+
+    Args:
+      hidden: [B, T, D] final hidden states; hidden[b, t] predicts targets[b, t].
+      lm_head: [D, V] output projection.
+      targets: [B, T] int token ids in [0, V).
+      temperature: Python float > 0 dividing the logits.
+
+    Returns:
+      (logp, entropy), both [B, T] float32.
     """
     _check_inputs(hidden, lm_head, targets, temperature)
     logits = _logits(hidden, lm_head, temperature)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from agentjax.rl import advantages as adv
 from tests import reference as ref
@@ -179,6 +180,26 @@ def test_gae_lambda_one_is_reward_to_go_minus_values(rewards, values, mask):
     to_go = ref.reward_to_go(rewards, mask)
     np.testing.assert_allclose(advantages, np.where(mask, to_go - values, 0.0), **TOL)
     np.testing.assert_allclose(returns, to_go, **TOL)
+
+
+def test_sharded_matches_single_device(eight_devices):
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=eight_devices)
+    rows = NamedSharding(mesh, PartitionSpec("data"))
+    rng = np.random.default_rng(3)
+    mask = edge_mask(rng)
+    scores, group_ids, num_groups = edge_groups(rng)
+    args = (floats(rng, (B, T)), floats(rng, (B, T)), mask, scores, group_ids)
+
+    @jax.jit
+    def estimators(rewards, values, mask, scores, group_ids):
+        return (adv.gae(rewards, values, mask, gamma=0.9, lam=0.8),
+                adv.gae_associative(rewards, values, mask, gamma=0.9, lam=0.8),
+                adv.grpo(scores, group_ids, num_groups),
+                adv.reinforce_plus_plus_baseline(scores, group_ids, num_groups, mask))
+
+    single = estimators(*(jax.device_put(x, eight_devices[0]) for x in args))
+    sharded = estimators(*(jax.device_put(x, rows) for x in args))
+    chex.assert_trees_all_close(sharded, single, rtol=1e-6, atol=1e-6)
 
 
 def test_bad_arguments_name_the_argument():

@@ -177,6 +177,9 @@ def test_no_gradient_or_value_reaches_masked_tokens(logp, other, adv, mask):
 @functools.partial(jax.jit, static_argnames=("kind", "agg"))
 def _policy_loss_and_grad(logp, old_logp, adv, mask, norm, kind, agg):
     def loss_fn(lp):
+        if kind == "grpo":  # the composed objective, old_logp doubling as the reference
+            return losses.grpo_loss(lp, old_logp, old_logp, adv, mask, kl_coef=0.5, agg=agg,
+                                    norm=norm, **CLIPS)[0]
         return losses.policy_loss(lp, old_logp, adv, mask, kind=kind, agg=agg, norm=norm,
                                   **CLIPS)[0]
     return jax.value_and_grad(loss_fn)(logp)
@@ -191,7 +194,7 @@ _MICRO = 2  # rows per micro-batch
 def test_micro_batches_sum_to_the_full_batch(logp, old_logp, adv, mask):
     norm = losses.loss_norm(mask, constant=20.0)
     cases = [("ppo", mode) for mode in losses.AGG_MODES]
-    cases += [(kind, "seq-mean-token-mean") for kind in ("gspo", "cispo", "reinforce")]
+    cases += [(kind, "seq-mean-token-mean") for kind in ("gspo", "cispo", "reinforce", "grpo")]
     for kind, agg in cases:
         full_loss, full_grad = _policy_loss_and_grad(logp, old_logp, adv, mask, norm, kind, agg)
         parts = [
