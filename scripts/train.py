@@ -1,12 +1,41 @@
-"""Train an agent: `python scripts/train.py --config configs/grpo_search.py`."""
+"""Train an agent.
+
+    python scripts/train.py --config configs/grpo_search.py
+    python scripts/train.py --config configs/grpo_search.py:hf \
+        --config.model.path=/data/Qwen2.5-3B --workdir=/ckpt/run1
+
+`--config file.py[:variant]` loads `get_config(variant)`; `--config.a.b=value` overrides
+one key (unknown keys fail at once). `--workdir` defaults to runs/<config>-<variant>;
+rerunning with the same workdir resumes the run exactly.
+"""
+import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-def main() -> int:
-    print("agentjax: the trainer has not landed yet (see the trainer issue); "
-          "`python -m pytest -q -n 2 tests` runs what exists.")
-    return 0
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "config file[:variant]",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "run folder (resumes if it has checkpoints)")
+flags.mark_flags_as_required(["config"])
+
+
+def default_workdir(config_arg: str) -> str:
+    path, _, variant = config_arg.partition(":")
+    name = os.path.splitext(os.path.basename(path))[0]
+    return os.path.join("runs", f"{name}-{variant}" if variant else name)
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    from agentjax.train.trainer import Trainer
+
+    workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
+    Trainer(_CONFIG.value, workdir).run()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    app.run(main)

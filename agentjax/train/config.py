@@ -55,11 +55,13 @@ def default_config() -> ml_collections.ConfigDict:
     c.data.test_path = ""
     c.data.corpus_path = ""
     c.data.world_seed = 0
-    c.data.num_entities = 240
-    c.data.train_hops = (1, 2)
-    c.data.test_hops = (1, 2)
-    c.data.num_train_tasks = 2000
-    c.data.num_test_tasks = 200
+    c.data.num_people = 120
+    c.data.num_companies = 40
+    c.data.num_cities = 40
+    c.data.num_countries = 16
+    c.data.train_questions = "1:500,2:500"  # hops:count (python env: total count)
+    c.data.test_questions = "1:100,2:100"
+    c.data.demo_hops = ""  # which training questions get demonstrations, e.g. "1,2,3:0.1"
     c.data.curriculum = "uniform"
 
     c.env = ml_collections.ConfigDict()
@@ -102,6 +104,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.rollout.max_new_tokens = 24
     c.rollout.max_tokens = 512
     c.rollout.concurrency = 128
+    c.rollout.engine_slots = 64  # sequences decoded together by the JaxEngine
+    c.rollout.decode_steps = 8  # tokens per device round trip of the JaxEngine
     c.rollout.episode_timeout_s = 120.0
 
     c.algo = ml_collections.ConfigDict()
@@ -225,8 +229,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if algo.dynamic_sampling and not group_based:
         fail("algo.dynamic_sampling filters zero-variance groups: it needs a "
              "group-based advantage")
-    if not (0 <= algo.clip_low < 1 and algo.clip_high >= 0):
-        fail(f"clip range must satisfy 0 <= algo.clip_low < 1 and algo.clip_high >= 0; "
+    if not (0 <= algo.clip_low <= 1 and algo.clip_high >= 0):
+        fail(f"clip range must satisfy 0 <= algo.clip_low <= 1 and algo.clip_high >= 0; "
              f"got {algo.clip_low}, {algo.clip_high}")
     if algo.dual_clip and algo.dual_clip <= 1:
         fail(f"algo.dual_clip must be > 1 (or 0 to disable), got {algo.dual_clip}")
@@ -259,4 +263,34 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         fail(f"optim.lr must be > 0, got {config.optim.lr}")
     if config.stage == "sft" and config.sft.steps <= 0:
         fail("stage='sft' needs sft.steps > 0")
+    return config
+
+
+# What each algorithm changes from the defaults (the defaults are GRPO's).
+ALGORITHM_PRESETS = {
+    "grpo": dict(advantage="grpo", loss="ppo", agg="seq-mean-token-mean"),
+    "dr_grpo": dict(advantage="dr_grpo", loss="ppo", agg="seq-mean-token-sum-norm"),
+    "dapo": dict(advantage="grpo", loss="ppo", agg="token-mean", clip_low=0.2,
+                 clip_high=0.28, dynamic_sampling=True, kl_coef=0.0),
+    "rloo": dict(advantage="rloo", loss="ppo", agg="token-mean"),
+    "reinforce_pp": dict(advantage="reinforce_pp", loss="ppo", agg="token-mean",
+                         kl_in_reward=True),
+    "reinforce_pp_baseline": dict(advantage="reinforce_pp_baseline", loss="ppo",
+                                  agg="token-mean"),
+    "gspo": dict(advantage="grpo", loss="gspo", agg="seq-mean-token-mean", clip_low=3e-4,
+                 clip_high=4e-4),
+    "cispo": dict(advantage="grpo", loss="cispo", agg="token-mean", clip_low=1.0,
+                  clip_high=4.0),
+    "ppo": dict(advantage="gae", loss="ppo", agg="token-mean", gamma=1.0, lam=0.95,
+                value_clip=0.2),
+}
+
+
+def apply_algorithm(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+    """Sets config.algo.name and the settings that define algorithm `name`."""
+    if name not in ALGORITHM_PRESETS:
+        raise ValueError(f"unknown algorithm {name!r}; choose one of {sorted(ALGORITHM_PRESETS)}")
+    config.algo.name = name
+    for key, value in ALGORITHM_PRESETS[name].items():
+        config.algo[key] = value
     return config

@@ -43,6 +43,8 @@ class TrainState:
       opt_state: optax state of the policy optimizer.
       rng: PRNG key for shuffling minibatches (and anything else stochastic).
       critic_params / critic_opt_state: the PPO critic (None for critic-free methods).
+      ref_params: the frozen reference policy of the KL term (None without KL); kept in
+        the state so a resumed run has it without knowing where it came from.
     """
 
     step: jax.Array
@@ -51,6 +53,7 @@ class TrainState:
     rng: jax.Array
     critic_params: Any = None
     critic_opt_state: Any = None
+    ref_params: Any = None
 
 
 def make_optimizer(lr: float, *, total_steps: int, warmup_steps: int = 0,

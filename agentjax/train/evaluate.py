@@ -1,0 +1,77 @@
+"""Held-out evaluation: greedy and sampled success, pass@k, per hop count.
+
+A task counts as solved by an episode when the suite's outcome reward component (e.g.
+exact match) is 1. Sampled success is the mean over `samples` episodes per task at the
+rollout temperature; pass@k is the fraction of tasks solved by at least one of them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Sequence
+
+import numpy as np
+
+from agentjax.envs.base import Task
+from agentjax.rollout.engine import SamplingParams
+from agentjax.rollout.pool import RolloutPool
+from agentjax.rollout.trajectory import Trajectory
+
+
+def solved(traj: Trajectory, success_key: str) -> bool:
+    """Whether the episode solved its task (failed episodes never do)."""
+    if traj.metadata.get("failed"):
+        return False
+    return traj.metadata.get("reward_components", {}).get(success_key, 0.0) >= 1.0
+
+
+def _hops(task: Task) -> str | None:
+    hops = task.metadata.get("hops")
+    return None if hops is None else str(hops)
+
+
+def success_table(tasks: Sequence[Task], groups: Sequence[Sequence[Trajectory]],
+                  success_key: str, prefix: str) -> dict[str, float]:
+    """Mean success, pass@k (k = group size) and per-hop means of grouped episodes.
+
+    Returns flat metrics: `{prefix}`, `{prefix}/pass@k`, `{prefix}/hops=h`.
+    """
+    per_task = [np.mean([solved(t, success_key) for t in group]) for group in groups]
+    out = {prefix: float(np.mean(per_task)) if per_task else 0.0}
+    k = len(groups[0]) if groups else 0
+    if k > 1:
+        out[f"{prefix}/pass@{k}"] = float(np.mean([
+            any(solved(t, success_key) for t in group) for group in groups]))
+    by_hops = defaultdict(list)
+    for task, value in zip(tasks, per_task):
+        if _hops(task) is not None:
+            by_hops[_hops(task)].append(value)
+    for hops in sorted(by_hops):
+        out[f"{prefix}/hops={hops}"] = float(np.mean(by_hops[hops]))
+    return out
+
+
+def evaluate(pool: RolloutPool, tasks: Sequence[Task], *, success_key: str,
+             sampling: SamplingParams, samples: int, prefix: str = "eval") -> dict[str, float]:
+    """Greedy (temperature 0, one episode per task) and sampled (`samples` episodes per
+    task with `sampling`) success of the pool's current policy on `tasks`.
+
+    Returns:
+      `{prefix}/success_greedy[...]`, `{prefix}/success_sampled[...]` metrics (see
+      `success_table`), plus mean turns and failure counts.
+    """
+    saved = pool.sampling
+    try:
+        pool.sampling = dataclasses.replace(sampling, temperature=0.0, top_p=1.0, top_k=-1)
+        greedy = pool.collect_sync(tasks, 1)
+        pool.sampling = sampling
+        sampled = pool.collect_sync(tasks, samples) if samples else []
+    finally:
+        pool.sampling = saved
+    metrics = success_table(tasks, greedy, success_key, f"{prefix}/success_greedy")
+    if sampled:
+        metrics.update(success_table(tasks, sampled, success_key, f"{prefix}/success_sampled"))
+    episodes = [t for g in list(greedy) + list(sampled) for t in g]
+    metrics[f"{prefix}/mean_turns"] = float(np.mean([len(t.turns) for t in episodes]))
+    metrics[f"{prefix}/failed"] = float(sum(bool(t.metadata.get("failed")) for t in episodes))
+    return metrics

@@ -1,0 +1,111 @@
+"""Variants shared by the config files (configs/*.py stay a few lines each).
+
+Variants of every search config:
+  cpu   the embedded default on CPU: tiny model, offline synthetic world, SFT then RL,
+        sized to finish in well under 30 minutes on 2 cores.
+  hf    a real local HF checkpoint (`--config.model.path=...`) on GPU/TPU, with the
+        Search-R1 settings (instruction, lr 1e-6, group 5, KL 0.001 k3, temperature 1).
+  test  a few seconds of everything, for CI end-to-end tests.
+"""
+from __future__ import annotations
+
+import jax
+
+from agentjax.train.config import ALGORITHM_PRESETS, apply_algorithm, default_config
+
+
+def default_variant() -> str:
+    return "cpu" if jax.default_backend() == "cpu" else "hf"
+
+
+def _cpu(c):
+    c.total_steps = 40
+    c.sft.steps = 400
+    c.optim.lr = 5e-4
+    c.eval.every = 10
+    c.checkpoint.every = 10
+
+
+def _hf(c):
+    c.model.path = ""  # required: --config.model.path=/path/to/hf/checkpoint
+    c.model.dtype = c.model.param_dtype = "bfloat16"
+    c.model.remat = "full"
+    c.model.logprob_chunk = 512
+    c.tokenizer.vocab_size = 0
+    c.env.instruction = "search_r1"
+    c.env.max_observation_words = 400
+    c.env.max_turns = 4
+    c.data.train_questions = "1:4000,2:4000,3:2000,4:2000"
+    c.data.test_questions = "1:100,2:100,3:100,4:100"
+    c.sft.steps = 0
+    c.total_steps = 1000
+    c.optim.lr = 1e-6
+    c.optim.warmup_steps = 10
+    c.rollout.prompts_per_step = 64
+    c.rollout.group_size = 5
+    c.rollout.max_tokens = 4096
+    c.rollout.max_new_tokens = 500
+    c.rollout.engine_slots = 256
+    c.rollout.concurrency = 512
+    c.algo.kl_coef = 0.001
+    c.algo.kl_kind = "k3"
+    c.algo.minibatches = 4
+    c.algo.microbatch_size = 8
+    c.eval.every = 50
+    c.eval.num_tasks = 400
+    c.checkpoint.every = 50
+
+
+def _test(c):
+    c.data.num_people, c.data.num_companies = 16, 8
+    c.data.num_cities, c.data.num_countries = 8, 4
+    c.data.train_questions = "1:24,2:24"
+    c.data.test_questions = "1:4,2:4"
+    c.model.hidden_size, c.model.intermediate_size = 32, 64
+    c.model.num_layers, c.model.num_heads, c.model.num_kv_heads = 1, 2, 1
+    c.tokenizer.vocab_size = 400
+    c.sft.steps, c.sft.batch_size = 3, 8
+    c.total_steps = 2
+    c.rollout.prompts_per_step, c.rollout.group_size = 2, 2
+    c.rollout.max_tokens, c.rollout.max_new_tokens = 384, 12
+    c.rollout.engine_slots = 8
+    c.eval.every, c.eval.num_tasks, c.eval.samples = 2, 4, 2
+    c.checkpoint.every = 1
+    c.log.tensorboard = False
+    c.log.progress = False
+
+
+VARIANTS = {"cpu": _cpu, "hf": _hf, "test": _test}
+
+
+def search_config(algorithm: str, variant: str | None):
+    """The search-agent config for `algorithm` (see config.ALGORITHM_PRESETS)."""
+    variant = variant or default_variant()
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose one of {sorted(VARIANTS)}")
+    config = apply_algorithm(default_config(), algorithm)
+    VARIANTS[variant](config)
+    if algorithm == "ppo":
+        config.algo.critic_warmup_steps = 0 if variant == "test" else 5
+    return config
+
+
+def algorithm_overrides(name: str) -> dict:
+    """Dotted-key overrides that switch a config to algorithm `name`."""
+    return {"algo.name": name, **{f"algo.{k}": v for k, v in ALGORITHM_PRESETS[name].items()}}
+
+
+def search_sweep(name: str) -> list[dict]:
+    """Ablation arms of the search configs: {"name", "overrides"} each."""
+    arms = {
+        "obs_mask": [("mask_observations", {"env.mask_observations": True}),
+                     ("no_mask", {"env.mask_observations": False})],
+        "group_size": [(f"G{g}", {"rollout.group_size": g, "rollout.prompts_per_step":
+                                  128 // g}) for g in (4, 8, 16)],
+        "kl": [(f"beta{b}", {"algo.kl_coef": b}) for b in (0.0, 0.001, 0.01)],
+        "format_weight": [(f"format{w}", {"reward.format_weight": w}) for w in (0.0, 0.1, 0.3)],
+        "algorithm": [(n, algorithm_overrides(n)) for n in ("grpo", "ppo", "dapo")],
+    }
+    if name not in arms:
+        raise ValueError(f"unknown sweep {name!r}; choose one of {sorted(arms)}")
+    return [{"name": arm, "overrides": overrides} for arm, overrides in arms[name]]

@@ -1,0 +1,210 @@
+"""Task suites: everything env-specific a run needs, chosen by `config.env.name`.
+
+A suite bundles the train/test tasks, an env factory, the reward function, SFT
+demonstrations and the texts a tiny tokenizer is trained on. The trainer is written
+against this one small interface, so adding a world means adding one builder here.
+
+    suite = build_suite(config, data_dir)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+from agentjax.data import demonstrators as demo_lib
+from agentjax.data.arith import make_arith_splits
+from agentjax.data.loaders import load_jsonl, load_search_r1_parquet
+from agentjax.data.search_data import make_search_dataset
+from agentjax.data.world import WorldConfig
+from agentjax.envs.base import Env, Task
+from agentjax.envs.python_env import DEFAULT_INSTRUCTION as PYTHON_INSTRUCTION
+from agentjax.envs.python_env import PythonEnv
+from agentjax.envs.retrieval import BM25Retriever, HttpRetriever
+from agentjax.envs.search import DEFAULT_INSTRUCTION, SHORT_INSTRUCTION, SearchEnv
+from agentjax.rewards.composite import make_reward_fn
+
+
+@dataclasses.dataclass
+class TaskSuite:
+    """What the trainer needs from a world.
+
+    Attributes:
+      train_tasks, test_tasks: the splits.
+      make_env: builds a fresh env per episode (called from worker threads).
+      reward_fn: `reward_fn(task, log) -> (total, components)`; "success" of a task is
+        its outcome component (`success_key`) reaching 1.
+      success_key: the reward component that says the task was solved.
+      observation_role: as `Env.observation_role`.
+      demonstrations: SFT data: objects with `task`, `messages`, `turns` of
+        `(action, observation, trainable)` and `reward`.
+      texts: texts a locally built tokenizer is trained on.
+      baselines: measured test success of scripted policies, {name: {"success": s,
+        "by_hops": {...}}} — the demonstrator that wrote the SFT data among them.
+    """
+
+    train_tasks: list[Task]
+    test_tasks: list[Task]
+    make_env: Callable[[], Env]
+    reward_fn: Callable
+    success_key: str
+    observation_role: str | None
+    demonstrations: list
+    texts: list[str]
+    baselines: dict[str, dict[str, Any]]
+
+
+def parse_counts(spec: str) -> dict[int, int]:
+    """"1:300,2:300" -> {1: 300, 2: 300} (also accepts fractions: "3:0.1")."""
+    out = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        key, _, value = part.partition(":")
+        if not value:
+            raise ValueError(f"expected 'hops:count' entries, got {part!r} in {spec!r}")
+        out[int(key)] = float(value) if "." in value else int(value)
+    return out
+
+
+def _reward_config(config, outcome: str) -> dict:
+    weights = config.reward
+    components = {outcome: 1.0, "format": weights.format_weight,
+                  "tool_shaping": weights.tool_weight}
+    if config.env.name == "search":
+        components["f1"] = 0.0  # logged, not rewarded
+        components["process"] = weights.process_weight
+    if weights.length_weight:
+        components["length"] = {"weight": weights.length_weight, "penalty": "linear",
+                                "unit": "turns", "target": 2, "coef": 0.5, "max_penalty": 1.0}
+    return {"components": components}
+
+
+def _report(report: demo_lib.SuccessReport) -> dict[str, Any]:
+    return {"success": float(report.success),
+            "by_hops": {str(k): float(v) for k, v in report.by_hops.items()}}
+
+
+def build_search_suite(config, data_dir: str) -> TaskSuite:
+    """The Search-R1-style world: synthetic multi-hop questions over a BM25 corpus, or a
+    user's Search-R1 parquet/jsonl files with a corpus (data.source="files")."""
+    instruction = SHORT_INSTRUCTION if config.env.instruction == "short" else DEFAULT_INSTRUCTION
+    env_kwargs = dict(topk=config.env.topk, max_turns=config.env.max_turns,
+                      max_observation_words=config.env.max_observation_words,
+                      instruction=instruction)
+    baselines, demonstrations = {}, []
+    if config.data.source == "synthetic":
+        world_config = WorldConfig(
+            seed=config.data.world_seed, num_people=config.data.num_people,
+            num_companies=config.data.num_companies, num_cities=config.data.num_cities,
+            num_countries=config.data.num_countries,
+            train_questions=parse_counts(config.data.train_questions),
+            test_questions=parse_counts(config.data.test_questions))
+        sft = config.sft
+        demonstrator = demo_lib.DemonstratorConfig(
+            "demonstrator", p_guess=sft.guess_prob, p_stop_early=sft.early_stop_prob,
+            p_repeat=sft.repeat_prob, p_poor_query=sft.poor_query_prob,
+            p_negative=sft.negative_frac)
+        dataset = make_search_dataset(
+            data_dir, world_config, demonstrator, env_kwargs=env_kwargs,
+            demo_hops=parse_counts(config.data.demo_hops) if config.data.demo_hops else None,
+            seed=config.data.world_seed)
+        world = dataset.world
+        train_tasks, test_tasks = world.train_tasks, world.test_tasks
+        index = dataset.paths["index"]
+        demonstrations = demo_lib.read_demonstrations_jsonl(dataset.paths["demos"])
+        baselines = {name: _report(by_split["test"]) for name, by_split in dataset.reports.items()}
+        texts = [r["contents"] for r in world.corpus_records()]
+    else:
+        train_tasks = _load_tasks(config.data.train_path)
+        test_tasks = _load_tasks(config.data.test_path) if config.data.test_path else []
+        index = os.path.join(data_dir, "index")
+        texts = []
+        if config.retrieval.kind == "bm25":
+            if not config.data.corpus_path:
+                raise ValueError("data.source='files' with retrieval.kind='bm25' needs "
+                                 "data.corpus_path (Search-R1 corpus jsonl)")
+            BM25Retriever.from_corpus(config.data.corpus_path, index_dir=index)
+    if config.retrieval.kind == "http":
+        retriever = HttpRetriever(config.retrieval.url, timeout_s=config.retrieval.timeout_s)
+    else:
+        retriever = BM25Retriever.load(index)
+
+    def make_env():
+        return SearchEnv(retriever, **env_kwargs)
+
+    texts += [instruction] + [t.question for t in train_tasks + test_tasks]
+    texts += [turn.action for d in demonstrations for turn in d.turns]
+    return TaskSuite(train_tasks, test_tasks, make_env,
+                     make_reward_fn(_reward_config(config, "exact_match")), "exact_match",
+                     None, demonstrations, texts, baselines)
+
+
+def _load_tasks(path: str) -> list[Task]:
+    loaded = load_search_r1_parquet(path) if path.endswith(".parquet") else load_jsonl(path)
+    if loaded.errors:
+        shown = "; ".join(f"row {e.index}: {e.message}" for e in loaded.errors[:5])
+        print(f"warning: {len(loaded.errors)} bad rows in {path} skipped ({shown})")
+    if not loaded.tasks:
+        raise ValueError(f"no usable task in {path}")
+    return list(loaded.tasks)
+
+
+def _arith_demonstration(task: Task, rng: np.random.Generator, guess_prob: float,
+                         env: Env) -> demo_lib.Demonstration:
+    """A scripted python-tool episode: compute with the tool (or guess), then answer."""
+    messages = env.reset(task)
+    turns = []
+    if rng.random() >= guess_prob:
+        code = f"print({task.metadata.get('expression', task.question)})"
+        action = ('<tool_call>{"name": "python", "arguments": {"code": '
+                  + json.dumps(code) + "}}</tool_call>")
+        observation, done, _, _ = env.step(action)
+        turns.append(demo_lib.DemoTurn(action, None if done else observation, True))
+        answer = observation.strip().splitlines()[-1] if observation.strip() else "0"
+    else:
+        answer = str(int(rng.integers(0, 10 ** 6)))
+    if not env.log.done:
+        action = f"<answer> {answer} </answer>"
+        env.step(action)
+        turns.append(demo_lib.DemoTurn(action, None, True))
+    return demo_lib.Demonstration(task, messages, turns, env.log, 0.0, "arith")
+
+
+def build_python_suite(config, data_dir: str) -> TaskSuite:
+    """Arithmetic with a sandboxed python tool (hermes-style tool calls)."""
+    counts = parse_counts(config.data.train_questions)
+    train_tasks, test_tasks = make_arith_splits(
+        sum(counts.values()), sum(parse_counts(config.data.test_questions).values()),
+        seed=config.data.world_seed)
+    env_kwargs = dict(max_turns=config.env.max_turns)
+
+    def make_env():
+        return PythonEnv(**env_kwargs)
+
+    reward_fn = make_reward_fn(_reward_config(config, "math_match"))
+    rng = np.random.default_rng(config.data.world_seed)
+    demos = []
+    for task in train_tasks[:config.sft.num_demos] if config.sft.steps else []:
+        demo = _arith_demonstration(task, rng, config.sft.guess_prob, make_env())
+        demo.reward = reward_fn(task, demo.log)[0]
+        demos.append(demo)
+    texts = [PYTHON_INSTRUCTION] + [t.question for t in train_tasks + test_tasks]
+    texts += [turn.action for d in demos for turn in d.turns]
+    texts += [turn.observation for d in demos for turn in d.turns if turn.observation]
+    success = float(np.mean([d.reward >= 1 for d in demos])) if demos else 0.0
+    baselines = {"demonstrator": {"success": success, "by_hops": {}}} if demos else {}
+    return TaskSuite(train_tasks, test_tasks, make_env, reward_fn, "math_match", "tool",
+                     demos, texts, baselines)
+
+
+SUITES = {"search": build_search_suite, "python": build_python_suite}
+
+
+def build_suite(config, data_dir: str) -> TaskSuite:
+    """The suite of `config.env.name`, with its data written under `data_dir`."""
+    if config.env.name not in SUITES:
+        raise ValueError(f"config.env.name={config.env.name!r}; known: {sorted(SUITES)}")
+    os.makedirs(data_dir, exist_ok=True)
+    return SUITES[config.env.name](config, data_dir)

@@ -1,0 +1,451 @@
+"""The trainer: SFT warm-start, then RL, with evaluation, checkpoints and metrics.
+
+    results = Trainer(config, workdir).run()
+
+Sections, in the order a run meets them:
+  1. setup      validate config, mesh, task suite, tokenizer + model, engine + pool
+  2. SFT        masked next-token loss on demonstrations (config.sft.steps > 0)
+  3. RL         sample tasks -> roll out groups -> prepare (log-probs, advantages)
+                -> jitted update -> sync weights to the engine -> log / eval / save
+  4. report     held-out success of the demonstrator, the SFT agent and the RL agent
+
+Resume: every stage checkpoints into the workdir (orbax: device state; json: sampler
+and step); rerunning with the same `--workdir` continues where the run stopped, with
+the same data order and random streams.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+from tqdm.auto import tqdm
+
+from agentjax import parallel
+from agentjax.data.curriculum import make_sampler
+from agentjax.models import Decoder, ModelConfig, ValueModel, load_hf, save_hf
+from agentjax.models.tokenizer import AGENT_TAGS, build_tokenizer, load_tokenizer
+from agentjax.rollout.agent_loop import EpisodeLimits
+from agentjax.rollout.engine import SamplingParams
+from agentjax.rollout.jax_engine import JaxEngine
+from agentjax.rollout.pool import RolloutPool
+from agentjax.rollout.trajectory import Trajectory, collate
+from agentjax.train import diagnostics, step as step_lib
+from agentjax.train.checkpoint import Checkpointer
+from agentjax.train.config import validate
+from agentjax.train.evaluate import evaluate, solved
+from agentjax.train.metrics import MetricsWriter
+from agentjax.train.prepare import build_prepare
+from agentjax.train.suites import build_suite
+
+HF_DIR = "hf"  # every stage exports its final policy here (init_from / SGLang / eval)
+
+
+def _copy(tree):
+    return jax.tree.map(jnp.copy, tree)
+
+
+def length_buckets(max_tokens: int, count: int = 4, multiple: int = 32) -> tuple[int, ...]:
+    """`count` collate lengths up to max_tokens, so jit sees at most `count` shapes."""
+    sizes = {max(multiple, -(-max_tokens * (i + 1) // count // multiple) * multiple)
+             for i in range(count)}
+    return tuple(sorted(min(s, max_tokens) for s in sizes))
+
+
+def temperature_at(config, step: int) -> float:
+    """Linear rollout-temperature schedule from rollout.temperature to final_temperature."""
+    fraction = step / max(config.total_steps - 1, 1)
+    r = config.rollout
+    return float(r.temperature + fraction * (r.final_temperature - r.temperature))
+
+
+class Trainer:
+    """One run of `config` in `workdir` (see the module docstring)."""
+
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+        self.config = validate(config)
+        self.workdir = os.path.abspath(workdir)
+        os.makedirs(self.workdir, exist_ok=True)
+        if config.multihost.enabled:
+            parallel.initialize_distributed({
+                "coordinator_address": config.multihost.coordinator,
+                "num_processes": config.multihost.num_processes,
+                "process_id": None if config.multihost.process_id < 0
+                else config.multihost.process_id})
+        self.is_main = jax.process_index() == 0
+        with open(os.path.join(self.workdir, "config.json"), "w") as f:
+            f.write(config.to_json_best_effort(indent=1))
+        self.mesh = parallel.make_mesh(dict(config.mesh))
+        self.rules = parallel.resolve_rules(None)
+        self.log(f"mesh {dict(self.mesh.shape)} on {jax.device_count()} "
+                 f"{jax.default_backend()} device(s)")
+        start = time.perf_counter()
+        self.suite = build_suite(config, os.path.join(self.workdir, "data"))
+        self.log(f"task suite {config.env.name!r}: {len(self.suite.train_tasks)} train / "
+                 f"{len(self.suite.test_tasks)} test tasks, {len(self.suite.demonstrations)} "
+                 f"demonstrations ({time.perf_counter() - start:.1f}s)")
+        self.tokenizer, model, self.model_config = self._load_model()
+        self.graphdef, params = nnx.split(model)
+        self.log(f"policy: {self.model_config.arch}, "
+                 f"{sum(x.size for x in jax.tree.leaves(params)) / 1e6:.2f}M params, "
+                 f"vocab {self.model_config.vocab_size}")
+        self.initial_params = params
+        # A fixed random subset, so every hop count is represented whatever the order.
+        order = np.random.default_rng(0).permutation(len(self.suite.test_tasks))
+        self.eval_tasks = [self.suite.test_tasks[i] for i in order[:config.eval.num_tasks]]
+        r = config.rollout
+        self.buckets = length_buckets(r.max_tokens)
+        self.batch_rows = r.prompts_per_step * r.group_size
+        # The engine keeps its own copy: update steps donate (free) the trainer's buffers.
+        self.engine = JaxEngine(self.graphdef, _copy(params), tokenizer=self.tokenizer,
+                                max_slots=r.engine_slots, max_len=r.max_tokens,
+                                decode_steps=r.decode_steps, seed=config.seed)
+        self.pool = RolloutPool(
+            self.engine, self.suite.make_env, self.tokenizer, sampling=self.sampling(0),
+            limits=EpisodeLimits(max_turns=config.env.max_turns,
+                                 max_context_tokens=r.max_tokens),
+            concurrency=r.concurrency, reward_fn=self.suite.reward_fn,
+            episode_timeout_s=r.episode_timeout_s)
+        self.batch_sharding = parallel.batch_sharding(self.mesh, self.rules)
+        self.row_sharding = parallel.batch_sharding(self.mesh, self.rules, ("batch",))
+
+    # ------------------------------------------------------------------ setup helpers
+
+    def log(self, message: str) -> None:
+        if self.is_main:
+            tqdm.write(f"[agentjax] {message}")
+
+    def _load_model(self):
+        """(tokenizer, model, ModelConfig) from init_from, model.path, or built tiny."""
+        config = self.config
+        overrides = dict(param_dtype=config.model.param_dtype, remat=config.model.remat)
+        if config.init_from:
+            path = os.path.join(config.init_from, HF_DIR)
+            if not os.path.exists(path):
+                path = config.init_from
+        elif config.model.path:
+            path = config.model.path
+        else:
+            path = os.path.join(self.workdir, "init_model")
+            if not os.path.exists(os.path.join(path, "config.json")):
+                self._build_tiny_model(path)
+        model, model_config = load_hf(path, dtype=jnp.dtype(config.model.dtype),
+                                      mesh=self.mesh, rules=self.rules, **overrides)
+        return load_tokenizer(path), model, model_config
+
+    def _build_tiny_model(self, path: str) -> None:
+        """A random-init decoder sized by config.model with a tokenizer trained on the
+        suite's texts, saved as an HF checkpoint (so every later stage loads HF)."""
+        config, m = self.config, self.config.model
+        tokenizer = build_tokenizer(self.suite.texts, vocab_size=config.tokenizer.vocab_size,
+                                    special_tokens=AGENT_TAGS)
+        head_dim = m.hidden_size // m.num_heads
+        model_config = ModelConfig(
+            arch=m.arch, vocab_size=len(tokenizer), hidden_size=m.hidden_size,
+            intermediate_size=m.intermediate_size, num_layers=m.num_layers,
+            num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=head_dim,
+            tie_embeddings=True, qkv_bias=m.arch == "qwen2", qk_norm=m.arch == "qwen3",
+            max_position_embeddings=max(config.rollout.max_tokens, 2048),
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id)
+        save_hf(Decoder(model_config, rngs=nnx.Rngs(config.seed)), model_config, path,
+                tokenizer=tokenizer)
+
+    def sampling(self, step: int) -> SamplingParams:
+        """Rollout sampling at `step` (temperature schedule; a seed per step, so the
+        episodes of a resumed run are those of an uninterrupted one)."""
+        r = self.config.rollout
+        return SamplingParams(
+            temperature=temperature_at(self.config, step), top_p=r.top_p, top_k=r.top_k,
+            max_new_tokens=r.max_new_tokens,
+            seed=int(np.random.SeedSequence([self.config.seed, step]).generate_state(1)[0]
+                     & 0x7FFFFFFF))
+
+    def _device_batch(self, batch: dict) -> dict:
+        return {k: jax.device_put(v, self.batch_sharding if v.ndim == 2 else self.row_sharding)
+                for k, v in batch.items()}
+
+    def _export(self, params, stage: str) -> None:
+        path = os.path.join(self.workdir, stage, HF_DIR) if stage else \
+            os.path.join(self.workdir, HF_DIR)
+        save_hf(nnx.merge(self.graphdef, params), self.model_config, path,
+                tokenizer=self.tokenizer)
+
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluate(self, params, prefix: str) -> dict[str, float]:
+        """Held-out greedy and sampled success of `params` (also pass@k, per hops)."""
+        self.engine.update_weights(params)
+        tasks = self.eval_tasks
+        sampling = dataclasses.replace(self.sampling(0),
+                                       temperature=self.config.rollout.temperature,
+                                       seed=self.config.seed + 10_000)
+        return evaluate(self.pool, tasks, success_key=self.suite.success_key,
+                        sampling=sampling, samples=self.config.eval.samples, prefix=prefix)
+
+    # ------------------------------------------------------------------ SFT
+
+    def _demonstration_trajectories(self) -> list[Trajectory]:
+        max_tokens = self.config.rollout.max_tokens
+        trajs = [Trajectory.from_demonstration(
+            self.tokenizer, d.messages, d.turns, observation_role=self.suite.observation_role,
+            reward=d.reward, task=d.task) for d in self.suite.demonstrations]
+        kept = [t for t in trajs if t.num_tokens <= max_tokens]
+        if len(kept) < len(trajs):
+            self.log(f"SFT: {len(trajs) - len(kept)} demonstrations longer than "
+                     f"rollout.max_tokens={max_tokens} left out")
+        if not kept:
+            raise ValueError("SFT: no demonstration fits rollout.max_tokens")
+        return kept
+
+    def run_sft(self, params):
+        """Trains `params` on the demonstrations for sft.steps; returns the new params."""
+        config, sft = self.config, self.config.sft
+        workdir = os.path.join(self.workdir, "sft")
+        trajs = self._demonstration_trajectories()
+        optimizer = step_lib.make_optimizer(sft.lr, total_steps=sft.steps,
+                                            warmup_steps=min(20, sft.steps // 10),
+                                            schedule="cosine", grad_clip=config.optim.grad_clip)
+        params = _copy(params)
+        state = step_lib.TrainState(step=jnp.int32(0), params=params,
+                                    opt_state=optimizer.init(params),
+                                    rng=jax.random.key(config.seed))
+        update = jax.jit(step_lib.build_update(
+            step_lib.sft_loss(self.graphdef, chunk_size=config.model.logprob_chunk), optimizer,
+            epochs=1, minibatches=1, micro_batches=self._micro_batches(sft.batch_size)),
+            donate_argnums=0)
+        checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
+                                    every=config.checkpoint.every, keep=config.checkpoint.keep,
+                                    async_save=config.checkpoint.async_save)
+        restored = checkpointer.restore(state)
+        start = 0
+        if restored is not None:
+            state, host = restored
+            start = host["step"]
+            self.log(f"SFT: resumed at step {start}")
+        writer = MetricsWriter(workdir, tensorboard=config.log.tensorboard, resume_step=start,
+                               enabled=self.is_main)
+        rng = np.random.default_rng([config.seed, 1])
+        # The data order depends only on (seed, step): a resumed run draws the same rows.
+        order = [rng.permutation(len(trajs)) for _ in range(
+            -(-sft.steps * sft.batch_size // len(trajs)))]
+        order = np.concatenate(order)
+        bar = tqdm(range(start, sft.steps), desc="sft", disable=not (self.is_main and
+                                                                     config.log.progress))
+        for step in bar:
+            rows = [trajs[i] for i in order[step * sft.batch_size:(step + 1) * sft.batch_size]]
+            batch = collate(rows, buckets=self.buckets, pad_id=self.tokenizer.pad_token_id)
+            batch = {k: batch[k] for k in ("inputs", "targets", "positions", "segment_ids")} | {
+                "loss_mask": batch["action_mask"]}
+            state, metrics = update(state, self._device_batch(batch))
+            if (step + 1) % config.log.every == 0 or step + 1 == sft.steps:
+                row = writer.write(step + 1, jax.device_get(metrics))
+                bar.set_postfix(nll=f"{row['nll']:.3f}")
+            checkpointer.save(step + 1, state, {"step": step + 1})
+        checkpointer.save(sft.steps, state, {"step": sft.steps}, force=True)
+        checkpointer.wait()
+        writer.close()
+        self._export(state.params, "sft")
+        return state.params
+
+    def _micro_batches(self, rows: int) -> int:
+        size = self.config.algo.microbatch_size
+        return rows // size if size else 1
+
+    # ------------------------------------------------------------------ RL
+
+    def _init_rl_state(self, params):
+        config, algo = self.config, self.config.algo
+        optimizer = step_lib.make_optimizer(
+            config.optim.lr, total_steps=config.total_steps,
+            warmup_steps=config.optim.warmup_steps, schedule=config.optim.schedule,
+            weight_decay=config.optim.weight_decay, b1=config.optim.b1, b2=config.optim.b2,
+            grad_clip=config.optim.grad_clip)
+        critic_graphdef = critic_optimizer = critic_params = critic_opt_state = None
+        params = _copy(params)
+        if algo.advantage == "gae":
+            critic = ValueModel(nnx.merge(self.graphdef, _copy(params)))
+            critic_graphdef, critic_params = nnx.split(critic)
+            critic_optimizer = optax.chain(optax.clip_by_global_norm(config.optim.grad_clip),
+                                           optax.adamw(algo.critic_lr))
+            critic_opt_state = critic_optimizer.init(critic_params)
+        state = step_lib.TrainState(step=jnp.int32(0), params=params,
+                                    opt_state=optimizer.init(params),
+                                    rng=jax.random.key(config.seed),
+                                    critic_params=critic_params,
+                                    critic_opt_state=critic_opt_state,
+                                    ref_params=_copy(params) if algo.kl_coef > 0 else None)
+        return state, optimizer, critic_graphdef, critic_optimizer
+
+    def _rollout(self, sampler, step: int):
+        """One step's groups; with dynamic sampling (DAPO) zero-variance groups are
+        dropped and more tasks are drawn until the batch is full (or the rounds end)."""
+        config, r = self.config, self.config.rollout
+        groups, tasks, rounds = [], [], 0
+        while len(groups) < r.prompts_per_step:
+            self.pool.sampling = self.sampling(step * 100 + rounds)
+            drawn = sampler.sample(r.prompts_per_step - len(groups) if rounds else
+                                   r.prompts_per_step)
+            collected = self.pool.collect_sync(drawn, r.group_size)
+            sampler.update(drawn, [np.mean([solved(t, self.suite.success_key) for t in g])
+                                   for g in collected])
+            for task, group in zip(drawn, collected):
+                varied = np.std([t.total_reward for t in group]) > 0
+                if varied or not config.algo.dynamic_sampling:
+                    groups.append(group)
+                    tasks.append(task)
+            rounds += 1
+            if not config.algo.dynamic_sampling or rounds > config.algo.max_resample_rounds:
+                break
+        return tasks, groups[:r.prompts_per_step], rounds
+
+    def run_rl(self, params, sft_results: dict[str, float]):
+        """RL from `params` for total_steps; returns (final params, last eval metrics)."""
+        config, algo = self.config, self.config.algo
+        state, optimizer, critic_graphdef, critic_optimizer = self._init_rl_state(params)
+        policy_loss = step_lib.rl_loss(self.graphdef, algo, chunk_size=config.model.logprob_chunk)
+        critic_loss = (step_lib.value_loss_fn(critic_graphdef, algo) if critic_graphdef
+                       else None)
+        update = jax.jit(step_lib.build_update(
+            policy_loss, optimizer, epochs=algo.ppo_epochs, minibatches=algo.minibatches,
+            micro_batches=self._micro_batches(self.batch_rows // algo.minibatches),
+            norm_constant=algo.agg_constant or None, critic_loss_fn=critic_loss,
+            critic_optimizer=critic_optimizer, critic_warmup_steps=algo.critic_warmup_steps),
+            donate_argnums=0)
+        prepare = jax.jit(build_prepare(
+            self.graphdef, algo, num_groups=config.rollout.prompts_per_step,
+            chunk_size=config.model.logprob_chunk,
+            mask_observations=config.env.mask_observations, critic_graphdef=critic_graphdef))
+        sampler = make_sampler(config.data.curriculum, self.suite.train_tasks,
+                               seed=config.seed)
+        checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),
+                                    every=config.checkpoint.every, keep=config.checkpoint.keep,
+                                    async_save=config.checkpoint.async_save)
+        restored = checkpointer.restore(state)
+        start, last_eval = 0, {}
+        if restored is not None:
+            state, host = restored
+            start, last_eval = host["step"], host.get("last_eval", {})
+            sampler.load_state_dict(host["sampler"])
+            self.log(f"RL: resumed at step {start}")
+        writer = MetricsWriter(self.workdir, tensorboard=config.log.tensorboard,
+                               resume_step=start, enabled=self.is_main)
+        self.engine.update_weights(state.params)
+        bar = tqdm(range(start, config.total_steps), desc=config.algo.name,
+                   disable=not (self.is_main and config.log.progress))
+        for step in bar:
+            t0 = time.perf_counter()
+            tasks, groups, rounds = self._rollout(sampler, step)
+            trajectories = []
+            for group_index, group in enumerate(groups):
+                for traj in group:
+                    traj.group_id = group_index
+                    trajectories.append(traj)
+            t1 = time.perf_counter()
+            batch = collate(trajectories, buckets=self.buckets,
+                            pad_id=self.tokenizer.pad_token_id, batch_size=self.batch_rows)
+            metrics = diagnostics.rollout_metrics(groups, batch)
+            batch["temperature"] = np.full((self.batch_rows,), temperature_at(config, step),
+                                           np.float32)
+            del batch["truncated"]
+            device_batch, prep_metrics = prepare(state.params, state.ref_params, state.critic_params,
+                                                 self._device_batch(batch))
+            state, update_metrics = update(state, device_batch)
+            self.engine.update_weights(state.params)
+            t2 = time.perf_counter()
+            metrics.update(jax.device_get(prep_metrics))
+            metrics.update(jax.device_get(update_metrics))
+            tokens = sum(t.num_action_tokens for t in trajectories)
+            metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
+                            "time/step_s": t2 - t0, "rollout/tokens_per_s": tokens / (t1 - t0),
+                            "rollout/rounds": rounds,
+                            "rollout/temperature": temperature_at(config, step),
+                            "success/train": np.mean([solved(t, self.suite.success_key)
+                                                      for t in trajectories])})
+            if config.eval.every and ((step + 1) % config.eval.every == 0
+                                      or step + 1 == config.total_steps):
+                last_eval = self.evaluate(state.params, "eval")
+                metrics.update(last_eval)
+            if (step + 1) % config.log.every == 0 or step + 1 == config.total_steps:
+                row = writer.write(step + 1, metrics)
+                bar.set_postfix(reward=f"{row['reward/mean']:.2f}",
+                                success=f"{row['success/train']:.2f}",
+                                ent=f"{row.get('entropy', 0):.2f}")
+                for warning in diagnostics.failure_warnings(
+                        row, max_response_tokens=config.rollout.max_tokens):
+                    self.log(f"step {step + 1}: warning: {warning}")
+            host = {"step": step + 1, "sampler": sampler.state_dict(), "last_eval": last_eval}
+            checkpointer.save(step + 1, state, host,
+                              force=step + 1 == config.total_steps)
+        checkpointer.wait()
+        writer.close()
+        self._export(state.params, "")
+        return state.params, last_eval
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> dict[str, Any]:
+        """SFT (if configured), RL (unless stage == "sft"), then the final report."""
+        config = self.config
+        params = self.initial_params
+        results: dict[str, Any] = {f"demonstrator/{k}": v["success"]
+                                   for k, v in self.suite.baselines.items()}
+        for name, baseline in self.suite.baselines.items():
+            results.update({f"demonstrator/{name}/hops={h}": v
+                            for h, v in baseline["by_hops"].items()})
+        if config.sft.steps and not config.init_from:
+            sft_file = os.path.join(self.workdir, "sft", "eval.json")
+            rl_started = os.path.exists(os.path.join(self.workdir, "checkpoints"))
+            if os.path.exists(sft_file) and rl_started:
+                sft_results = json.load(open(sft_file))
+                params = None  # restored from the RL checkpoint
+            else:
+                params = self.run_sft(params)
+                sft_results = self.evaluate(params, "sft")
+                if self.is_main:
+                    with open(sft_file, "w") as f:
+                        json.dump(sft_results, f, indent=1)
+            results.update(sft_results)
+        if config.stage == "rl":
+            if params is None:
+                params = self.initial_params  # shapes only; the checkpoint has the values
+            _, last_eval = self.run_rl(params, results)
+            results.update(last_eval)
+        if self.is_main:
+            with open(os.path.join(self.workdir, "final.json"), "w") as f:
+                json.dump(results, f, indent=1)
+            print(report_table(results))
+        self.close()
+        return results
+
+    def close(self):
+        self.pool.close()
+        self.engine.close()
+
+
+def report_table(results: dict[str, float]) -> str:
+    """Markdown table of held-out success: demonstrator, SFT agent, RL agent."""
+    rows = []
+    hops = sorted({k.rsplit("hops=", 1)[1] for k in results if "hops=" in k})
+
+    def cells(prefix):
+        return [f"{results[key]:.3f}" if key in results else "-"
+                for key in [prefix] + [f"{prefix}/hops={h}" for h in hops]]
+
+    rows.append(["demonstrator (scripted)", "-"] + cells("demonstrator/demonstrator"))
+    for name, prefix in (("SFT agent", "sft"), ("RL agent", "eval")):
+        greedy = results.get(f"{prefix}/success_greedy")
+        rows.append([name, "-" if greedy is None else f"{greedy:.3f}"]
+                    + cells(f"{prefix}/success_sampled"))
+    header = ["policy", "greedy", "sampled"] + [f"sampled, {h} hops" for h in hops]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
