@@ -154,7 +154,7 @@ def _gspo(logp, log_ratio, advantages, valid, *, clip_low, clip_high, dual_clip)
         "clipfrac": _masked_mean(clip_active, valid),
         "clipfrac_high": _masked_mean(clip_active & (advantages > 0), valid),
         "clipfrac_low": _masked_mean(clip_active & (advantages < 0), valid),
-        "seq_ratio_mean": _masked_mean(jnp.broadcast_to(ratio, valid.shape), valid),
+        "seq_ratio_mean": _masked_mean(ratio, valid),
     }
     return jnp.maximum(unclipped, clipped), metrics
 
@@ -419,6 +419,7 @@ def grpo_loss(
     Returns:
       (loss, metrics): the policy_loss metrics plus kl, kl_max, pg_loss and kl_loss.
     """
+    _common.check_choice("kl_kind", kl_kind, kl_lib.KL_KINDS)
     pg, metrics = policy_loss(
         logp, old_logp, advantages, mask,
         kind="ppo", clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,

@@ -258,7 +258,7 @@ def test_bad_arguments_name_the_argument():
         losses.value_loss(x, x, x, x, clip=0.0)
     with pytest.raises(ValueError, match="ref_logp"):
         losses.kl_penalty(x, jnp.zeros((3, 3)), x)
-    with pytest.raises(ValueError, match="kind"):
+    with pytest.raises(ValueError, match="kl_kind"):
         losses.grpo_loss(x, x, x, x, x, kl_kind="k5")
     with pytest.raises(ValueError, match="constant"):
         losses.loss_norm(x, constant=0)
