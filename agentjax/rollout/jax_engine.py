@@ -15,7 +15,9 @@ Design (static shapes, so XLA compiles a handful of programs once):
   real token's logits give the first sampled token.
 - Decode: one jitted program runs `decode_steps` single-token steps over all rows
   (`lax.scan`); rows stop on device at a stop id, their token budget or a full cache,
-  so the host syncs once per `decode_steps` tokens. Stop strings are checked on the
+  so the host syncs once per `decode_steps` tokens. It attends only to the first `span`
+  cache slots, span the smallest of `decode_spans` holding the longest active row, so
+  short contexts do not pay for max_len. Stop strings are checked on the
   host by decoding a window of each row's newest tokens; tokens sampled after a
   stop string are discarded and the row's cache length rolled back.
 - Continuous batching: a scheduler thread admits waiting requests into free rows
@@ -92,34 +94,42 @@ def _prefill(graphdef, params, cache, lengths, rows, tokens, segment_ids, keys, 
     return sub, new_tokens, logprobs
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "num_steps"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "num_steps", "span"),
+                   donate_argnames=("cache",))
 def _decode(graphdef, params, cache, lengths, last_tokens, active, keys, steps, budget,
-            stop_ids, temperature, top_k, top_p, *, num_steps):
+            stop_ids, temperature, top_k, top_p, *, num_steps, span):
     """`num_steps` single-token steps over every row. A row is fed while active; it stops
     after sampling a stop id, exhausting its budget or filling its cache row.
+
+    Only the first `span` cache slots are attended (the host picks a span that holds every
+    active row's length plus num_steps): attention cost follows the live context, not
+    max_len. The span is sliced out once per call and written back at the end.
 
     Returns (cache, tokens [R, num_steps], logprobs [R, num_steps], emitted [R, num_steps]
     bool — whether the row was active and sampled at that step)."""
     TRACE_COUNTS["decode"] += 1
     model = nnx.merge(graphdef, params)
-    cache = cache.replace(lengths=lengths)
+    max_len = cache.max_len
+    window = KVCache(k=cache.k[:, :, :span], v=cache.v[:, :, :span], lengths=lengths)
 
     def step(carry, _):
-        cache, tokens, active, steps, budget = carry
+        window, tokens, active, steps, budget = carry
         segment_ids = active.astype(jnp.int32)[:, None]
-        positions = cache_positions(cache.lengths, segment_ids)
-        hidden, cache = model(tokens[:, None], positions, segment_ids, cache)
+        positions = cache_positions(window.lengths, segment_ids)
+        hidden, window = model(tokens[:, None], positions, segment_ids, window)
         new, logprobs = sample(model.logits(hidden)[:, 0], keys, steps, temperature, top_k,
                                top_p)
         emitted = active
         budget = budget - emitted
         hit_stop = jnp.any(new[:, None] == stop_ids, axis=1)
-        active = active & ~hit_stop & (budget > 0) & (cache.lengths < cache.max_len)
+        active = active & ~hit_stop & (budget > 0) & (window.lengths < max_len)
         tokens = jnp.where(emitted, new, tokens)
-        return (cache, tokens, active, steps + emitted, budget), (new, logprobs, emitted)
+        return (window, tokens, active, steps + emitted, budget), (new, logprobs, emitted)
 
-    carry = (cache, last_tokens, active, steps, budget)
-    (cache, *_), (tokens, logprobs, emitted) = jax.lax.scan(step, carry, length=num_steps)
+    carry = (window, last_tokens, active, steps, budget)
+    (window, *_), (tokens, logprobs, emitted) = jax.lax.scan(step, carry, length=num_steps)
+    cache = KVCache(k=cache.k.at[:, :, :span].set(window.k),
+                    v=cache.v.at[:, :, :span].set(window.v), lengths=window.lengths)
     return cache, tokens.T, logprobs.T, emitted.T
 
 
@@ -197,6 +207,9 @@ class JaxEngine:
       prefill_rows: batch sizes of gathered-row prefill programs; more admitted rows
         than the largest run one prefill over every row.
       decode_steps: tokens per decode program call (host round trip).
+      decode_spans: attention spans of the decode programs: each call attends only to
+        the smallest span holding every active row (one compilation per span used).
+        Default: powers of two from 128 below max_len, plus max_len.
       batch_wait_s: when idle, how long to wait after a request for concurrent ones.
       eos_token_ids: ids that always end generation (default: the tokenizer's
         end-of-turn token, else the model config's eos ids).
@@ -216,6 +229,7 @@ class JaxEngine:
         prefill_chunks: Sequence[int] = (64, 256),
         prefill_rows: Sequence[int] = (1, 4),
         decode_steps: int = 8,
+        decode_spans: Sequence[int] | None = None,
         batch_wait_s: float = 0.002,
         eos_token_ids: Sequence[int] | None = None,
         max_stop_ids: int = 8,
@@ -238,6 +252,9 @@ class JaxEngine:
         self._chunks = tuple(sorted(set(int(c) for c in prefill_chunks)))
         self._row_buckets = tuple(sorted(set(int(p) for p in prefill_rows if 0 < p < self._rows)))
         self.decode_steps = decode_steps
+        if decode_spans is None:
+            decode_spans = [2 ** i for i in range(7, max(max_len.bit_length(), 7))]
+        self._spans = tuple(sorted({int(w) for w in decode_spans if 0 < w < max_len} | {max_len}))
         self.batch_wait_s = batch_wait_s
         self.max_stop_ids = max_stop_ids
         if eos_token_ids is None:
@@ -574,9 +591,12 @@ class JaxEngine:
             ids = sorted(seq.stop_ids)
             stop_ids[seq.slot, :len(ids)] = ids
         keys, steps, temperature, top_k, top_p = self._sampling_arrays(seqs, rows, self._rows)
+        needed = max(int(self._lengths[s.slot]) for s in seqs) + self.decode_steps
+        span = next((w for w in self._spans if w >= needed), self.max_len)
         self._cache, tokens, logprobs, emitted = _decode(
             self._graphdef, self._params, self._cache, self._lengths, last, active, keys,
-            steps, budget, stop_ids, temperature, top_k, top_p, num_steps=self.decode_steps)
+            steps, budget, stop_ids, temperature, top_k, top_p, num_steps=self.decode_steps,
+            span=span)
         tokens, logprobs, emitted = (np.asarray(a) for a in (tokens, logprobs, emitted))
         self.stats["decode_calls"] += 1
         self.stats["max_decode_batch"] = max(self.stats["max_decode_batch"], len(seqs))

@@ -1,0 +1,264 @@
+"""Rollout benchmarks (issue 4): every figure comes with its baseline measured in the same run.
+
+    python scripts/bench/rollout.py                  # all three
+    python scripts/bench/rollout.py --only generate  # generate | multiturn | pool
+
+A tiny Qwen2-shaped model (4 layers, d=256, vocab ~2k, random weights) is written as an
+HF checkpoint with `make_tiny_hf` and loaded both by agentjax and by transformers (torch),
+so both sides run the same weights.
+
+1. generate: JaxEngine vs HF transformers `generate` — batch 32, 128 new tokens, the same
+   sampling (temperature 1, no top-k/top-p), eos disabled on both so every row makes 128
+   tokens. Compile / warm-up time is printed separately from the steady-state run.
+2. multiturn: 16 concurrent sessions x 8 turns (32 new tokens + a 32-token observation per
+   turn). Wall time per turn with session KV reuse vs re-prefilling the whole context
+   every turn (session ids dropped).
+3. pool: RolloutPool, 64 episodes x 4 turns against a tool that sleeps 100 ms per call vs
+   the same run with zero tool latency (same seeds, so the same tokens), plus the same
+   latency with one episode at a time.
+Each experiment runs once to compile and warm up, then once measured.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import jax  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from agentjax.envs.base import EpisodeLog, StepResult, Task, TurnLog  # noqa: E402
+from agentjax.models.hf import load_hf, make_tiny_hf  # noqa: E402
+from agentjax.models.tokenizer import build_tokenizer  # noqa: E402
+from agentjax.rollout.agent_loop import EpisodeLimits  # noqa: E402
+from agentjax.rollout.engine import GenerateRequest, SamplingParams  # noqa: E402
+from agentjax.rollout.jax_engine import JaxEngine  # noqa: E402
+from agentjax.rollout.pool import RolloutPool  # noqa: E402
+
+MODEL = dict(hidden_size=256, intermediate_size=1024, num_layers=4, num_heads=4,
+             num_kv_heads=2, head_dim=64)
+
+
+def build_checkpoint(folder: Path):
+    """Tokenizer (byte-level BPE, ~2k vocab) + random Qwen2-shaped HF checkpoint."""
+    rng = np.random.default_rng(0)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    words = ["".join(rng.choice(letters, size=rng.integers(2, 9))) for _ in range(3000)]
+    corpus = [" ".join(rng.choice(words, size=20)) for _ in range(4000)]
+    tokenizer = build_tokenizer(corpus, vocab_size=2048)
+    make_tiny_hf(folder, arch="qwen2", tokenizer=tokenizer, **MODEL)
+    model, _ = load_hf(folder)
+    return tokenizer, model
+
+
+def table(headers, rows):
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
+    line = lambda cells: "| " + " | ".join(str(c).rjust(w) for c, w in zip(cells, widths)) + " |"
+    print(line(headers))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        print(line(row))
+
+
+# --------------------------------------------------------------------------- generate
+
+def bench_generate(folder: Path, tokenizer, model, batch=32, prompt_len=32, new_tokens=128):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(os.cpu_count())
+    rng = np.random.default_rng(1)
+    vocab = len(tokenizer)
+    prompts = rng.integers(10, vocab, size=(batch, prompt_len)).tolist()
+    sampling = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=new_tokens)
+
+    engine = JaxEngine.from_model(model, tokenizer=tokenizer, max_slots=batch,
+                                  max_len=prompt_len + new_tokens, prefill_chunks=(prompt_len,),
+                                  prefill_rows=(1,), decode_steps=16, eos_token_ids=())
+
+    def jax_run(seed):
+        requests = [GenerateRequest(p, dataclasses.replace(sampling, seed=seed + i))
+                    for i, p in enumerate(prompts)]
+        start = time.perf_counter()
+        out = engine.generate_sync(requests)
+        return time.perf_counter() - start, sum(len(c[0].output_ids) for c in out)
+
+    jax_warm, _ = jax_run(0)
+    jax_time, jax_tokens = jax_run(100)
+    # Same weights: greedy continuations of two prompts must agree with torch.
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    jax_greedy = [c[0].output_ids for c in engine.generate_sync(
+        [GenerateRequest(p, greedy) for p in prompts[:2]])]
+    engine.close()
+
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.tensor(prompts)
+    kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
+                  top_p=1.0, pad_token_id=tokenizer.pad_token_id)
+
+    def hf_run(tokens):
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = hf.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, **kwargs)
+        return time.perf_counter() - start, int((out.shape[1] - prompt_len) * batch)
+
+    hf_warm, _ = hf_run(4)
+    hf_time, hf_tokens = hf_run(new_tokens)
+    with torch.no_grad():
+        hf_greedy = hf.generate(ids[:2], attention_mask=torch.ones_like(ids[:2]), do_sample=False,
+                                max_new_tokens=8, min_new_tokens=8,
+                                pad_token_id=tokenizer.pad_token_id)[:, prompt_len:].tolist()
+    agree = sum(a == b for x, y in zip(jax_greedy, hf_greedy) for a, b in zip(x, y))
+
+    print(f"\n## Generation: batch {batch}, prompt {prompt_len}, {new_tokens} new tokens, "
+          "temperature 1.0 (sampled)")
+    print(f"greedy agreement with torch (same weights): {agree}/16 tokens")
+    table(["engine", "warm-up/compile s", "tokens", "s", "tokens/s", "vs HF"], [
+        ["HF transformers generate (torch)", f"{hf_warm:.2f}", hf_tokens, f"{hf_time:.2f}",
+         f"{hf_tokens / hf_time:.0f}", "1.00x"],
+        ["agentjax JaxEngine", f"{jax_warm:.2f}", jax_tokens, f"{jax_time:.2f}",
+         f"{jax_tokens / jax_time:.0f}", f"{(jax_tokens / jax_time) / (hf_tokens / hf_time):.2f}x"],
+    ])
+
+
+# --------------------------------------------------------------------------- multi-turn
+
+def bench_multiturn(tokenizer, model, sessions=16, turns=8, new_tokens=32, obs_tokens=32,
+                    prompt_len=64):
+    max_len = prompt_len + turns * (new_tokens + obs_tokens)
+    engine = JaxEngine.from_model(model, tokenizer=tokenizer, max_slots=sessions, max_len=max_len,
+                                  prefill_chunks=(64, 256), prefill_rows=(1, 4),
+                                  decode_steps=16, eos_token_ids=())
+    rng = np.random.default_rng(2)
+    vocab = len(tokenizer)
+    prompts = rng.integers(10, vocab, size=(sessions, prompt_len)).tolist()
+    observation = rng.integers(10, vocab, size=obs_tokens).tolist()
+
+    async def episode_turns(use_sessions: bool, tag: str):
+        contexts = [list(p) for p in prompts]
+        times, cached = [], []
+        for turn in range(turns):
+            requests = [GenerateRequest(
+                ctx, SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=i),
+                session_id=f"{tag}-{i}" if use_sessions else None)
+                for i, ctx in enumerate(contexts)]
+            start = time.perf_counter()
+            out = await engine.generate(requests)
+            times.append(time.perf_counter() - start)
+            cached.append(sum(c[0].meta["cached_tokens"] for c in out) / sessions)
+            for ctx, c in zip(contexts, out):
+                ctx.extend(c[0].output_ids + observation)
+        for i in range(sessions):
+            engine.end_session(f"{tag}-{i}")
+        return times, cached
+
+    for run in ("warm-up", "measured"):
+        reuse, cached = asyncio.run(episode_turns(True, f"reuse-{run}"))
+        scratch, _ = asyncio.run(episode_turns(False, f"scratch-{run}"))
+    engine.close()
+    print(f"\n## Multi-turn: {sessions} concurrent sessions, {new_tokens} new + {obs_tokens} "
+          f"observation tokens per turn, prompt {prompt_len}")
+    rows = []
+    for t in range(turns):
+        rows.append([t + 1, f"{cached[t]:.0f}", f"{reuse[t] * 1e3:.0f}",
+                     f"{reuse[t] / reuse[0]:.2f}x", f"{scratch[t] * 1e3:.0f}",
+                     f"{scratch[t] / scratch[0]:.2f}x", f"{scratch[t] / reuse[t]:.2f}x"])
+    table(["turn", "cached tokens/session", "session reuse ms", "vs turn 1",
+           "re-prefill ms", "vs turn 1", "re-prefill / reuse"], rows)
+
+
+# --------------------------------------------------------------------------- pool
+
+class LatencyEnv:
+    """Every step sleeps `latency_s` (the tool) and returns a fixed observation; the
+    episode ends after `turns` steps."""
+
+    stop = ()
+    observation_role = None
+
+    def __init__(self, latency_s: float, turns: int):
+        self.latency_s, self.turns = latency_s, turns
+        self.log = EpisodeLog(task=Task("none", ""))
+
+    def reset(self, task):
+        self.log = EpisodeLog(task=task)
+        return [{"role": "user", "content": task.question}]
+
+    def step(self, action_text):
+        time.sleep(self.latency_s)
+        done = len(self.log.turns) + 1 >= self.turns
+        self.log.turns.append(TurnLog(action_text, "tool_call", tool_name="tool"))
+        if done:
+            self.log.done, self.log.stop_reason = True, "answer"
+        return StepResult("<information> tool result number seven </information>", done, 0.0,
+                          {})
+
+
+def bench_pool(tokenizer, model, episodes=64, turns=4, new_tokens=48, latency=0.1, slots=32):
+    engine = JaxEngine.from_model(model, tokenizer=tokenizer, max_slots=slots, max_len=512,
+                                  prefill_chunks=(64,), prefill_rows=(1, 4, 8), decode_steps=16,
+                                  eos_token_ids=())
+    tasks = [Task(f"t{i}", f"question number {i} about the world") for i in range(episodes // 4)]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
+    limits = EpisodeLimits(max_turns=turns, max_context_tokens=512)
+
+    def run(latency_s, concurrency, task_list, group):
+        pool = RolloutPool(engine, lambda: LatencyEnv(latency_s, turns), tokenizer,
+                           sampling=sampling, limits=limits, concurrency=concurrency)
+        with pool:
+            start = time.perf_counter()
+            groups = pool.collect_sync(task_list, group)
+            elapsed = time.perf_counter() - start
+        trajs = [t for g in groups for t in g]
+        assert not any(t.metadata["failed"] for t in trajs)
+        tokens = sum(len(turn.action_ids) for t in trajs for turn in t.turns)
+        return elapsed, tokens, len(trajs)
+
+    run(0.0, episodes, tasks, 4)  # warm-up: compiles every program shape
+    zero = run(0.0, episodes, tasks, 4)
+    slow = run(latency, episodes, tasks, 4)
+    sequential = run(latency, 1, tasks[:2], 2)
+    engine.close()
+    print(f"\n## Pool: {episodes} episodes x {turns} turns, {new_tokens} tokens per turn, "
+          f"engine {slots} slots, concurrency {episodes}")
+    base = zero[1] / zero[0]
+    rows = []
+    for name, (elapsed, tokens, count) in [
+            ("zero tool latency", zero), (f"{latency * 1e3:.0f} ms tool latency", slow),
+            (f"{latency * 1e3:.0f} ms, one episode at a time", sequential)]:
+        rows.append([name, count, tokens, f"{elapsed:.2f}", f"{tokens / elapsed:.0f}",
+                     f"{tokens / elapsed / base:.2f}x"])
+    table(["run", "episodes", "tokens", "s", "tokens/s", "vs zero latency"], rows)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="generate,multiturn,pool")
+    args = parser.parse_args()
+    chosen = set(args.only.split(","))
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} CPUs")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "tiny-qwen2"
+        tokenizer, model = build_checkpoint(folder)
+        params = sum(x.size for x in jax.tree.leaves(nnx.state(model)))
+        print(f"model: Qwen2-shaped {MODEL}, vocab {model.config.vocab_size}, "
+              f"{params / 1e6:.1f}M params, float32")
+        if "generate" in chosen:
+            bench_generate(folder, tokenizer, model)
+        if "multiturn" in chosen:
+            bench_multiturn(tokenizer, model)
+        if "pool" in chosen:
+            bench_pool(tokenizer, model)
+
+
+if __name__ == "__main__":
+    main()
