@@ -15,9 +15,10 @@ Design (static shapes, so XLA compiles a handful of programs once):
   real token's logits give the first sampled token.
 - Decode: one jitted program runs `decode_steps` single-token steps over all rows
   (`lax.scan`); rows stop on device at a stop id, their token budget or a full cache,
-  so the host syncs once per `decode_steps` tokens. It attends only to the first `span`
-  cache slots, span the smallest of `decode_spans` holding the longest active row, so
-  short contexts do not pay for max_len. Stop strings are checked on the
+  so the host syncs once per `decode_steps` tokens.
+- Attention spans: prefill and decode attend only to the first `span` cache slots, span
+  the smallest of `attention_spans` holding the longest row involved, so short contexts
+  do not pay for max_len. Stop strings are checked on the
   host by decoding a window of each row's newest tokens; tokens sampled after a
   stop string are discarded and the row's cache length rolled back.
 - Continuous batching: a scheduler thread admits waiting requests into free rows
@@ -71,27 +72,58 @@ from agentjax.rollout.trajectory import end_of_turn_id
 # Traces of the jitted programs below, by program name (one trace = one compilation).
 TRACE_COUNTS: collections.Counter = collections.Counter()
 
+# Where rows and slots sit in the cache's k/v arrays (the model owns the layout).
+_BATCH_AXIS = KVCache.logical_axes().k.index("batch")
+_SEQ_AXIS = KVCache.logical_axes().k.index("cache_seq")
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "gather"), donate_argnames=("cache",))
+
+def _take_rows(cache: KVCache, rows: jax.Array, lengths: jax.Array) -> KVCache:
+    """The cache rows `rows` as a smaller cache with the given lengths."""
+    take = lambda x: jnp.take(x, rows, axis=_BATCH_AXIS)
+    return KVCache(k=take(cache.k), v=take(cache.v), lengths=lengths)
+
+
+def _put_rows(cache: KVCache, rows: jax.Array, sub: KVCache) -> KVCache:
+    """Writes the rows of `sub` back at `rows` (duplicate rows must hold equal values)."""
+    index = (slice(None),) * _BATCH_AXIS + (rows,)
+    return KVCache(k=cache.k.at[index].set(sub.k), v=cache.v.at[index].set(sub.v),
+                   lengths=cache.lengths.at[rows].set(sub.lengths))
+
+
+def _window(cache: KVCache, span: int, lengths: jax.Array) -> KVCache:
+    """The first `span` slots of every row."""
+    cut = lambda x: jax.lax.slice_in_dim(x, 0, span, axis=_SEQ_AXIS)
+    window = KVCache(k=cut(cache.k), v=cut(cache.v), lengths=lengths)
+    assert window.max_len == span, "cache layout changed: cache_seq axis not found"
+    return window
+
+
+def _put_window(cache: KVCache, window: KVCache) -> KVCache:
+    """Writes a `_window` back into the full cache."""
+    put = lambda x, w: jax.lax.dynamic_update_slice_in_dim(x, w, 0, axis=_SEQ_AXIS)
+    return KVCache(k=put(cache.k, window.k), v=put(cache.v, window.v), lengths=window.lengths)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "gather", "span"),
+                   donate_argnames=("cache",))
 def _prefill(graphdef, params, cache, lengths, rows, tokens, segment_ids, keys, steps,
-             temperature, top_k, top_p, *, gather):
-    """Appends a right-padded chunk to `rows` of the cache; samples after each row's last
-    real token. Returns (cache, tokens [P], logprobs [P])."""
+             temperature, top_k, top_p, *, gather, span):
+    """Appends a right-padded chunk to `rows` of the cache (all rows when not `gather`),
+    attending to the first `span` slots; samples after each row's last real token.
+    Returns (cache, tokens [P], logprobs [P])."""
     TRACE_COUNTS["prefill"] += 1
     model = nnx.merge(graphdef, params)
     cache = cache.replace(lengths=lengths)
-    sub = KVCache(k=cache.k[:, rows], v=cache.v[:, rows], lengths=lengths[rows]) if gather \
-        else cache
-    positions = cache_positions(sub.lengths, segment_ids)
-    hidden, sub = model(tokens, positions, segment_ids, sub)
+    full = _take_rows(cache, rows, lengths[rows]) if gather else cache
+    window = _window(full, span, full.lengths)
+    positions = cache_positions(window.lengths, segment_ids)
+    hidden, window = model(tokens, positions, segment_ids, window)
+    sub = _put_window(full, window)
     last = jnp.maximum(jnp.sum(segment_ids != 0, axis=1) - 1, 0)
     hidden_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)
     new_tokens, logprobs = sample(model.logits(hidden_last)[:, 0], keys, steps, temperature,
                                   top_k, top_p)
-    if gather:
-        sub = KVCache(k=cache.k.at[:, rows].set(sub.k), v=cache.v.at[:, rows].set(sub.v),
-                      lengths=cache.lengths.at[rows].set(sub.lengths))
-    return sub, new_tokens, logprobs
+    return (_put_rows(cache, rows, sub) if gather else sub), new_tokens, logprobs
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "num_steps", "span"),
@@ -110,7 +142,7 @@ def _decode(graphdef, params, cache, lengths, last_tokens, active, keys, steps, 
     TRACE_COUNTS["decode"] += 1
     model = nnx.merge(graphdef, params)
     max_len = cache.max_len
-    window = KVCache(k=cache.k[:, :, :span], v=cache.v[:, :, :span], lengths=lengths)
+    window = _window(cache, span, lengths)
 
     def step(carry, _):
         window, tokens, active, steps, budget = carry
@@ -128,9 +160,7 @@ def _decode(graphdef, params, cache, lengths, last_tokens, active, keys, steps, 
 
     carry = (window, last_tokens, active, steps, budget)
     (window, *_), (tokens, logprobs, emitted) = jax.lax.scan(step, carry, length=num_steps)
-    cache = KVCache(k=cache.k.at[:, :, :span].set(window.k),
-                    v=cache.v.at[:, :, :span].set(window.v), lengths=window.lengths)
-    return cache, tokens.T, logprobs.T, emitted.T
+    return _put_window(cache, window), tokens.T, logprobs.T, emitted.T
 
 
 class _StopStrings:
@@ -207,9 +237,9 @@ class JaxEngine:
       prefill_rows: batch sizes of gathered-row prefill programs; more admitted rows
         than the largest run one prefill over every row.
       decode_steps: tokens per decode program call (host round trip).
-      decode_spans: attention spans of the decode programs: each call attends only to
-        the smallest span holding every active row (one compilation per span used).
-        Default: powers of two from 128 below max_len, plus max_len.
+      attention_spans: attention spans of the prefill / decode programs: each call
+        attends only to the smallest span holding every row it touches (one compilation
+        per span used). Default: powers of two from 128 below max_len, plus max_len.
       batch_wait_s: when idle, how long to wait after a request for concurrent ones.
       eos_token_ids: ids that always end generation (default: the tokenizer's
         end-of-turn token, else the model config's eos ids).
@@ -229,7 +259,7 @@ class JaxEngine:
         prefill_chunks: Sequence[int] = (64, 256),
         prefill_rows: Sequence[int] = (1, 4),
         decode_steps: int = 8,
-        decode_spans: Sequence[int] | None = None,
+        attention_spans: Sequence[int] | None = None,
         batch_wait_s: float = 0.002,
         eos_token_ids: Sequence[int] | None = None,
         max_stop_ids: int = 8,
@@ -252,9 +282,9 @@ class JaxEngine:
         self._chunks = tuple(sorted(set(int(c) for c in prefill_chunks)))
         self._row_buckets = tuple(sorted(set(int(p) for p in prefill_rows if 0 < p < self._rows)))
         self.decode_steps = decode_steps
-        if decode_spans is None:
-            decode_spans = [2 ** i for i in range(7, max(max_len.bit_length(), 7))]
-        self._spans = tuple(sorted({int(w) for w in decode_spans if 0 < w < max_len} | {max_len}))
+        if attention_spans is None:
+            attention_spans = [2 ** i for i in range(7, max(max_len.bit_length(), 7))]
+        self._spans = tuple(sorted({int(w) for w in attention_spans if 0 < w < max_len} | {max_len}))
         self.batch_wait_s = batch_wait_s
         self.max_stop_ids = max_stop_ids
         if eos_token_ids is None:
@@ -564,7 +594,8 @@ class JaxEngine:
             chunks.append(len(chunk))
         self._cache, new_tokens, logprobs = _prefill(
             self._graphdef, self._params, self._cache, self._lengths, cache_rows, tokens,
-            segments, *self._sampling_arrays(seqs, rows, size), gather=gather)
+            segments, *self._sampling_arrays(seqs, rows, size), gather=gather,
+            span=self._span(max(int(self._lengths[s.slot]) for s in seqs) + width))
         new_tokens, logprobs = np.asarray(new_tokens), np.asarray(logprobs)
         self.stats["prefill_calls"] += 1
         self.stats["max_prefill_batch"] = max(self.stats["max_prefill_batch"], len(seqs))
@@ -574,6 +605,10 @@ class JaxEngine:
             seq.prefilled += count
             if seq.decoding:
                 self._append(seq, int(new_tokens[row]), float(logprobs[row]))
+
+    def _span(self, needed: int) -> int:
+        """The smallest attention span holding `needed` slots."""
+        return next((w for w in self._spans if w >= needed), self.max_len)
 
     def _decode_round(self) -> None:
         seqs = [s for s in self._slots if isinstance(s, _Sequence) and s.decoding]
@@ -591,8 +626,7 @@ class JaxEngine:
             ids = sorted(seq.stop_ids)
             stop_ids[seq.slot, :len(ids)] = ids
         keys, steps, temperature, top_k, top_p = self._sampling_arrays(seqs, rows, self._rows)
-        needed = max(int(self._lengths[s.slot]) for s in seqs) + self.decode_steps
-        span = next((w for w in self._spans if w >= needed), self.max_len)
+        span = self._span(max(int(self._lengths[s.slot]) for s in seqs) + self.decode_steps)
         self._cache, tokens, logprobs, emitted = _decode(
             self._graphdef, self._params, self._cache, self._lengths, last, active, keys,
             steps, budget, stop_ids, temperature, top_k, top_p, num_steps=self.decode_steps,

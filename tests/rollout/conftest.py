@@ -11,10 +11,10 @@ from agentjax.rollout.jax_engine import JaxEngine
 from tests.rollout.fakes import CORPUS
 
 # Shapes of the shared engine; tests that need the model's context length use these.
-# decode_spans=(32,) gives two decode programs (spans 32 and 96), so rows crossing from
+# attention_spans=(32,) gives two attention spans (32 and 96), so rows crossing from
 # one span to the other are checked against full forwards too.
 ENGINE_KWARGS = dict(max_slots=4, max_len=96, prefill_chunks=(32,), prefill_rows=(1,),
-                     decode_steps=4, decode_spans=(32,), batch_wait_s=0.01)
+                     decode_steps=4, attention_spans=(32,), batch_wait_s=0.01)
 
 
 @pytest.fixture(scope="session")
