@@ -152,7 +152,7 @@ def test_create_sharded_and_cache_shardings(eight_devices):
 
     cache = init_cache(CFG, batch=4, max_len=16)
     shardings = parallel.tree_shardings(KVCache.logical_axes(), cache, mesh)
-    assert shardings.k.spec == P(None, ("data", "fsdp"), None, "tensor", None)
+    assert shardings.k.spec == P(None, ("data", "fsdp"), "tensor", None, None)
     assert shardings.lengths.spec == P(("data", "fsdp"))
     placed = jax.device_put(cache, shardings)
-    assert placed.k.addressable_shards[0].data.shape == (2, 2, 16, 1, 8)
+    assert placed.k.addressable_shards[0].data.shape == (2, 2, 1, 16, 8)

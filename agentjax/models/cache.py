@@ -34,8 +34,8 @@ class KVCache:
     """Keys and values of every layer plus the valid length of each row.
 
     Attributes:
-      k: [num_layers, batch, max_len, num_kv_heads, head_dim] keys (RoPE applied).
-      v: [num_layers, batch, max_len, num_kv_heads, head_dim] values.
+      k: [num_layers, batch, num_kv_heads, max_len, head_dim] keys (RoPE applied).
+      v: [num_layers, batch, num_kv_heads, max_len, head_dim] values.
       lengths: [batch] int32, slots filled per row = where the next token is written.
     """
 
@@ -46,12 +46,12 @@ class KVCache:
     @property
     def max_len(self) -> int:
         """Slots per row."""
-        return self.k.shape[2]
+        return self.k.shape[3]
 
     @staticmethod
     def logical_axes() -> "KVCache":
         """Logical axis names of each field (for `parallel.tree_shardings`)."""
-        kv = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
+        kv = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
         return KVCache(k=kv, v=kv, lengths=("batch",))
 
     def reset(self, rows: jax.Array) -> "KVCache":
@@ -71,7 +71,8 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> KVC
     """
     if batch <= 0 or max_len <= 0:
         raise ValueError(f"batch and max_len must be positive, got {batch}, {max_len}")
-    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    # Slots next to head_dim: a decode step reads [B, K, S, hd] with no transpose.
+    shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
     dtype = config.dtype if dtype is None else dtype
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                    lengths=jnp.zeros((batch,), jnp.int32))

@@ -149,7 +149,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
 
     Args:
       q: [B, T, H, hd] queries.
-      k, v: [B, S, K, hd] keys / values, H a multiple of K (query head h reads kv head
+      k, v: [B, K, S, hd] keys / values (the cache layout, so a decode step reads the
+        cache without transposing it), H a multiple of K (query head h reads kv head
         h // (H // K), as HF's repeat_kv).
       mask: [B, T, S] bool, True where query t may attend key s.
 
@@ -157,13 +158,13 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
       [B, T, H, hd] in q's dtype; scores and softmax are float32.
     """
     b, t, h, hd = q.shape
-    kv_heads = k.shape[2]
+    kv_heads = k.shape[1]
     q = q.reshape(b, t, kv_heads, h // kv_heads, hd) * jnp.asarray(hd ** -0.5, q.dtype)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k,
+    scores = jnp.einsum("btkgd,bksd->bkgts", q, k,
                         preferred_element_type=_accumulation_dtype(q.dtype))
     scores = jnp.where(mask[:, None, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
     return out.reshape(b, t, h, hd)
 
 
@@ -276,7 +277,9 @@ class Decoder(nnx.Module):
             p = {name: w.astype(cfg.dtype) for name, w in p.items()}
             q, k, v = _qkv(cfg, p, rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), cos, sin)
             q = constrain(q, ("batch", "seq", "heads", "head_dim"), shard)
-            if kv is not None:
+            if kv is None:
+                k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+            else:
                 kv, k, v = _write_and_read_cache(kv, index, k, v, scatter_slots)
             out = attention(q, k, v, mask)
             attn = jnp.einsum("bthk,hkd->btd", out, p["o_proj"])
@@ -321,13 +324,14 @@ def _mlp(p: dict[str, jax.Array], h: jax.Array, shard: LogicalSharding | None) -
 
 def _write_and_read_cache(kv: tuple[jax.Array, jax.Array], index: jax.Array, k: jax.Array,
                           v: jax.Array, slots: jax.Array):
-    """Scatters this layer's new k/v [B,T,K,hd] into the stacked cache at `slots` [B,T]
-    (out-of-range slots are dropped) and returns the cache plus this layer's full
-    keys / values [B, S, K, hd] in the compute dtype."""
+    """Scatters this layer's new k/v [B,T,K,hd] into the stacked [L,B,K,S,hd] cache at
+    `slots` [B,T] (out-of-range slots are dropped) and returns the cache plus this
+    layer's full keys / values [B, K, S, hd] in the compute dtype."""
     cache_k, cache_v = kv
     rows = jnp.arange(k.shape[0])[:, None]
-    cache_k = cache_k.at[index, rows, slots].set(k.astype(cache_k.dtype), mode="drop")
-    cache_v = cache_v.at[index, rows, slots].set(v.astype(cache_v.dtype), mode="drop")
+    # Indices split by a slice: the update is indexed [B, T, K, hd], k's own layout.
+    cache_k = cache_k.at[index, rows, :, slots].set(k.astype(cache_k.dtype), mode="drop")
+    cache_v = cache_v.at[index, rows, :, slots].set(v.astype(cache_v.dtype), mode="drop")
     layer_k = jax.lax.dynamic_index_in_dim(cache_k, index, keepdims=False).astype(k.dtype)
     layer_v = jax.lax.dynamic_index_in_dim(cache_v, index, keepdims=False).astype(v.dtype)
     return (cache_k, cache_v), layer_k, layer_v

@@ -87,10 +87,10 @@ def test_left_and_right_padded_prefill_write_the_same_cache(split):
     left, right = caches
     for b, row in enumerate(prompts):
         n = len(row)
-        np.testing.assert_allclose(left.k[:, b, :n], right.k[:, b, :n], rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(left.v[:, b, :n], right.v[:, b, :n], rtol=1e-6, atol=1e-6)
-        np.testing.assert_array_equal(left.k[:, b, n:], 0.0)
-        np.testing.assert_array_equal(right.v[:, b, n:], 0.0)
+        np.testing.assert_allclose(left.k[:, b, :, :n], right.k[:, b, :, :n], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(left.v[:, b, :, :n], right.v[:, b, :, :n], rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(left.k[:, b, :, n:], 0.0)
+        np.testing.assert_array_equal(right.v[:, b, :, n:], 0.0)
 
 
 def test_cache_overflow_and_reset(split):
@@ -111,7 +111,7 @@ def test_cache_overflow_and_reset(split):
 
 def test_init_cache_shapes_and_axes():
     cache = init_cache(TINY, batch=2, max_len=8)
-    chex.assert_shape([cache.k, cache.v], (TINY.num_layers, 2, 8, TINY.num_kv_heads, TINY.head_dim))
+    chex.assert_shape([cache.k, cache.v], (TINY.num_layers, 2, TINY.num_kv_heads, 8, TINY.head_dim))
     chex.assert_type(cache.lengths, jnp.int32)
     assert cache.max_len == 8
     axes = KVCache.logical_axes()

@@ -88,7 +88,7 @@ def test_packed_row_equals_separate_rows(split):
 
 def test_tied_lm_head_is_transposed_embedding():
     cfg = dataclasses.replace(TINY, tie_embeddings=True)
-    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    model = random_model(lambda: Decoder(cfg, rngs=nnx.Rngs(0)), seed=0)
     assert not hasattr(model, "lm_head")
     np.testing.assert_array_equal(model.lm_head_weight(), model.embed[...].T)
     chex.assert_shape(model.lm_head_weight(), (cfg.hidden_size, cfg.vocab_size))
