@@ -4,6 +4,7 @@ Two workers (`multihost_worker.py`, 2 fake CPU devices each) form a 4-device glo
 with the data axis across processes, each feeding only its own rows; their gathered
 params and metrics must equal the unsharded single-process update.
 """
+import contextlib
 import os
 import socket
 import subprocess
@@ -26,53 +27,55 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(tmp_path: Path, port: int) -> list[tuple[subprocess.Popen, Path]]:
+@contextlib.contextmanager
+def _workers(tmp_path: Path, port: int):
+    """Starts the workers; whatever happens in the block, none outlives it."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     procs = []
-    for pid in range(NUM_PROCESSES):
-        log = open(tmp_path / f"worker{pid}.log", "w")
-        cmd = [sys.executable, "-m", "tests.train.multihost_worker", "--process-id", str(pid),
-               "--num-processes", str(NUM_PROCESSES), "--port", str(port),
-               "--out", str(tmp_path / f"worker{pid}.npz")]
-        procs.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log,
-                                       stderr=subprocess.STDOUT), tmp_path / f"worker{pid}.log"))
-        log.close()
-    return procs
-
-
-def _wait(procs, deadline: float) -> None:
-    """Waits for every worker; one failing or the deadline passing kills the others."""
-    def logs():
-        return "\n".join(f"--- {path.name} ---\n{path.read_text()[-3000:]}" for _, path in procs)
-
     try:
-        while any(p.poll() is None for p, _ in procs):
-            failed = [p.returncode for p, _ in procs if p.poll() not in (None, 0)]
-            assert not failed, f"a worker failed (exit {failed}):\n{logs()}"
-            assert time.monotonic() < deadline, f"workers hung past {TIMEOUT_S}s:\n{logs()}"
-            time.sleep(0.1)
-        codes = [p.returncode for p, _ in procs]
-        assert codes == [0] * len(procs), f"worker exit codes {codes}:\n{logs()}"
+        for pid in range(NUM_PROCESSES):
+            with open(tmp_path / f"worker{pid}.log", "w") as log:
+                cmd = [sys.executable, "-m", "tests.train.multihost_worker",
+                       "--process-id", str(pid), "--num-processes", str(NUM_PROCESSES),
+                       "--port", str(port), "--out", str(tmp_path / f"worker{pid}.npz")]
+                procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log,
+                                              stderr=subprocess.STDOUT))
+        yield procs
     finally:
-        for p, _ in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _wait(procs, tmp_path: Path, deadline: float) -> None:
+    """Waits for every worker to exit 0; fails at the first error or at the deadline."""
+    def logs():
+        return "\n".join(f"--- worker {pid} ---\n"
+                         f"{(tmp_path / f'worker{pid}.log').read_text()[-3000:]}"
+                         for pid in range(len(procs)))
+
+    while any(p.poll() is None for p in procs):
+        failed = [p.returncode for p in procs if p.poll() not in (None, 0)]
+        assert not failed, f"a worker failed (exit {failed}):\n{logs()}"
+        assert time.monotonic() < deadline, f"workers hung past {TIMEOUT_S}s:\n{logs()}"
+        time.sleep(0.1)
+    codes = [p.returncode for p in procs]
+    assert codes == [0] * len(procs), f"worker exit codes {codes}:\n{logs()}"
 
 
 def test_two_processes_match_single_process(tmp_path):
     deadline = time.monotonic() + TIMEOUT_S
-    procs = _launch(tmp_path, _free_port())
+    with _workers(tmp_path, _free_port()) as procs:
+        # The single-process reference runs while the workers start and compile.
+        graphdef, params, batch = worker.problem()
+        state, metrics = worker.make_update(graphdef)(worker.initial_state(params), batch)
+        expected = worker.flatten(state.params)
+        moved = max(np.abs(expected[k] - v).max() for k, v in worker.flatten(params).items())
+        assert moved > 1e-3  # the update changed the params measurably
+        _wait(procs, tmp_path, deadline)
 
-    # The single-process reference runs while the workers start and compile.
-    graphdef, params, batch = worker.problem()
-    state, metrics = worker.make_update(graphdef)(worker.initial_state(params), batch)
-    expected = worker.flatten(state.params)
-    moved = max(np.abs(expected[k] - v).max() for k, v in worker.flatten(params).items())
-    assert moved > 1e-3  # the update changed the params measurably
-
-    _wait(procs, deadline)
     for pid in range(NUM_PROCESSES):
         got = dict(np.load(tmp_path / f"worker{pid}.npz"))
         assert set(got) == set(expected) | {f"metric:{k}" for k in metrics}
