@@ -101,16 +101,13 @@ def set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
     Raises:
       ValueError: the key does not exist, or the value's type does not fit the field.
     """
-    *parents, leaf = key.split(".")
-    node = config
-    for name in parents:
+    parent, node = None, config
+    for name in key.split("."):
         if not isinstance(node, ml_collections.ConfigDict) or name not in node:
             raise ValueError(f"unknown config key {key!r}")
-        node = node[name]
-    if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
-        raise ValueError(f"unknown config key {key!r}")
+        parent, node = node, node[name]
     try:
-        node[leaf] = value
+        parent[name] = value
     except TypeError as e:  # ConfigDict's type safety: e.g. a str for a float field
         raise ValueError(f"config key {key!r}: {e}") from None
 
@@ -184,6 +181,7 @@ def load_arms(config_arg: str, sweep_name: str) -> tuple[list[dict], ml_collecti
         raise ValueError(f"{where}: {e}") from None
     arms = validate_arms(arms, where)
     config = config_of(module, variant)
+    check_overrides(config, {key: 0 for key in SEED_KEYS}, f"{path} (the seed axis)")
     for arm in arms:
         check_overrides(config, arm["overrides"], f"{where} arm {arm['name']!r}")
     return arms, config

@@ -162,6 +162,10 @@ def test_bad_arguments_name_the_problem(files):
     with pytest.raises(ValueError, match="no such file"):
         sweep.load_arms(str(files / "missing.py"), "kl")
     (files / "no_sweep.py").write_text("def get_config(arg=None):\n    return None\n")
+    no_world_seed = CONFIG.replace('"world_seed": 0, ', "")
+    (files / "no_world_seed.py").write_text(no_world_seed)
+    with pytest.raises(ValueError, match="seed axis.*'data.world_seed'"):
+        sweep.load_arms(str(files / "no_world_seed.py"), "kl")
     with pytest.raises(ValueError, match="no sweep"):
         sweep.load_arms(str(files / "no_sweep.py"), "kl")
     for bad in ("0,x", "1,1", ""):
