@@ -122,6 +122,7 @@ def test_expand_arms_times_seeds(files):
                     "--config.data.world_seed=7", "--config.total_steps=5"]
 
 
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # ml_collections
 def test_override_flags_parse_back_through_absl_config_flags(files):
     overrides = {"algo.kl_coef": 1e-05, "rollout.group_size": 16, "rollout.mask": False,
                  "algo.kl_kind": "k1 'quoted' text", "data.train_hops": (1, 2, 3),
