@@ -60,6 +60,9 @@ Rules = tuple[tuple[str, tuple[str, ...]], ...]
 def initialize_distributed(spec: bool | Mapping[str, Any]) -> None:
     """Starts JAX's multi-host runtime once (no-op when already started or `spec` falsy).
 
+    Must run before anything touches JAX devices. Cross-process collectives of the CPU
+    backend use gloo (the setting does not affect GPU/TPU backends).
+
     Args:
       spec: True for auto-detection (TPU pods, SLURM, ...), or the keyword arguments of
         `jax.distributed.initialize` (coordinator_address, num_processes, process_id,
@@ -68,6 +71,7 @@ def initialize_distributed(spec: bool | Mapping[str, Any]) -> None:
     if not spec or jax.distributed.is_initialized():
         return
     kwargs = dict(spec) if isinstance(spec, Mapping) else {}
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(**kwargs)
 
 

@@ -1,4 +1,9 @@
 """Meshes, logical-axis rules and sharded execution on 8 fake CPU devices."""
+import os
+import socket
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +15,7 @@ from agentjax import parallel
 from agentjax.models.cache import KVCache, init_cache
 from agentjax.models.config import ModelConfig
 from agentjax.models.decoder import Decoder, positions_from_segments
-from agentjax.models.hf import load_hf, make_tiny_hf
+from agentjax.models.hf import load_hf, make_tiny_hf, save_hf
 from tests.models.reference_decoder import random_model
 
 # Every sharded dimension divides 2 and 4: heads 8, kv heads 4, vocab 128, mlp 128, D 64.
@@ -101,11 +106,15 @@ def reference():
     return nnx.state(model), loss, hidden, grads
 
 
-@pytest.mark.parametrize("mesh_config", [{"data": 1, "fsdp": 2, "tensor": 4},
-                                         {"data": 4, "fsdp": 2, "tensor": 1}])
-def test_sharded_forward_and_grads_equal_single_device(eight_devices, reference, mesh_config):
+@pytest.mark.parametrize("mesh_config, n_devices", [
+    ({"data": 1, "fsdp": 2, "tensor": 4}, 8),
+    ({"data": 4, "fsdp": 2, "tensor": 1}, 8),
+    ({}, 1),   # a one-device mesh runs the same sharded code path
+])
+def test_sharded_forward_and_grads_equal_single_device(eight_devices, reference, mesh_config,
+                                                       n_devices):
     state, loss_ref, hidden_ref, grads_ref = reference
-    mesh = parallel.make_mesh(mesh_config)
+    mesh = parallel.make_mesh(mesh_config, devices=eight_devices[:n_devices])
     model = nnx.eval_shape(lambda: Decoder(CFG, rngs=nnx.Rngs(0)))
     nnx.update(model, state)
     parallel.shard_model(model, mesh)
@@ -131,7 +140,7 @@ def test_sharded_forward_and_grads_equal_single_device(eight_devices, reference,
 
 
 def test_load_hf_places_shards_directly(eight_devices, tmp_path):
-    make_tiny_hf(tmp_path, arch="llama", vocab_size=CFG.vocab_size, hidden_size=64,
+    cfg = make_tiny_hf(tmp_path, arch="llama", vocab_size=CFG.vocab_size, hidden_size=64,
                  intermediate_size=128, num_heads=8, num_kv_heads=4, head_dim=8, num_layers=1)
     mesh = parallel.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     sharded, _ = load_hf(tmp_path, mesh=mesh)
@@ -141,6 +150,11 @@ def test_load_hf_places_shards_directly(eight_devices, tmp_path):
     assert gate.addressable_shards[0].data.shape == (1, 32, 64)
     assert sharded.activation_sharding is not None
     for a, b in zip(jax.tree.leaves(nnx.state(sharded)), jax.tree.leaves(nnx.state(plain))):
+        np.testing.assert_array_equal(a, b)
+    # Saving gathers the shards: reloading gives the same parameters.
+    save_hf(sharded, cfg, tmp_path / "export")
+    again, _ = load_hf(tmp_path / "export")
+    for a, b in zip(jax.tree.leaves(nnx.state(again)), jax.tree.leaves(nnx.state(plain))):
         np.testing.assert_array_equal(a, b)
 
 
@@ -156,3 +170,37 @@ def test_create_sharded_and_cache_shardings(eight_devices):
     assert shardings.lengths.spec == P(("data", "fsdp"))
     placed = jax.device_put(cache, shardings)
     assert placed.k.addressable_shards[0].data.shape == (2, 2, 1, 16, 8)
+
+
+_WORKER = """
+import sys
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+from agentjax import parallel
+process_id, port = int(sys.argv[1]), sys.argv[2]
+mesh = parallel.make_mesh({"data": -1, "distributed": {
+    "coordinator_address": f"127.0.0.1:{port}", "num_processes": 2, "process_id": process_id}})
+sharding = parallel.batch_sharding(mesh, logical_axes=("batch", None))
+rows = jax.make_array_from_callback((2, 3), sharding,
+                                    lambda index: np.full((1, 3), index[0].start + 1.0))
+total = jax.jit(lambda x: x.sum(), out_shardings=NamedSharding(mesh, PartitionSpec()))(rows)
+print(dict(mesh.shape)["data"], jax.process_count(), float(total))
+"""
+
+
+def test_two_process_mesh_over_distributed_runtime():
+    """make_mesh({"distributed": ...}) joins two processes into one data axis."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
+               JAX_PLATFORMS="cpu")
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(i), port], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-2000:]
+        # 2 devices in the data axis, 2 processes, rows 1+1+1 and 2+2+2 summed globally.
+        assert out.split()[-3:] == ["2", "2", "9.0"], out

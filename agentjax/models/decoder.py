@@ -337,17 +337,24 @@ def _write_and_read_cache(kv: tuple[jax.Array, jax.Array], index: jax.Array, k: 
     return (cache_k, cache_v), layer_k, layer_v
 
 
+def _is_concrete_local(x) -> bool:
+    """True for values readable on this host without tracing or cross-host gathers."""
+    if isinstance(x, jax.core.Tracer):
+        return False
+    return not isinstance(x, jax.Array) or x.is_fully_addressable
+
+
 def _check_concrete_inputs(tokens: jax.Array, vocab_size: int, segment_ids: jax.Array,
                            cache: KVCache | None) -> None:
     """Value checks for eager calls (under jit the values are unknown and this is a
     no-op): token ids in range and no cache overflow."""
-    if isinstance(tokens, jax.core.Tracer) or isinstance(segment_ids, jax.core.Tracer):
+    if not all(_is_concrete_local(x) for x in (tokens, segment_ids)):
         return
     tokens_np = np.asarray(tokens)
     if tokens_np.size and (tokens_np.min() < 0 or tokens_np.max() >= vocab_size):
         raise ValueError(f"tokens must be in [0, {vocab_size}), got range "
                          f"[{tokens_np.min()}, {tokens_np.max()}]")
-    if cache is None or isinstance(cache.lengths, jax.core.Tracer):
+    if cache is None or not _is_concrete_local(cache.lengths):
         return
     needed = np.asarray(cache.lengths) + (np.asarray(segment_ids) != 0).sum(axis=1)
     if needed.max(initial=0) > cache.max_len:

@@ -331,6 +331,9 @@ def save_hf(model: Decoder, config: ModelConfig, path: str | os.PathLike, *,
             tensors = pending.pop(k)
             if is_writer:
                 save_file(tensors, str(path / files[k]), metadata={"format": "pt"})
+                # safetensors creates 0600 files; inference servers often run as
+                # another user on the shared checkpoint folder.
+                os.chmod(path / files[k], 0o644)
     if not is_writer:
         return
     if len(shards) > 1:
