@@ -283,14 +283,14 @@ class Decoder(nnx.Module):
                 kv, k, v = _write_and_read_cache(kv, index, k, v, scatter_slots)
             out = attention(q, k, v, mask)
             attn = jnp.einsum("bthk,hkd->btd", out, p["o_proj"])
-            if "o_bias" in p:
+            if cfg.o_bias:
                 attn = attn + p["o_bias"]
             x = constrain(x + attn, ("batch", "seq", "act_embed"), shard)
             x = x + _mlp(p, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps), shard)
             return (constrain(x, ("batch", "seq", "act_embed"), shard), kv), None
 
         policy = remat_policy(cfg.remat)
-        if cfg.remat != "none":
+        if policy is not None:
             layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
         layer_index = jnp.arange(cfg.num_layers, dtype=jnp.int32)
         (x, kv_carry), _ = jax.lax.scan(layer, (x, kv_carry), (params, layer_index))
