@@ -28,9 +28,17 @@ def default_workdir(config_arg: str) -> str:
     return os.path.join("runs", f"{name}-{variant}" if variant else name)
 
 
+def enable_compilation_cache() -> None:
+    """Reuses compiled XLA programs across runs (resumes, sweeps, evaluations)."""
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                          os.path.join(os.path.expanduser("~"), ".cache", "agentjax", "xla"))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
+    enable_compilation_cache()
     from agentjax.train.trainer import Trainer
 
     workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)

@@ -2,15 +2,22 @@
 
 Eight fake CPU devices are requested before JAX is imported anywhere so that sharding
 tests can build `data/fsdp/tensor` meshes on a laptop; unsharded tests simply run on the
-first device. Set AGENTJAX_TEST_DEVICES to change the count.
+first device. Set AGENTJAX_TEST_DEVICES to change the count. A persistent XLA
+compilation cache is shared by all tests and the subprocesses they start.
 """
 import os
+import tempfile
 
 _flag = "--xla_force_host_platform_device_count"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
     count = os.environ.get("AGENTJAX_TEST_DEVICES", "8")
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}={count}".strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Compiled programs are shared between tests, xdist workers and the subprocesses that
+# end-to-end tests start: identical computations compile once per CI run.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(tempfile.gettempdir(), "agentjax-test-xla-cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import jax  # noqa: E402  (must come after XLA_FLAGS)
 import pytest  # noqa: E402

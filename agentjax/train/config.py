@@ -59,7 +59,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.data.num_companies = 40
     c.data.num_cities = 40
     c.data.num_countries = 16
-    c.data.train_questions = "1:500,2:500"  # hops:count (python env: total count)
+    c.data.train_questions = "1:400,2:400"  # hops:count (python env: total count)
     c.data.test_questions = "1:100,2:100"
     c.data.demo_hops = ""  # which training questions get demonstrations, e.g. "1,2,3:0.1"
     c.data.curriculum = "uniform"
@@ -130,7 +130,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.algo.tis_cap = 2.0  # truncated importance-sampling cap when old_logp="behavior"
     c.algo.dynamic_sampling = False
     c.algo.max_resample_rounds = 3
-    c.algo.overlong_buffer = 0
+    c.algo.overlong_buffer = 0  # DAPO overlong shaping on action tokens; 0 disables
+    c.algo.overlong_max_len = 256  # L_max of the shaping (action tokens per episode)
     c.algo.overlong_factor = 1.0
     c.algo.critic_lr = 1e-3
     c.algo.value_coef = 0.5
@@ -259,6 +260,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if config.multihost.enabled and not (config.multihost.coordinator
                                          and config.multihost.num_processes > 1):
         fail("multihost.enabled needs multihost.coordinator and num_processes > 1")
+    if algo.overlong_buffer and algo.overlong_buffer > algo.overlong_max_len:
+        fail("algo.overlong_buffer must not exceed algo.overlong_max_len")
     if config.optim.lr <= 0:
         fail(f"optim.lr must be > 0, got {config.optim.lr}")
     if config.stage == "sft" and config.sft.steps <= 0:
@@ -271,7 +274,7 @@ ALGORITHM_PRESETS = {
     "grpo": dict(advantage="grpo", loss="ppo", agg="seq-mean-token-mean"),
     "dr_grpo": dict(advantage="dr_grpo", loss="ppo", agg="seq-mean-token-sum-norm"),
     "dapo": dict(advantage="grpo", loss="ppo", agg="token-mean", clip_low=0.2,
-                 clip_high=0.28, dynamic_sampling=True, kl_coef=0.0),
+                 clip_high=0.28, dynamic_sampling=True, kl_coef=0.0, overlong_buffer=64),
     "rloo": dict(advantage="rloo", loss="ppo", agg="token-mean"),
     "reinforce_pp": dict(advantage="reinforce_pp", loss="ppo", agg="token-mean",
                          kl_in_reward=True),

@@ -90,6 +90,17 @@ def search_config(algorithm: str, variant: str | None):
     return config
 
 
+def python_config(algorithm: str, variant: str | None):
+    """The python-tool (arithmetic in a bubblewrap sandbox) config for `algorithm`."""
+    config = search_config(algorithm, variant)
+    config.env.name = "python"
+    config.env.max_turns = 3
+    config.data.train_questions = "1:24" if variant == "test" else "1:2000"
+    config.data.test_questions = "1:4" if variant == "test" else "1:200"
+    config.reward.format_weight = 0.0
+    return config
+
+
 def algorithm_overrides(name: str) -> dict:
     """Dotted-key overrides that switch a config to algorithm `name`."""
     return {"algo.name": name, **{f"algo.{k}": v for k, v in ALGORITHM_PRESETS[name].items()}}

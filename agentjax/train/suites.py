@@ -136,6 +136,7 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
 
     texts += [instruction] + [t.question for t in train_tasks + test_tasks]
     texts += [turn.action for d in demonstrations for turn in d.turns]
+    texts += [turn.observation for d in demonstrations for turn in d.turns if turn.observation]
     return TaskSuite(train_tasks, test_tasks, make_env,
                      make_reward_fn(_reward_config(config, "exact_match")), "exact_match",
                      None, demonstrations, texts, baselines)

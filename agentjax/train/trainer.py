@@ -37,6 +37,7 @@ from agentjax.rollout.agent_loop import EpisodeLimits
 from agentjax.rollout.engine import SamplingParams
 from agentjax.rollout.jax_engine import JaxEngine
 from agentjax.rollout.pool import RolloutPool
+from agentjax.rl.shaping import overlong_penalty
 from agentjax.rollout.trajectory import Trajectory, collate
 from agentjax.train import diagnostics, step as step_lib
 from agentjax.train.checkpoint import Checkpointer
@@ -84,6 +85,13 @@ class Trainer:
         with open(os.path.join(self.workdir, "config.json"), "w") as f:
             f.write(config.to_json_best_effort(indent=1))
         self.mesh = parallel.make_mesh(dict(config.mesh))
+        data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        for key, rows in (("rollout.prompts_per_step x rollout.group_size",
+                           config.rollout.prompts_per_step * config.rollout.group_size),
+                          ("sft.batch_size", config.sft.batch_size)):
+            if rows % data_parallel:
+                raise ValueError(f"{key} = {rows} rows must be divisible by the data-parallel "
+                                 f"mesh size data x fsdp = {data_parallel}")
         self.rules = parallel.resolve_rules(None)
         self.log(f"mesh {dict(self.mesh.shape)} on {jax.device_count()} "
                  f"{jax.default_backend()} device(s)")
@@ -181,10 +189,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate(self, params, prefix: str) -> dict[str, float]:
-        """Held-out greedy and sampled success of `params` (also pass@k, per hops)."""
+    def evaluate(self, params, prefix: str, tasks=None) -> dict[str, float]:
+        """Greedy and sampled success of `params` (also pass@k, per hops) on `tasks`
+        (default: the fixed held-out evaluation subset)."""
         self.engine.update_weights(params)
-        tasks = self.eval_tasks
+        tasks = self.eval_tasks if tasks is None else tasks
         sampling = dataclasses.replace(self.sampling(0),
                                        temperature=self.config.rollout.temperature,
                                        seed=self.config.seed + 10_000)
@@ -285,6 +294,18 @@ class Trainer:
                                     ref_params=_copy(params) if algo.kl_coef > 0 else None)
         return state, optimizer, critic_graphdef, critic_optimizer
 
+    def _shape_overlong(self, trajectories: list[Trajectory]) -> None:
+        """DAPO overlong shaping: penalize episodes whose action tokens enter the last
+        `overlong_buffer` tokens before `overlong_max_len` (added to the final reward)."""
+        algo = self.config.algo
+        lengths = np.array([t.num_action_tokens for t in trajectories], np.float32)
+        penalties = np.asarray(overlong_penalty(
+            lengths, max_len=algo.overlong_max_len, buffer=algo.overlong_buffer,
+            factor=algo.overlong_factor))
+        for traj, penalty in zip(trajectories, penalties):
+            traj.final_reward += float(penalty)
+            traj.metadata.setdefault("reward_components", {})["overlong"] = float(penalty)
+
     def _rollout(self, sampler, step: int):
         """One step's groups; with dynamic sampling (DAPO) zero-variance groups are
         dropped and more tasks are drawn until the batch is full (or the rounds end)."""
@@ -295,6 +316,8 @@ class Trainer:
             drawn = sampler.sample(r.prompts_per_step - len(groups) if rounds else
                                    r.prompts_per_step)
             collected = self.pool.collect_sync(drawn, r.group_size)
+            if config.algo.overlong_buffer:
+                self._shape_overlong([t for group in collected for t in group])
             sampler.update(drawn, [np.mean([solved(t, self.suite.success_key) for t in g])
                                    for g in collected])
             for task, group in zip(drawn, collected):
@@ -307,7 +330,16 @@ class Trainer:
                 break
         return tasks, groups[:r.prompts_per_step], rounds
 
-    def run_rl(self, params, sft_results: dict[str, float]):
+    def restore_params(self, step: int | None = None):
+        """Policy params of RL checkpoint `step` (default: the latest) of this workdir."""
+        state = self._init_rl_state(self.initial_params)[0]
+        checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), every=0)
+        restored = checkpointer.restore(state, step)
+        if restored is None:
+            raise FileNotFoundError(f"no RL checkpoint in {self.workdir}/checkpoints")
+        return restored[0].params
+
+    def run_rl(self, params):
         """RL from `params` for total_steps; returns (final params, last eval metrics)."""
         config, algo = self.config, self.config.algo
         state, optimizer, critic_graphdef, critic_optimizer = self._init_rl_state(params)
@@ -417,7 +449,7 @@ class Trainer:
         if config.stage == "rl":
             if params is None:
                 params = self.initial_params  # shapes only; the checkpoint has the values
-            _, last_eval = self.run_rl(params, results)
+            _, last_eval = self.run_rl(params)
             results.update(last_eval)
         if self.is_main:
             with open(os.path.join(self.workdir, "final.json"), "w") as f:

@@ -1,0 +1,50 @@
+"""Success of a trained policy on a split: greedy and sampled, pass@k, per hop count.
+
+    python scripts/evaluate.py --workdir runs/grpo_search [--model runs/grpo_search/hf]
+        [--split test] [--num_tasks 200] [--samples 4]
+
+Uses the run's own config (<workdir>/config.json) to rebuild its world, env and reward;
+`--model` is any HF folder of a policy (default: the run's final export <workdir>/hf).
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # noqa: E402
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "the run folder (has config.json)")
+_MODEL = flags.DEFINE_string("model", None, "HF folder of the policy (default <workdir>/hf)")
+_SPLIT = flags.DEFINE_enum("split", "test", ["test", "train"], "which tasks")
+_NUM_TASKS = flags.DEFINE_integer("num_tasks", 200, "tasks to evaluate (a fixed subset)")
+_SAMPLES = flags.DEFINE_integer("samples", 4, "sampled episodes per task (pass@k)")
+flags.mark_flags_as_required(["workdir"])
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    import ml_collections
+    import numpy as np
+
+    from agentjax.train.trainer import Trainer
+
+    with open(os.path.join(_WORKDIR.value, "config.json")) as f:
+        config = ml_collections.ConfigDict(json.load(f))
+    config.init_from = _MODEL.value or os.path.join(_WORKDIR.value, "hf")
+    config.eval.samples = _SAMPLES.value
+    out_dir = os.path.join(_WORKDIR.value, "evaluate")
+    trainer = Trainer(config, out_dir)
+    tasks = trainer.suite.test_tasks if _SPLIT.value == "test" else trainer.suite.train_tasks
+    order = np.random.default_rng(0).permutation(len(tasks))[:_NUM_TASKS.value]
+    results = trainer.evaluate(trainer.initial_params, _SPLIT.value, [tasks[i] for i in order])
+    trainer.close()
+    for key, value in sorted(results.items()):
+        print(f"{key:40s} {value:.4f}")
+    with open(os.path.join(out_dir, f"{_SPLIT.value}.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,43 @@
+"""Writes an RL checkpoint of a run as an HF folder (safetensors + config + tokenizer)
+that transformers and SGLang load.
+
+    python scripts/export_hf.py --workdir runs/grpo_search --out /tmp/policy [--step 40]
+
+Runs already export their final policy to <workdir>/hf; this script exports any
+intermediate orbax checkpoint.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # noqa: E402
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "the run folder (has config.json)")
+_OUT = flags.DEFINE_string("out", None, "output HF folder")
+_STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
+flags.mark_flags_as_required(["workdir", "out"])
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    import ml_collections
+    from flax import nnx
+
+    from agentjax.models import save_hf
+    from agentjax.train.trainer import Trainer
+
+    with open(os.path.join(_WORKDIR.value, "config.json")) as f:
+        config = ml_collections.ConfigDict(json.load(f))
+    trainer = Trainer(config, _WORKDIR.value)
+    params = trainer.restore_params(_STEP.value)
+    save_hf(nnx.merge(trainer.graphdef, params), trainer.model_config, _OUT.value,
+            tokenizer=trainer.tokenizer)
+    trainer.close()
+    print(f"wrote {_OUT.value}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,121 @@
+"""End-to-end runs of every config (tiny `:test` variants), exact resume after SIGKILL,
+and config validation errors."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import ml_collections
+import pytest
+
+from agentjax.train import config as config_lib
+from agentjax.train.metrics import read_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN = os.path.join(ROOT, "scripts", "train.py")
+# Wall-clock keys differ between runs; everything else must be identical.
+TIMING = ("time/", "rollout/tokens_per_s")
+ONE_DEVICE = {**os.environ, "XLA_FLAGS": ""}
+
+
+def _train(config, workdir, *overrides, wait=True):
+    argv = [sys.executable, TRAIN, f"--config={ROOT}/configs/{config}", f"--workdir={workdir}",
+            *overrides]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, cwd=ROOT, env=ONE_DEVICE)
+    if not wait:
+        return process
+    out, _ = process.communicate(timeout=600)
+    assert process.returncode == 0, out[-4000:]
+    return out
+
+
+@pytest.mark.parametrize("config", ["grpo_search.py:test", "ppo_search.py:test",
+                                    "dapo_search.py:test", "sft_search.py:test",
+                                    "grpo_python.py:test"])
+def test_every_config_runs_end_to_end(config, tmp_path):
+    out = _train(config, tmp_path)
+    final = json.loads((tmp_path / "final.json").read_text())
+    assert "sft/success_greedy" in final
+    assert (tmp_path / "sft" / "hf" / "model.safetensors").exists()
+    if not config.startswith("sft"):
+        assert "eval/success_sampled" in final
+        rows = read_metrics(tmp_path)
+        assert [r["step"] for r in rows] == [1, 2]
+        for row in rows:
+            assert row["mask/leak"] == 0
+            assert "grad_norm" in row and "entropy" in row and "reward/mean" in row
+        assert (tmp_path / "hf" / "model.safetensors").exists()
+    assert "| RL agent |" in out or config.startswith("sft")
+
+
+def _comparable(rows):
+    return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in rows]
+
+
+def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
+    overrides = ["--config.total_steps=4", "--config.checkpoint.every=1",
+                 "--config.checkpoint.async_save=False", "--config.eval.every=0"]
+    _train("grpo_search.py:test", tmp_path / "straight", *overrides)
+    killed = tmp_path / "killed"
+    process = _train("grpo_search.py:test", killed, *overrides, wait=False)
+    deadline = time.time() + 300
+    while not (killed / "checkpoints" / "2").exists():
+        assert process.poll() is None, process.stdout.read()[-4000:]
+        assert time.time() < deadline, "no checkpoint at step 2"
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    _train("grpo_search.py:test", killed, *overrides)
+    straight = _comparable(read_metrics(tmp_path / "straight"))
+    resumed = _comparable(read_metrics(killed))
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    assert resumed == straight
+
+
+def _error(config) -> str:
+    with pytest.raises(ValueError) as info:
+        config_lib.validate(config)
+    return str(info.value)
+
+
+def test_config_validation_names_the_problem():
+    config = config_lib.default_config()
+    with pytest.raises(AttributeError, match="nme"):
+        config.algo.nme = "x"
+    config = config_lib.apply_algorithm(config_lib.default_config(), "ppo")
+    config.algo.critic_lr = 0.0
+    assert "critic" in _error(config)
+    config = config_lib.default_config()
+    config.rollout.group_size = 1
+    assert "rollout.group_size" in _error(config)
+    config = config_lib.default_config()
+    config.algo.agg = "mean"
+    assert "algo.agg" in _error(config)
+    config = config_lib.default_config()
+    config.algo.minibatches = 3
+    assert "algo.minibatches" in _error(config)
+    with pytest.raises(TypeError, match="kl_coef"):
+        config_lib.default_config().algo.kl_coef = "0.1"
+    # A config built from a plain dict (e.g. a json file) gets the same checks.
+    as_dict = config_lib.default_config().to_dict()
+    as_dict["algo"]["kl_coef"] = "0.1"
+    assert "algo.kl_coef" in _error(ml_collections.ConfigDict(as_dict))
+    loose = ml_collections.ConfigDict(config_lib.default_config().to_dict())
+    loose.algo.unknown_knob = 1
+    assert "algo.unknown_knob" in _error(loose)
+    config = config_lib.apply_algorithm(config_lib.default_config(), "grpo")
+    config.algo.advantage = "gae"
+    assert "gae" in _error(config)
+
+
+def test_bad_override_fails_before_anything_runs(tmp_path):
+    argv = [sys.executable, TRAIN, f"--config={ROOT}/configs/grpo_search.py:test",
+            f"--workdir={tmp_path}", "--config.rollout.grup_size=4"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                            env=ONE_DEVICE)
+    assert result.returncode != 0
+    assert "grup_size" in result.stderr
+    assert not (tmp_path / "checkpoints").exists()
