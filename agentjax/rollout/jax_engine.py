@@ -8,14 +8,16 @@ Design (static shapes, so XLA compiles a handful of programs once):
 - A cache of `max_slots + 1` rows x `max_len` slots (`models.cache.KVCache`, a write
   offset per row). Each in-flight sequence owns one row; the extra row is scratch for
   the padding rows of a prefill batch.
+- Batch buckets: a program call computes only the rows it needs: they are gathered
+  from the cache into the smallest of `batch_buckets` that holds them, run, and
+  scattered back (padding rows point at the scratch row and are inert); a call touching
+  more rows than the largest bucket runs over every row without gathering.
 - Prefill: the admitted sequences' new tokens are right-padded into a [P, C] chunk, C
-  from `prefill_chunks`, P from `prefill_rows` (their cache rows are gathered, run
-  and scattered back) or all rows at once when more sequences are admitted than the
-  largest P. A prompt longer than the largest chunk takes several rounds. The last
-  real token's logits give the first sampled token.
-- Decode: one jitted program runs `decode_steps` single-token steps over all rows
-  (`lax.scan`); rows stop on device at a stop id, their token budget or a full cache,
-  so the host syncs once per `decode_steps` tokens.
+  from `prefill_chunks`. A prompt longer than the largest chunk takes several rounds.
+  The last real token's logits give the first sampled token.
+- Decode: one jitted program runs `decode_steps` single-token steps over the decoding
+  rows (`lax.scan`); rows stop on device at a stop id, their token budget or a full
+  cache, so the host syncs once per `decode_steps` tokens.
 - Attention spans: prefill and decode attend only to the first `span` cache slots, span
   the smallest of `attention_spans` holding the longest row involved, so short contexts
   do not pay for max_len. Stop strings are checked on the
@@ -126,12 +128,13 @@ def _prefill(graphdef, params, cache, lengths, rows, tokens, segment_ids, keys, 
     return (_put_rows(cache, rows, sub) if gather else sub), new_tokens, logprobs
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "num_steps", "span"),
+@functools.partial(jax.jit, static_argnames=("graphdef", "gather", "num_steps", "span"),
                    donate_argnames=("cache",))
-def _decode(graphdef, params, cache, lengths, last_tokens, active, keys, steps, budget,
-            stop_ids, temperature, top_k, top_p, *, num_steps, span):
-    """`num_steps` single-token steps over every row. A row is fed while active; it stops
-    after sampling a stop id, exhausting its budget or filling its cache row.
+def _decode(graphdef, params, cache, lengths, rows, last_tokens, active, keys, steps, budget,
+            stop_ids, temperature, top_k, top_p, *, gather, num_steps, span):
+    """`num_steps` single-token steps over the cache rows `rows` (gathered into a smaller
+    batch when `gather`, else every row). A row is fed while active; it stops after
+    sampling a stop id, exhausting its budget or filling its cache row.
 
     Only the first `span` cache slots are attended (the host picks a span that holds every
     active row's length plus num_steps): attention cost follows the live context, not
@@ -142,7 +145,9 @@ def _decode(graphdef, params, cache, lengths, last_tokens, active, keys, steps, 
     TRACE_COUNTS["decode"] += 1
     model = nnx.merge(graphdef, params)
     max_len = cache.max_len
-    window = _window(cache, span, lengths)
+    cache = cache.replace(lengths=lengths)
+    full = _take_rows(cache, rows, lengths[rows]) if gather else cache
+    window = _window(full, span, full.lengths)
 
     def step(carry, _):
         window, tokens, active, steps, budget = carry
@@ -160,7 +165,8 @@ def _decode(graphdef, params, cache, lengths, last_tokens, active, keys, steps, 
 
     carry = (window, last_tokens, active, steps, budget)
     (window, *_), (tokens, logprobs, emitted) = jax.lax.scan(step, carry, length=num_steps)
-    return _put_window(cache, window), tokens.T, logprobs.T, emitted.T
+    full = _put_window(full, window)
+    return (_put_rows(cache, rows, full) if gather else full), tokens.T, logprobs.T, emitted.T
 
 
 class _StopStrings:
@@ -234,8 +240,10 @@ class JaxEngine:
       max_slots: sequences in flight at once (the decode batch).
       max_len: cache slots per sequence: prompt + output must fit.
       prefill_chunks: chunk lengths for prefill programs (longer prompts take rounds).
-      prefill_rows: batch sizes of gathered-row prefill programs; more admitted rows
-        than the largest run one prefill over every row.
+      batch_buckets: batch sizes of gathered-row programs: a prefill or decode call
+        touching n rows gathers them into the smallest bucket >= n (padding rows are
+        inert) and computes only that many rows; more rows than the largest bucket run
+        over every row. Default: 1, 4, 16, 64, ... below max_slots.
       decode_steps: tokens per decode program call (host round trip).
       attention_spans: attention spans of the prefill / decode programs: each call
         attends only to the smallest span holding every row it touches (one compilation
@@ -257,7 +265,7 @@ class JaxEngine:
         max_slots: int = 16,
         max_len: int = 1024,
         prefill_chunks: Sequence[int] = (64, 256),
-        prefill_rows: Sequence[int] = (1, 4),
+        batch_buckets: Sequence[int] | None = None,
         decode_steps: int = 8,
         attention_spans: Sequence[int] | None = None,
         batch_wait_s: float = 0.002,
@@ -280,7 +288,10 @@ class JaxEngine:
         self._rows = max_slots + 1
         self._scratch = max_slots
         self._chunks = tuple(sorted(set(int(c) for c in prefill_chunks)))
-        self._row_buckets = tuple(sorted(set(int(p) for p in prefill_rows if 0 < p < self._rows)))
+        if batch_buckets is None:
+            batch_buckets = [4 ** i for i in range(8) if 4 ** i < max_slots]
+        self._batch_buckets = tuple(sorted({int(b) for b in batch_buckets
+                                            if 0 < b < self._rows}))
         self.decode_steps = decode_steps
         if attention_spans is None:
             attention_spans = [2 ** i for i in range(7, max(max_len.bit_length(), 7))]
@@ -555,6 +566,18 @@ class JaxEngine:
         self.stats["evictions"] += 1
         return slot
 
+    def _layout(self, seqs: Sequence[_Sequence]) -> tuple[bool, np.ndarray, list[int]]:
+        """How a program call covers `seqs`: gathered into the smallest batch bucket that
+        holds them (padding rows point at the scratch row), or run over all rows.
+
+        Returns (gather, cache row of each program row, program row of each sequence)."""
+        if self._batch_buckets and len(seqs) <= self._batch_buckets[-1]:
+            size = next(b for b in self._batch_buckets if b >= len(seqs))
+            cache_rows = np.full(size, self._scratch, np.int32)
+            cache_rows[:len(seqs)] = [s.slot for s in seqs]
+            return True, cache_rows, list(range(len(seqs)))
+        return False, np.arange(self._rows, dtype=np.int32), [s.slot for s in seqs]
+
     def _sampling_arrays(self, seqs: Sequence[_Sequence], rows: Sequence[int], size: int):
         keys = np.zeros((size, 2), np.uint32)
         steps = np.zeros(size, np.int32)
@@ -569,79 +592,76 @@ class JaxEngine:
             top_p[row] = seq.sampling.top_p
         return keys, steps, temperature, top_k, top_p
 
+    def _span(self, needed: int) -> int:
+        """The smallest attention span holding `needed` slots."""
+        return next((w for w in self._spans if w >= needed), self.max_len)
+
     def _prefill_round(self) -> None:
         seqs = [s for s in self._slots if isinstance(s, _Sequence) and not s.decoding]
         if not seqs:
             return
-        gather = bool(self._row_buckets) and len(seqs) <= self._row_buckets[-1]
-        if gather:
-            size = next(p for p in self._row_buckets if p >= len(seqs))
-            rows = list(range(len(seqs)))
-        else:
-            size, rows = self._rows, [s.slot for s in seqs]
+        gather, cache_rows, rows = self._layout(seqs)
+        size = len(cache_rows)
         longest = max(len(s.input_ids) - s.prefilled for s in seqs)
         width = next((c for c in self._chunks if c >= longest), self._chunks[-1])
         tokens = np.zeros((size, width), np.int32)
         segments = np.zeros((size, width), np.int32)
-        cache_rows = np.full(size, self._scratch, np.int32) if gather else np.arange(size,
-                                                                                    dtype=np.int32)
         chunks = []
         for seq, row in zip(seqs, rows):
             chunk = seq.input_ids[seq.prefilled:seq.prefilled + width]
             tokens[row, :len(chunk)] = chunk
             segments[row, :len(chunk)] = 1
-            cache_rows[row] = seq.slot
             chunks.append(len(chunk))
+        span = self._span(max(int(self._lengths[s.slot]) for s in seqs) + width)
+        start = time.perf_counter()
         self._cache, new_tokens, logprobs = _prefill(
             self._graphdef, self._params, self._cache, self._lengths, cache_rows, tokens,
-            segments, *self._sampling_arrays(seqs, rows, size), gather=gather,
-            span=self._span(max(int(self._lengths[s.slot]) for s in seqs) + width))
+            segments, *self._sampling_arrays(seqs, rows, size), gather=gather, span=span)
         new_tokens, logprobs = np.asarray(new_tokens), np.asarray(logprobs)
-        self.stats["prefill_calls"] += 1
-        self.stats["max_prefill_batch"] = max(self.stats["max_prefill_batch"], len(seqs))
-        self.stats["prefill_tokens"] += sum(chunks)
+        self._count("prefill", start, len(seqs), sum(chunks))
         for seq, row, count in zip(seqs, rows, chunks):
             self._lengths[seq.slot] += count
             seq.prefilled += count
             if seq.decoding:
                 self._append(seq, int(new_tokens[row]), float(logprobs[row]))
 
-    def _span(self, needed: int) -> int:
-        """The smallest attention span holding `needed` slots."""
-        return next((w for w in self._spans if w >= needed), self.max_len)
-
     def _decode_round(self) -> None:
         seqs = [s for s in self._slots if isinstance(s, _Sequence) and s.decoding]
         if not seqs:
             return
-        rows = [s.slot for s in seqs]
-        last = np.zeros(self._rows, np.int32)
-        active = np.zeros(self._rows, bool)
-        budget = np.zeros(self._rows, np.int32)
-        stop_ids = np.full((self._rows, self.max_stop_ids), -1, np.int32)
-        for seq in seqs:
-            last[seq.slot] = seq.outputs[-1]
-            active[seq.slot] = True
-            budget[seq.slot] = seq.sampling.max_new_tokens - len(seq.outputs)
+        gather, cache_rows, rows = self._layout(seqs)
+        size = len(cache_rows)
+        last = np.zeros(size, np.int32)
+        active = np.zeros(size, bool)
+        budget = np.zeros(size, np.int32)
+        stop_ids = np.full((size, self.max_stop_ids), -1, np.int32)
+        for seq, row in zip(seqs, rows):
+            last[row] = seq.outputs[-1]
+            active[row] = True
+            budget[row] = seq.sampling.max_new_tokens - len(seq.outputs)
             ids = sorted(seq.stop_ids)
-            stop_ids[seq.slot, :len(ids)] = ids
-        keys, steps, temperature, top_k, top_p = self._sampling_arrays(seqs, rows, self._rows)
+            stop_ids[row, :len(ids)] = ids
+        keys, steps, temperature, top_k, top_p = self._sampling_arrays(seqs, rows, size)
         span = self._span(max(int(self._lengths[s.slot]) for s in seqs) + self.decode_steps)
+        start = time.perf_counter()
         self._cache, tokens, logprobs, emitted = _decode(
-            self._graphdef, self._params, self._cache, self._lengths, last, active, keys,
-            steps, budget, stop_ids, temperature, top_k, top_p, num_steps=self.decode_steps,
-            span=span)
+            self._graphdef, self._params, self._cache, self._lengths, cache_rows, last, active,
+            keys, steps, budget, stop_ids, temperature, top_k, top_p, gather=gather,
+            num_steps=self.decode_steps, span=span)
         tokens, logprobs, emitted = (np.asarray(a) for a in (tokens, logprobs, emitted))
-        self.stats["decode_calls"] += 1
-        self.stats["max_decode_batch"] = max(self.stats["max_decode_batch"], len(seqs))
-        for seq in seqs:
-            fed = int(emitted[seq.slot].sum())
-            self.stats["decode_tokens"] += fed
-            self._lengths[seq.slot] += fed
-            for step in np.flatnonzero(emitted[seq.slot]):
-                if self._append(seq, int(tokens[seq.slot, step]),
-                                float(logprobs[seq.slot, step])):
+        self._count("decode", start, len(seqs), int(emitted.sum()))
+        for seq, row in zip(seqs, rows):
+            self._lengths[seq.slot] += int(emitted[row].sum())
+            for step in np.flatnonzero(emitted[row]):
+                if self._append(seq, int(tokens[row, step]), float(logprobs[row, step])):
                     break
+
+    def _count(self, program: str, start: float, batch: int, tokens: int) -> None:
+        """Accumulates per-program statistics (calls, seconds, tokens, largest batch)."""
+        self.stats[f"{program}_s"] += time.perf_counter() - start
+        self.stats[f"{program}_calls"] += 1
+        self.stats[f"{program}_tokens"] += tokens
+        self.stats[f"max_{program}_batch"] = max(self.stats[f"max_{program}_batch"], batch)
 
     def _append(self, seq: _Sequence, token: int, logprob: float) -> bool:
         """Records a sampled token; finishes the sequence when it ends. True if ended."""

@@ -83,7 +83,7 @@ def bench_generate(folder: Path, tokenizer, model, batch=32, prompt_len=32, new_
 
     engine = JaxEngine.from_model(model, tokenizer=tokenizer, max_slots=batch,
                                   max_len=prompt_len + new_tokens, prefill_chunks=(prompt_len,),
-                                  prefill_rows=(1,), decode_steps=16, eos_token_ids=())
+                                  decode_steps=16, eos_token_ids=())
 
     def jax_run(seed):
         requests = [GenerateRequest(p, dataclasses.replace(sampling, seed=seed + i))
@@ -136,7 +136,7 @@ def bench_multiturn(tokenizer, model, sessions=16, turns=8, new_tokens=32, obs_t
                     prompt_len=64):
     max_len = prompt_len + turns * (new_tokens + obs_tokens)
     engine = JaxEngine.from_model(model, tokenizer=tokenizer, max_slots=sessions, max_len=max_len,
-                                  prefill_chunks=(64, 256), prefill_rows=(1, 4),
+                                  prefill_chunks=(64, 256),
                                   decode_steps=16, eos_token_ids=())
     rng = np.random.default_rng(2)
     vocab = len(tokenizer)
@@ -205,7 +205,7 @@ class LatencyEnv:
 
 def bench_pool(tokenizer, model, episodes=64, turns=4, new_tokens=48, latency=0.1, slots=32):
     engine = JaxEngine.from_model(model, tokenizer=tokenizer, max_slots=slots, max_len=512,
-                                  prefill_chunks=(64,), prefill_rows=(1, 4, 8), decode_steps=16,
+                                  prefill_chunks=(64,), decode_steps=16,
                                   eos_token_ids=())
     tasks = [Task(f"t{i}", f"question number {i} about the world") for i in range(episodes // 4)]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)

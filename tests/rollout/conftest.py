@@ -13,7 +13,7 @@ from tests.rollout.fakes import CORPUS
 # Shapes of the shared engine; tests that need the model's context length use these.
 # attention_spans=(32,) gives two attention spans (32 and 96), so rows crossing from
 # one span to the other are checked against full forwards too.
-ENGINE_KWARGS = dict(max_slots=4, max_len=96, prefill_chunks=(32,), prefill_rows=(1,),
+ENGINE_KWARGS = dict(max_slots=4, max_len=96, prefill_chunks=(32,), batch_buckets=(1,),
                      decode_steps=4, attention_spans=(32,), batch_wait_s=0.01)
 
 
