@@ -307,28 +307,27 @@ class Trainer:
             traj.metadata.setdefault("reward_components", {})["overlong"] = float(penalty)
 
     def _rollout(self, sampler, step: int):
-        """One step's groups; with dynamic sampling (DAPO) zero-variance groups are
-        dropped and more tasks are drawn until the batch is full (or the rounds end)."""
+        """One step's groups. With dynamic sampling (DAPO), zero-variance groups are set
+        aside and more tasks drawn until the batch is full; if the rounds run out, set-
+        aside groups (zero advantage: no policy-gradient signal) fill the batch."""
         config, r = self.config, self.config.rollout
-        groups, tasks, rounds = [], [], 0
-        while len(groups) < r.prompts_per_step:
+        kept, set_aside, rounds = [], [], 0
+        while len(kept) < r.prompts_per_step:
             self.pool.sampling = self.sampling(step * 100 + rounds)
-            drawn = sampler.sample(r.prompts_per_step - len(groups) if rounds else
-                                   r.prompts_per_step)
+            drawn = sampler.sample(r.prompts_per_step - len(kept))
             collected = self.pool.collect_sync(drawn, r.group_size)
             if config.algo.overlong_buffer:
                 self._shape_overlong([t for group in collected for t in group])
             sampler.update(drawn, [np.mean([solved(t, self.suite.success_key) for t in g])
                                    for g in collected])
-            for task, group in zip(drawn, collected):
+            for group in collected:
                 varied = np.std([t.total_reward for t in group]) > 0
-                if varied or not config.algo.dynamic_sampling:
-                    groups.append(group)
-                    tasks.append(task)
+                (kept if varied or not config.algo.dynamic_sampling else set_aside).append(group)
             rounds += 1
-            if not config.algo.dynamic_sampling or rounds > config.algo.max_resample_rounds:
+            if rounds > config.algo.max_resample_rounds:
                 break
-        return tasks, groups[:r.prompts_per_step], rounds
+        groups = (kept + set_aside)[:r.prompts_per_step]
+        return groups, {"rollout/rounds": rounds, "rollout/kept_groups": len(kept)}
 
     def restore_params(self, step: int | None = None):
         """Policy params of RL checkpoint `step` (default: the latest) of this workdir."""
@@ -375,7 +374,7 @@ class Trainer:
                    disable=not (self.is_main and config.log.progress))
         for step in bar:
             t0 = time.perf_counter()
-            tasks, groups, rounds = self._rollout(sampler, step)
+            groups, rollout_info = self._rollout(sampler, step)
             trajectories = []
             for group_index, group in enumerate(groups):
                 for traj in group:
@@ -398,7 +397,7 @@ class Trainer:
             tokens = sum(t.num_action_tokens for t in trajectories)
             metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
                             "time/step_s": t2 - t0, "rollout/tokens_per_s": tokens / (t1 - t0),
-                            "rollout/rounds": rounds,
+                            **rollout_info,
                             "rollout/temperature": temperature_at(config, step),
                             "success/train": np.mean([solved(t, self.suite.success_key)
                                                       for t in trajectories])})
