@@ -72,6 +72,7 @@ class Trainer:
     """One run of `config` in `workdir` (see the module docstring)."""
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+        self.started = time.perf_counter()
         self.config = validate(config)
         self.workdir = os.path.abspath(workdir)
         os.makedirs(self.workdir, exist_ok=True)
@@ -450,6 +451,7 @@ class Trainer:
                 params = self.initial_params  # shapes only; the checkpoint has the values
             _, last_eval = self.run_rl(params)
             results.update(last_eval)
+        results["time/total_s"] = time.perf_counter() - self.started
         if self.is_main:
             with open(os.path.join(self.workdir, "final.json"), "w") as f:
                 json.dump(results, f, indent=1)
