@@ -7,8 +7,8 @@
 `load_hf` reads `model.safetensors` or a sharded `model.safetensors.index.json`. It
 validates every tensor's name and shape from the safetensors headers before reading any
 data, then builds each parameter with `jax.make_array_from_callback`: each device shard
-is filled from the (memory-mapped) file layer by layer, so no host copy of the whole
-model — nor of one whole stacked parameter — is ever made.
+is filled from the file layer by layer, so the host holds at most one device shard of
+one parameter plus the layer tensor being read — never a copy of the whole model.
 
 `make_tiny_hf` writes the config with `ModelConfig.to_hf` and random agentjax weights
 through `save_hf`; the tests load the result with transformers' torch models, which is
