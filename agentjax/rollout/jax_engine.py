@@ -45,8 +45,10 @@ Design (static shapes, so XLA compiles a handful of programs once):
 - Sharding: params may live on a mesh (e.g. `parallel.shard_model`); the cache is then
   placed by `KVCache.logical_axes()` and the same rules, and jit propagates the rest.
 
-Compilations are counted (`compile_counts`) at trace time of the module-level jitted
-programs, which every engine with the same model and shapes shares.
+Compilations of the module-level jitted programs (shared by every engine with the same
+model and shapes) are counted from JAX's compile events (`compile_counts`). Params and
+cache are committed to their devices at construction, and `update_weights` places new
+params on the same shardings, so a weight swap hits the same executables.
 """
 from __future__ import annotations
 
@@ -71,8 +73,20 @@ from agentjax.rollout.engine import Completion, GenerateRequest, SamplingParams
 from agentjax.rollout.sampling import sample
 from agentjax.rollout.trajectory import end_of_turn_id
 
-# Traces of the jitted programs below, by program name (one trace = one compilation).
-TRACE_COUNTS: collections.Counter = collections.Counter()
+# XLA compilations of the engine's jitted programs, by program name ("prefill",
+# "decode"), counted from JAX's backend-compile events (a retrace and a recompilation
+# for new argument shardings / committedness both count).
+COMPILE_COUNTS: collections.Counter = collections.Counter()
+_PROGRAMS = {"jit(_prefill)": "prefill", "jit(_decode)": "decode"}
+
+
+def _count_compilations(event: str, duration: float, **kwargs) -> None:
+    program = _PROGRAMS.get(kwargs.get("fun_name"))
+    if event == "/jax/core/compile/backend_compile_duration" and program is not None:
+        COMPILE_COUNTS[program] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compilations)
 
 # Where rows and slots sit in the cache's k/v arrays (the model owns the layout).
 _BATCH_AXIS = KVCache.logical_axes().k.index("batch")
@@ -113,7 +127,6 @@ def _prefill(graphdef, params, cache, lengths, rows, tokens, segment_ids, keys, 
     """Appends a right-padded chunk to `rows` of the cache (all rows when not `gather`),
     attending to the first `span` slots; samples after each row's last real token.
     Returns (cache, tokens [P], logprobs [P])."""
-    TRACE_COUNTS["prefill"] += 1
     model = nnx.merge(graphdef, params)
     cache = cache.replace(lengths=lengths)
     full = _take_rows(cache, rows, lengths[rows]) if gather else cache
@@ -142,7 +155,6 @@ def _decode(graphdef, params, cache, lengths, rows, last_tokens, active, keys, s
 
     Returns (cache, tokens [R, num_steps], logprobs [R, num_steps], emitted [R, num_steps]
     bool — whether the row was active and sampled at that step)."""
-    TRACE_COUNTS["decode"] += 1
     model = nnx.merge(graphdef, params)
     max_len = cache.max_len
     cache = cache.replace(lengths=lengths)
@@ -264,7 +276,7 @@ class JaxEngine:
         tokenizer=None,
         max_slots: int = 16,
         max_len: int = 1024,
-        prefill_chunks: Sequence[int] = (64, 256),
+        prefill_chunks: Sequence[int] = (16, 64, 256),
         batch_buckets: Sequence[int] | None = None,
         decode_steps: int = 8,
         attention_spans: Sequence[int] | None = None,
@@ -281,7 +293,9 @@ class JaxEngine:
         if not prefill_chunks or min(prefill_chunks) < 1:
             raise ValueError(f"prefill_chunks must be positive lengths, got {prefill_chunks!r}")
         self._graphdef = graphdef
-        self._params = params
+        # A committed copy: the caller may donate or mutate its own buffers afterwards.
+        self._params = jax.tree.map(
+            lambda x: jax.device_put(x, x.sharding, may_alias=False), params)
         self.config = nnx.merge(graphdef, params).config
         self.tokenizer = tokenizer
         self.max_slots, self.max_len = max_slots, max_len
@@ -392,8 +406,8 @@ class JaxEngine:
 
     @property
     def compile_counts(self) -> dict[str, int]:
-        """Traces (= compilations) of the jitted programs so far, process-wide."""
-        return dict(TRACE_COUNTS)
+        """XLA compilations of the engine's programs so far, process-wide."""
+        return dict(COMPILE_COUNTS)
 
     def close(self) -> None:
         """Stops the scheduler thread; in-flight requests are aborted."""
@@ -720,7 +734,8 @@ class JaxEngine:
         cache = init_cache(self.config, self._rows, self.max_len, dtype)
         sharding = _params_mesh_sharding(self._params)
         if sharding is None:
-            return cache
+            device = next(iter(jax.tree.leaves(self._params)[0].sharding.device_set))
+            return jax.device_put(cache, device)
         from agentjax.parallel import tree_shardings
         return jax.device_put(cache, tree_shardings(KVCache.logical_axes(), cache, *sharding))
 

@@ -12,6 +12,9 @@ function raises, or that runs past `episode_timeout_s`, is returned flagged
 keeps going. A thread running a hung env call cannot be killed; the pool stops waiting
 for it at the timeout and the thread finishes (or not) on its own — size `tool_workers`
 with that in mind.
+
+KV reuse across turns: give the JaxEngine at least `concurrency` slots (`max_slots`);
+with fewer, parked sessions are evicted while their tools run and re-prefilled later.
 """
 from __future__ import annotations
 

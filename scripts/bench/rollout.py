@@ -13,9 +13,10 @@ so both sides run the same weights.
 2. multiturn: 16 concurrent sessions x 8 turns (32 new tokens + a 32-token observation per
    turn). Wall time per turn with session KV reuse vs re-prefilling the whole context
    every turn (session ids dropped).
-3. pool: RolloutPool, 64 episodes x 4 turns against a tool that sleeps 100 ms per call vs
-   the same run with zero tool latency (same seeds, so the same tokens), plus the same
-   latency with one episode at a time.
+3. pool: RolloutPool, 64 episodes x 4 turns (48 tokens per turn) against a tool that
+   sleeps 100 ms per call vs the same run with zero tool latency (same seeds, so the
+   same tokens), plus the same latency with one episode at a time. The engine has one
+   slot per concurrent episode, so every session keeps its KV cache across turns.
 Each experiment runs once to compile and warm up, then once measured.
 """
 from __future__ import annotations
@@ -136,7 +137,6 @@ def bench_multiturn(tokenizer, model, sessions=16, turns=8, new_tokens=32, obs_t
                     prompt_len=64):
     max_len = prompt_len + turns * (new_tokens + obs_tokens)
     engine = JaxEngine.from_model(model, tokenizer=tokenizer, max_slots=sessions, max_len=max_len,
-                                  prefill_chunks=(64, 256),
                                   decode_steps=16, eos_token_ids=())
     rng = np.random.default_rng(2)
     vocab = len(tokenizer)
@@ -203,10 +203,9 @@ class LatencyEnv:
                           {})
 
 
-def bench_pool(tokenizer, model, episodes=64, turns=4, new_tokens=48, latency=0.1, slots=32):
+def bench_pool(tokenizer, model, episodes=64, turns=4, new_tokens=48, latency=0.1, slots=64):
     engine = JaxEngine.from_model(model, tokenizer=tokenizer, max_slots=slots, max_len=512,
-                                  prefill_chunks=(64,), decode_steps=16,
-                                  eos_token_ids=())
+                                  decode_steps=16, eos_token_ids=())
     tasks = [Task(f"t{i}", f"question number {i} about the world") for i in range(episodes // 4)]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
     limits = EpisodeLimits(max_turns=turns, max_context_tokens=512)
