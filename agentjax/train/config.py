@@ -8,6 +8,8 @@ that names the offending key.
 """
 from __future__ import annotations
 
+import json
+
 import ml_collections
 
 ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
@@ -30,7 +32,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.stage = "rl"  # "rl" | "sft"
     c.init_from = ""  # a workdir (or checkpoint dir) whose latest params start this run
     c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
-    c.rules = ""  # "" = default logical-axis rules; else a preset name (see parallel.py)
+    # Logical-axis rules as a JSON object of overrides of parallel.DEFAULT_RULES, e.g.
+    # '{"embed": null, "batch": ["data", "fsdp"]}'; "" keeps the defaults.
+    c.rules = ""
     c.multihost = ml_collections.ConfigDict(
         {"enabled": False, "coordinator": "", "num_processes": 1, "process_id": -1})
 
@@ -127,7 +131,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.algo.minibatches = 1
     c.algo.microbatch_size = 0  # 0 = the whole minibatch at once
     c.algo.old_logp = "recompute"
-    c.algo.tis_cap = 2.0  # truncated importance-sampling cap when old_logp="behavior"
+    # old_logp="recompute": the policy-gradient term is weighted by the truncated IS ratio
+    # min(pi_trainer / pi_engine, tis_cap) on action tokens (0 disables).
+    c.algo.tis_cap = 2.0
     c.algo.dynamic_sampling = False
     c.algo.max_resample_rounds = 3
     c.algo.overlong_buffer = 0  # DAPO overlong shaping on action tokens; 0 disables
@@ -137,7 +143,6 @@ def default_config() -> ml_collections.ConfigDict:
     c.algo.value_coef = 0.5
     c.algo.value_clip = 0.2
     c.algo.critic_warmup_steps = 0
-    c.algo.share_critic_trunk = False
 
     c.optim = ml_collections.ConfigDict()
     c.optim.lr = 1e-3
@@ -262,6 +267,13 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         fail("multihost.enabled needs multihost.coordinator and num_processes > 1")
     if algo.overlong_buffer and algo.overlong_buffer > algo.overlong_max_len:
         fail("algo.overlong_buffer must not exceed algo.overlong_max_len")
+    if config.rules:
+        try:
+            rules = json.loads(config.rules)
+        except json.JSONDecodeError as error:
+            fail(f"rules must be a JSON object of logical axis -> mesh axes: {error}")
+        if not isinstance(rules, dict):
+            fail(f"rules must be a JSON object, got {config.rules!r}")
     if config.optim.lr <= 0:
         fail(f"optim.lr must be > 0, got {config.optim.lr}")
     if config.stage == "sft" and config.sft.steps <= 0:

@@ -44,6 +44,7 @@ from agentjax.train.checkpoint import Checkpointer
 from agentjax.train.config import validate
 from agentjax.train.evaluate import evaluate, solved
 from agentjax.train.metrics import MetricsWriter
+from agentjax.train.packing import pack
 from agentjax.train.prepare import build_prepare
 from agentjax.train.suites import build_suite
 
@@ -59,6 +60,18 @@ def length_buckets(max_tokens: int, count: int = 4, multiple: int = 32) -> tuple
     sizes = {max(multiple, -(-max_tokens * (i + 1) // count // multiple) * multiple)
              for i in range(count)}
     return tuple(sorted(min(s, max_tokens) for s in sizes))
+
+
+def demonstration_stream(items: list, seed: int, position: int, count: int) -> list:
+    """Items `position .. position + count` of an endless stream over `items` that
+    visits them in a fresh seeded permutation each epoch — a function of (seed,
+    position) only, so a checkpointed cursor resumes the data order exactly."""
+    out = []
+    while len(out) < count:
+        epoch, offset = divmod(position + len(out), len(items))
+        order = np.random.default_rng([seed, 1, epoch]).permutation(len(items))
+        out += [items[i] for i in order[offset:offset + count - len(out)]]
+    return out
 
 
 def temperature_at(config, step: int) -> float:
@@ -93,7 +106,7 @@ class Trainer:
             if rows % data_parallel:
                 raise ValueError(f"{key} = {rows} rows must be divisible by the data-parallel "
                                  f"mesh size data x fsdp = {data_parallel}")
-        self.rules = parallel.resolve_rules(None)
+        self.rules = parallel.resolve_rules(json.loads(config.rules) if config.rules else None)
         self.log(f"mesh {dict(self.mesh.shape)} on {jax.device_count()} "
                  f"{jax.default_backend()} device(s)")
         start = time.perf_counter()
@@ -236,31 +249,28 @@ class Trainer:
                                     every=config.checkpoint.every, keep=config.checkpoint.keep,
                                     async_save=config.checkpoint.async_save)
         restored = checkpointer.restore(state)
-        start = 0
+        start, cursor = 0, 0
         if restored is not None:
             state, host = restored
-            start = host["step"]
+            start, cursor = host["step"], host["cursor"]
             self.log(f"SFT: resumed at step {start}")
         writer = MetricsWriter(workdir, tensorboard=config.log.tensorboard, resume_step=start,
                                enabled=self.is_main)
-        rng = np.random.default_rng([config.seed, 1])
-        # The data order depends only on (seed, step): a resumed run draws the same rows.
-        order = [rng.permutation(len(trajs)) for _ in range(
-            -(-sft.steps * sft.batch_size // len(trajs)))]
-        order = np.concatenate(order)
         bar = tqdm(range(start, sft.steps), desc="sft", disable=not (self.is_main and
                                                                      config.log.progress))
         for step in bar:
-            rows = [trajs[i] for i in order[step * sft.batch_size:(step + 1) * sft.batch_size]]
-            batch = collate(rows, buckets=self.buckets, pad_id=self.tokenizer.pad_token_id)
-            batch = {k: batch[k] for k in ("inputs", "targets", "positions", "segment_ids")} | {
-                "loss_mask": batch["action_mask"]}
+            upcoming = demonstration_stream(trajs, config.seed, cursor, sft.batch_size * 16)
+            batch, used = pack(upcoming, length=self.buckets[-1], rows=sft.batch_size,
+                               pad_id=self.tokenizer.pad_token_id)
+            cursor += used
+            batch["loss_mask"] = batch.pop("action_mask")
             state, metrics = update(state, self._device_batch(batch))
             if (step + 1) % config.log.every == 0 or step + 1 == sft.steps:
-                row = writer.write(step + 1, jax.device_get(metrics))
+                row = writer.write(step + 1, {**jax.device_get(metrics),
+                                              "episodes_per_step": used})
                 bar.set_postfix(nll=f"{row['nll']:.3f}")
-            checkpointer.save(step + 1, state, {"step": step + 1})
-        checkpointer.save(sft.steps, state, {"step": sft.steps}, force=True)
+            checkpointer.save(step + 1, state, {"step": step + 1, "cursor": cursor})
+        checkpointer.save(sft.steps, state, {"step": sft.steps, "cursor": cursor}, force=True)
         checkpointer.wait()
         writer.close()
         self._export(state.params, "sft")
