@@ -259,7 +259,8 @@ class JaxEngine:
       decode_steps: tokens per decode program call (host round trip).
       attention_spans: attention spans of the prefill / decode programs: each call
         attends only to the smallest span holding every row it touches (one compilation
-        per span used). Default: powers of two from 128 below max_len, plus max_len.
+        per span used). Default: 64, 96, 128, 192, 256, 384, ... below max_len, plus
+        max_len.
       batch_wait_s: when idle, how long to wait after a request for concurrent ones.
       eos_token_ids: ids that always end generation (default: the tokenizer's
         end-of-turn token, else the model config's eos ids).
@@ -307,8 +308,9 @@ class JaxEngine:
         self._batch_buckets = tuple(sorted({int(b) for b in batch_buckets
                                             if 0 < b < self._rows}))
         self.decode_steps = decode_steps
-        if attention_spans is None:
-            attention_spans = [2 ** i for i in range(7, max(max_len.bit_length(), 7))]
+        if attention_spans is None:  # 64, 96, 128, 192, 256, 384, ...: <= 1.5x over-read
+            attention_spans = [m * 2 ** i for i in range(5, max_len.bit_length())
+                               for m in (2, 3)]
         self._spans = tuple(sorted({int(w) for w in attention_spans if 0 < w < max_len} | {max_len}))
         self.batch_wait_s = batch_wait_s
         self.max_stop_ids = max_stop_ids
