@@ -18,9 +18,12 @@ Design (static shapes, so XLA compiles a handful of programs once):
 - Decode: one jitted program runs `decode_steps` single-token steps over the decoding
   rows (`lax.scan`); rows stop on device at a stop id, their token budget or a full
   cache, so the host syncs once per `decode_steps` tokens.
-- Attention spans: prefill and decode attend only to the first `span` cache slots, span
-  the smallest of `attention_spans` holding the longest row involved, so short contexts
-  do not pay for max_len. Stop strings are checked on the
+- Attention spans: decode attends only to the first `span` cache slots, span the
+  smallest of `attention_spans` holding the longest active row, so short contexts do not
+  pay for max_len (decode reads every cached key/value once per token; prefill reads
+  them once per chunk, so it always attends over the whole row).
+- Compilations: one decode program per (batch bucket, span) and one prefill program per
+  (batch bucket, chunk), compiled when first used; `warmup()` compiles them all upfront. Stop strings are checked on the
   host by decoding a window of each row's newest tokens; tokens sampled after a
   stop string are discarded and the row's cache length rolled back.
 - Continuous batching: a scheduler thread admits waiting requests into free rows
@@ -120,20 +123,20 @@ def _put_window(cache: KVCache, window: KVCache) -> KVCache:
     return KVCache(k=put(cache.k, window.k), v=put(cache.v, window.v), lengths=window.lengths)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "gather", "span"),
-                   donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "gather"), donate_argnames=("cache",))
 def _prefill(graphdef, params, cache, lengths, rows, tokens, segment_ids, keys, steps,
-             temperature, top_k, top_p, *, gather, span):
-    """Appends a right-padded chunk to `rows` of the cache (all rows when not `gather`),
-    attending to the first `span` slots; samples after each row's last real token.
-    Returns (cache, tokens [P], logprobs [P])."""
+             temperature, top_k, top_p, *, gather):
+    """Appends a right-padded chunk to the cache rows `rows` (gathered into a smaller
+    batch when `gather`, else every row); samples after each row's last real token.
+    Returns (cache, tokens [P], logprobs [P]).
+
+    Prefill attends over the whole row (no span): its key/value reads are shared by the
+    chunk's C queries, so a span would save little and multiply the programs to compile."""
     model = nnx.merge(graphdef, params)
     cache = cache.replace(lengths=lengths)
-    full = _take_rows(cache, rows, lengths[rows]) if gather else cache
-    window = _window(full, span, full.lengths)
-    positions = cache_positions(window.lengths, segment_ids)
-    hidden, window = model(tokens, positions, segment_ids, window)
-    sub = _put_window(full, window)
+    sub = _take_rows(cache, rows, lengths[rows]) if gather else cache
+    positions = cache_positions(sub.lengths, segment_ids)
+    hidden, sub = model(tokens, positions, segment_ids, sub)
     last = jnp.maximum(jnp.sum(segment_ids != 0, axis=1) - 1, 0)
     hidden_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)
     new_tokens, logprobs = sample(model.logits(hidden_last)[:, 0], keys, steps, temperature,
@@ -257,10 +260,9 @@ class JaxEngine:
         inert) and computes only that many rows; more rows than the largest bucket run
         over every row. Default: 1, 4, 16, 64, ... below max_slots.
       decode_steps: tokens per decode program call (host round trip).
-      attention_spans: attention spans of the prefill / decode programs: each call
-        attends only to the smallest span holding every row it touches (one compilation
-        per span used). Default: 64, 96, 128, 192, 256, 384, ... below max_len, plus
-        max_len.
+      attention_spans: attention spans of the decode programs: each call attends only to
+        the smallest span holding every active row (one compilation per span used).
+        Default: powers of two from 128 below max_len, plus max_len.
       batch_wait_s: when idle, how long to wait after a request for concurrent ones.
       eos_token_ids: ids that always end generation (default: the tokenizer's
         end-of-turn token, else the model config's eos ids).
@@ -277,7 +279,7 @@ class JaxEngine:
         tokenizer=None,
         max_slots: int = 16,
         max_len: int = 1024,
-        prefill_chunks: Sequence[int] = (16, 64, 256),
+        prefill_chunks: Sequence[int] = (32, 256),
         batch_buckets: Sequence[int] | None = None,
         decode_steps: int = 8,
         attention_spans: Sequence[int] | None = None,
@@ -308,9 +310,8 @@ class JaxEngine:
         self._batch_buckets = tuple(sorted({int(b) for b in batch_buckets
                                             if 0 < b < self._rows}))
         self.decode_steps = decode_steps
-        if attention_spans is None:  # 64, 96, 128, 192, 256, 384, ...: <= 1.5x over-read
-            attention_spans = [m * 2 ** i for i in range(5, max_len.bit_length())
-                               for m in (2, 3)]
+        if attention_spans is None:
+            attention_spans = [2 ** i for i in range(7, max_len.bit_length())]
         self._spans = tuple(sorted({int(w) for w in attention_spans if 0 < w < max_len} | {max_len}))
         self.batch_wait_s = batch_wait_s
         self.max_stop_ids = max_stop_ids
@@ -406,6 +407,18 @@ class JaxEngine:
 
     # ---------------------------------------------------------------- public extras
 
+    def warmup(self) -> int:
+        """Compiles every program the engine can call (each batch bucket x prefill chunk,
+        each batch bucket x attention span) with inert inputs, so later requests never
+        wait on XLA; returns the number of programs. Safe while requests run."""
+        done = threading.Event()
+        self._inbox.put(("warmup", done))
+        while not done.wait(timeout=1.0):
+            if not self.health():
+                raise RuntimeError("warmup: the engine is not running")
+        layouts = len(self._batch_buckets) + 1
+        return layouts * (len(self._chunks) + len(self._spans))
+
     @property
     def compile_counts(self) -> dict[str, int]:
         """XLA compilations of the engine's programs so far, process-wide."""
@@ -500,6 +513,9 @@ class JaxEngine:
                 self._enqueue(payload)
             elif kind == "end_session":
                 self._end_session(payload)
+            elif kind == "warmup":
+                self._warmup()
+                payload.set()
             elif kind == "weights":
                 params, version, done = payload
                 self._params = params
@@ -508,6 +524,28 @@ class JaxEngine:
                     self._end_session(session_id)
                 done.set()
         return True
+
+    def _warmup(self) -> None:
+        """Runs every program once on inert rows (all padding / inactive: no cache row
+        changes)."""
+        layouts = [(True, np.full(b, self._scratch, np.int32)) for b in self._batch_buckets]
+        layouts.append((False, np.arange(self._rows, dtype=np.int32)))
+        for gather, cache_rows in layouts:
+            size = len(cache_rows)
+            keys, steps, temperature, top_k, top_p = self._sampling_arrays([], [], size)
+            for width in self._chunks:
+                inert = np.zeros((size, width), np.int32)
+                self._cache, *_ = _prefill(
+                    self._graphdef, self._params, self._cache, self._lengths, cache_rows,
+                    inert, inert, keys, steps, temperature, top_k, top_p, gather=gather)
+            for span in self._spans:
+                self._cache, *_ = _decode(
+                    self._graphdef, self._params, self._cache, self._lengths, cache_rows,
+                    np.zeros(size, np.int32), np.zeros(size, bool), keys, steps,
+                    np.zeros(size, np.int32), np.full((size, self.max_stop_ids), -1, np.int32),
+                    temperature, top_k, top_p, gather=gather, num_steps=self.decode_steps,
+                    span=span)
+        jax.block_until_ready(self._cache)
 
     def _enqueue(self, seq: _Sequence) -> None:
         if len(seq.input_ids) > self.max_len:
@@ -628,11 +666,10 @@ class JaxEngine:
             tokens[row, :len(chunk)] = chunk
             segments[row, :len(chunk)] = 1
             chunks.append(len(chunk))
-        span = self._span(max(int(self._lengths[s.slot]) for s in seqs) + width)
         start = time.perf_counter()
         self._cache, new_tokens, logprobs = _prefill(
             self._graphdef, self._params, self._cache, self._lengths, cache_rows, tokens,
-            segments, *self._sampling_arrays(seqs, rows, size), gather=gather, span=span)
+            segments, *self._sampling_arrays(seqs, rows, size), gather=gather)
         new_tokens, logprobs = np.asarray(new_tokens), np.asarray(logprobs)
         self._count("prefill", start, len(seqs), sum(chunks))
         for seq, row, count in zip(seqs, rows, chunks):

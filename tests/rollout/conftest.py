@@ -38,6 +38,8 @@ def tiny_model(tokenizer):
 
 @pytest.fixture(scope="session")
 def engine(tiny_model, tokenizer):
+    """The shared engine, with every program compiled upfront (`warmup`)."""
     engine = JaxEngine.from_model(tiny_model, tokenizer=tokenizer, **ENGINE_KWARGS)
+    engine.warmup()
     yield engine
     engine.close()

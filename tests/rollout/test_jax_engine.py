@@ -189,6 +189,20 @@ def test_update_weights_changes_outputs_without_recompiling(engine, tiny_model, 
         engine.update_weights(bad)
 
 
+def test_warmup_compiled_every_program(engine, tokenizer):
+    """The fixture ran `warmup`: a workload touching every batch layout, chunk and span
+    compiles nothing new, and warming up again is free."""
+    compiles = engine.compile_counts
+    programs = engine.warmup()
+    assert programs == 2 * (1 + 2)  # (gather-1, all rows) x (1 chunk + 2 spans)
+    prompts = _prompts(tokenizer)
+    long_prompt = (prompts[0] * 4)[:70]  # > one 32-token chunk, decodes at span 96
+    _generate(engine, GenerateRequest(prompts[1], GREEDY))                       # gathered
+    _generate(engine, *[GenerateRequest(p, GREEDY) for p in prompts],
+              GenerateRequest(long_prompt, SamplingParams(max_new_tokens=12)))  # all rows
+    assert engine.compile_counts == compiles
+
+
 def test_cancelled_requests_free_their_rows_and_bad_input(engine, tiny_model, tokenizer):
     prompt = _prompts(tokenizer)[0]
 
