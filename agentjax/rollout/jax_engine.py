@@ -279,7 +279,7 @@ class JaxEngine:
         tokenizer=None,
         max_slots: int = 16,
         max_len: int = 1024,
-        prefill_chunks: Sequence[int] = (32, 256),
+        prefill_chunks: Sequence[int] = (16, 64, 256),
         batch_buckets: Sequence[int] | None = None,
         decode_steps: int = 8,
         attention_spans: Sequence[int] | None = None,

@@ -23,7 +23,8 @@ so both sides run the same weights.
    sleeps 100 ms per call vs the same run with zero tool latency (same seeds, so the
    same tokens), plus the same latency with one episode at a time. The engine has one
    slot per concurrent episode, so every session keeps its KV cache across turns.
-Experiments 2 and 3 run once to compile and warm up, then once measured.
+Before measuring, `JaxEngine.warmup()` compiles every program (time printed), so no
+measured run waits on XLA.
 """
 from __future__ import annotations
 
@@ -139,7 +140,10 @@ def bench_generate(folder: Path, tokenizer, model, batch=32, prompt_len=32, new_
         out = engine.generate_sync(requests)
         return time.perf_counter() - start, sum(len(c[0].output_ids) for c in out)
 
-    jax_warm, _ = jax_run(0)
+    start = time.perf_counter()
+    engine.warmup()
+    jax_run(0)
+    jax_warm = time.perf_counter() - start
     jax_runs = [jax_run(100 * (r + 1)) for r in range(repeats)]
     jax_time, jax_tokens = min(jax_runs)
     compiles = engine.compile_counts
@@ -202,12 +206,15 @@ def bench_multiturn(tokenizer, model, sessions=16, turns=8, new_tokens=32, obs_t
             engine.end_session(f"{tag}-{i}")
         return times, cached
 
-    for run in ("warm-up", "measured"):
-        reuse, cached = asyncio.run(episode_turns(True, f"reuse-{run}"))
-        scratch, _ = asyncio.run(episode_turns(False, f"scratch-{run}"))
+    start = time.perf_counter()
+    programs = engine.warmup()
+    compile_s = time.perf_counter() - start
+    reuse, cached = asyncio.run(episode_turns(True, "reuse"))
+    scratch, _ = asyncio.run(episode_turns(False, "scratch"))
     engine.close()
     print(f"\n## Multi-turn: {sessions} concurrent sessions, {new_tokens} new + {obs_tokens} "
-          f"observation tokens per turn, prompt {prompt_len}")
+          f"observation tokens per turn, prompt {prompt_len} (warm-up: {programs} programs "
+          f"in {compile_s:.1f} s)")
     rows = []
     for t in range(turns):
         rows.append([t + 1, f"{cached[t]:.0f}", f"{reuse[t] * 1e3:.0f}",
@@ -263,13 +270,16 @@ def bench_pool(tokenizer, model, episodes=64, turns=4, new_tokens=48, latency=0.
         tokens = sum(len(turn.action_ids) for t in trajs for turn in t.turns)
         return elapsed, tokens, len(trajs)
 
-    run(0.0, episodes, tasks, 4)  # warm-up: compiles every program shape
+    start = time.perf_counter()
+    programs = engine.warmup()
+    compile_s = time.perf_counter() - start
     zero = run(0.0, episodes, tasks, 4)
     slow = run(latency, episodes, tasks, 4)
     sequential = run(latency, 1, tasks[:2], 2)
     engine.close()
     print(f"\n## Pool: {episodes} episodes x {turns} turns, {new_tokens} tokens per turn, "
-          f"engine {slots} slots, concurrency {episodes}")
+          f"engine {slots} slots, concurrency {episodes} (warm-up: {programs} programs in "
+          f"{compile_s:.1f} s)")
     base = zero[1] / zero[0]
     rows = []
     for name, (elapsed, tokens, count) in [
