@@ -4,10 +4,10 @@
     [[completion]] = await engine.generate([GenerateRequest(ids, SamplingParams(...))])
     engine.update_weights(new_params, version=3)     # in place, no recompilation
 
-Design (static shapes, so XLA compiles a handful of programs once):
+Design (static shapes, so XLA compiles a bounded set of programs once):
 - A cache of `max_slots + 1` rows x `max_len` slots (`models.cache.KVCache`, a write
   offset per row). Each in-flight sequence owns one row; the extra row is scratch for
-  the padding rows of a prefill batch.
+  the padding rows of a gathered batch.
 - Batch buckets: a program call computes only the rows it needs: they are gathered
   from the cache into the smallest of `batch_buckets` that holds them, run, and
   scattered back (padding rows point at the scratch row and are inert); a call touching
@@ -17,15 +17,15 @@ Design (static shapes, so XLA compiles a handful of programs once):
   The last real token's logits give the first sampled token.
 - Decode: one jitted program runs `decode_steps` single-token steps over the decoding
   rows (`lax.scan`); rows stop on device at a stop id, their token budget or a full
-  cache, so the host syncs once per `decode_steps` tokens.
+  cache, so the host syncs once per `decode_steps` tokens. Stop strings are checked on
+  the host by decoding a window of each row's newest tokens; tokens sampled after a stop
+  string are discarded and the row's cache length rolled back.
 - Attention spans: decode attends only to the first `span` cache slots, span the
   smallest of `attention_spans` holding the longest active row, so short contexts do not
   pay for max_len (decode reads every cached key/value once per token; prefill reads
   them once per chunk, so it always attends over the whole row).
 - Compilations: one decode program per (batch bucket, span) and one prefill program per
-  (batch bucket, chunk), compiled when first used; `warmup()` compiles them all upfront. Stop strings are checked on the
-  host by decoding a window of each row's newest tokens; tokens sampled after a
-  stop string are discarded and the row's cache length rolled back.
+  (batch bucket, chunk), compiled when first used; `warmup()` compiles them all upfront.
 - Continuous batching: a scheduler thread admits waiting requests into free rows
   between decode rounds; when idle it waits `batch_wait_s` after the first arrival to
   gather concurrent callers. Sequences finish independently.
@@ -269,6 +269,11 @@ class JaxEngine:
       max_stop_ids: most stop ids per request (static width of the device stop table).
       cache_dtype: KV cache dtype (default: the model's compute dtype).
       seed: seed of the engine's stream for requests without a seed.
+
+    Attributes:
+      weight_version: version of the params in use (see `update_weights`).
+      stats: counters: {prefill,decode}_{calls,tokens,s}, max_{prefill,decode}_batch,
+        evictions.
     """
 
     def __init__(
@@ -312,7 +317,8 @@ class JaxEngine:
         self.decode_steps = decode_steps
         if attention_spans is None:
             attention_spans = [2 ** i for i in range(7, max_len.bit_length())]
-        self._spans = tuple(sorted({int(w) for w in attention_spans if 0 < w < max_len} | {max_len}))
+        self._spans = tuple(sorted({int(w) for w in attention_spans if 0 < w < max_len}
+                                   | {max_len}))
         self.batch_wait_s = batch_wait_s
         self.max_stop_ids = max_stop_ids
         if eos_token_ids is None:
@@ -391,11 +397,7 @@ class JaxEngine:
                     f"{old.dtype.name}{tuple(old.shape)}")
         copied = [jax.device_put(new, old.sharding, may_alias=False)
                   for new, old in zip(new_leaves, old_leaves)]
-        done = threading.Event()
-        self._inbox.put(("weights", (jax.tree.unflatten(old_tree, copied), version, done)))
-        while not done.wait(timeout=1.0):
-            if not self.health():
-                raise RuntimeError("update_weights: the engine is not running")
+        self._call_scheduler("weights", (jax.tree.unflatten(old_tree, copied), version))
 
     def health(self) -> bool:
         """True while the scheduler thread runs."""
@@ -411,11 +413,7 @@ class JaxEngine:
         """Compiles every program the engine can call (each batch bucket x prefill chunk,
         each batch bucket x attention span) with inert inputs, so later requests never
         wait on XLA; returns the number of programs. Safe while requests run."""
-        done = threading.Event()
-        self._inbox.put(("warmup", done))
-        while not done.wait(timeout=1.0):
-            if not self.health():
-                raise RuntimeError("warmup: the engine is not running")
+        self._call_scheduler("warmup", None)
         layouts = len(self._batch_buckets) + 1
         return layouts * (len(self._chunks) + len(self._spans))
 
@@ -423,6 +421,17 @@ class JaxEngine:
     def compile_counts(self) -> dict[str, int]:
         """XLA compilations of the engine's programs so far, process-wide."""
         return dict(COMPILE_COUNTS)
+
+    def _call_scheduler(self, kind: str, payload: Any) -> None:
+        """Posts a control message to the scheduler thread and waits until it is done;
+        re-raises what it raised."""
+        done, outcome = threading.Event(), {}
+        self._inbox.put((kind, (payload, done, outcome)))
+        while not done.wait(timeout=1.0):
+            if not self.health():
+                raise RuntimeError(f"{kind}: the engine is not running")
+        if "error" in outcome:
+            raise RuntimeError(f"{kind} failed in the engine thread") from outcome["error"]
 
     def close(self) -> None:
         """Stops the scheduler thread; in-flight requests are aborted."""
@@ -513,17 +522,24 @@ class JaxEngine:
                 self._enqueue(payload)
             elif kind == "end_session":
                 self._end_session(payload)
-            elif kind == "warmup":
+            else:
+                self._control(kind, *payload)
+        return True
+
+    def _control(self, kind: str, payload: Any, done: threading.Event, outcome: dict) -> None:
+        """Runs a `_call_scheduler` message ("warmup" or "weights")."""
+        try:
+            if kind == "warmup":
                 self._warmup()
-                payload.set()
-            elif kind == "weights":
-                params, version, done = payload
-                self._params = params
+            else:
+                self._params, version = payload
                 self.weight_version = self.weight_version + 1 if version is None else version
                 for session_id in [k for k, v in self._sessions.items() if not v.busy]:
                     self._end_session(session_id)
-                done.set()
-        return True
+        except Exception as error:  # noqa: BLE001 - handed to the waiting caller
+            outcome["error"] = error
+        finally:
+            done.set()
 
     def _warmup(self) -> None:
         """Runs every program once on inert rows (all padding / inactive: no cache row

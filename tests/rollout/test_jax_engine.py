@@ -207,9 +207,13 @@ def test_cancelled_requests_free_their_rows_and_bad_input(engine, tiny_model, to
     prompt = _prompts(tokenizer)[0]
 
     async def cancel_then_generate():
-        long = GenerateRequest(prompt, SamplingParams(temperature=1.0, max_new_tokens=60))
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(engine.generate([long] * 4), timeout=0.05)
+        long = GenerateRequest(prompt, SamplingParams(temperature=1.0, max_new_tokens=80,
+                                                      seed=0))
+        task = asyncio.ensure_future(engine.generate([long] * 4))
+        await asyncio.sleep(0.03)  # admitted and decoding (80 tokens take far longer)
+        assert task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
         return await engine.generate([GenerateRequest(prompt, GREEDY)])
 
     [[after]] = asyncio.run(cancel_then_generate())
