@@ -2,7 +2,6 @@
 import asyncio
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
