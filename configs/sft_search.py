@@ -7,7 +7,7 @@ invalid action is masked out so only the recovery is learned).
 
 The run exports its policy to <workdir>/hf (an HF checkpoint + tokenizer), which
 `init_from` (and scripts/evaluate.py, SGLang) read.
-Variants: cpu (default), test. Ablations: sweep(name).
+Variants: cpu (default on CPU), hf (a local HF model), test. Ablations: sweep(name).
 """
 from agentjax.train import presets
 
@@ -15,6 +15,8 @@ from agentjax.train import presets
 def get_config(arg=None):
     config = presets.search_config("grpo", arg)
     config.stage = "sft"
+    if config.model.path or arg == "hf":  # a pretrained model: gentle, short SFT
+        config.sft.steps, config.sft.lr, config.sft.batch_size = 200, 1e-5, 16
     return config
 
 

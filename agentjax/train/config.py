@@ -73,7 +73,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.env.topk = 3
     c.env.max_turns = 4
     c.env.max_observation_words = 120
-    c.env.instruction = "short"  # "short" | "search_r1"
+    c.env.instruction = "short"  # "minimal" | "short" | "search_r1" (see suites.py)
     c.env.mask_observations = True  # False: observation tokens enter the loss (ablation)
 
     c.retrieval = ml_collections.ConfigDict({"kind": "bm25", "url": "", "timeout_s": 10.0})
@@ -107,7 +107,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.rollout.top_k = -1
     c.rollout.max_new_tokens = 24
     c.rollout.max_tokens = 512
-    c.rollout.concurrency = 128
+    c.rollout.concurrency = 64  # episodes in flight; <= engine_slots (no cache evictions)
     c.rollout.engine_slots = 64  # sequences decoded together by the JaxEngine
     c.rollout.decode_steps = 8  # tokens per device round trip of the JaxEngine
     c.rollout.episode_timeout_s = 120.0
@@ -211,7 +211,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                          ("data.source", ("synthetic", "files")),
                          ("optim.schedule", SCHEDULES), ("rollout.engine", ("jax", "sglang")),
                          ("retrieval.kind", ("bm25", "http")),
-                         ("env.instruction", ("short", "search_r1")),
+                         ("env.instruction", ("minimal", "short", "search_r1")),
                          ("model.dtype", ("float32", "bfloat16")),
                          ("model.param_dtype", ("float32", "bfloat16"))]:
         if _get(config, key) not in choices:
@@ -252,6 +252,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if algo.microbatch_size and minibatch % algo.microbatch_size:
         fail(f"minibatch size {minibatch} is not divisible by "
              f"algo.microbatch_size={algo.microbatch_size}")
+    if rollout.engine == "jax" and rollout.concurrency > rollout.engine_slots:
+        fail(f"rollout.concurrency={rollout.concurrency} exceeds rollout.engine_slots="
+             f"{rollout.engine_slots}: sessions would be evicted and re-prefilled")
     if rollout.temperature < 0 or rollout.final_temperature < 0:
         fail("rollout temperatures must be >= 0")
     if not 0 < rollout.top_p <= 1:

@@ -21,7 +21,9 @@ def default_variant() -> str:
 def _cpu(c):
     c.total_steps = 40
     c.sft.steps = 400
-    c.optim.lr = 5e-4
+    c.sft.batch_size = 16
+    c.sft.lr = 3e-3
+    c.optim.lr = 3e-4
     c.eval.every = 10
     c.checkpoint.every = 10
 
@@ -46,7 +48,7 @@ def _hf(c):
     c.rollout.max_tokens = 4096
     c.rollout.max_new_tokens = 500
     c.rollout.engine_slots = 256
-    c.rollout.concurrency = 512
+    c.rollout.concurrency = 256
     c.algo.kl_coef = 0.001
     c.algo.kl_kind = "k3"
     c.algo.minibatches = 4
@@ -68,7 +70,7 @@ def _test(c):
     c.total_steps = 2
     c.rollout.prompts_per_step, c.rollout.group_size = 2, 2
     c.rollout.max_tokens, c.rollout.max_new_tokens = 384, 12
-    c.rollout.engine_slots = 8
+    c.rollout.engine_slots = c.rollout.concurrency = 8
     c.eval.every, c.eval.num_tasks, c.eval.samples = 2, 4, 2
     c.checkpoint.every = 1
     c.log.tensorboard = False

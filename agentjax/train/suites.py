@@ -86,10 +86,17 @@ def _report(report: demo_lib.SuccessReport) -> dict[str, Any]:
             "by_hops": {str(k): float(v) for k, v in report.by_hops.items()}}
 
 
+# The prompt a tiny model trained from scratch needs: it learns the action format from
+# the demonstrations, and every prompt token costs compute in SFT, rollouts and updates.
+MINIMAL_INSTRUCTION = "Question: {question}\n"
+INSTRUCTIONS = {"search_r1": DEFAULT_INSTRUCTION, "short": SHORT_INSTRUCTION,
+                "minimal": MINIMAL_INSTRUCTION}
+
+
 def build_search_suite(config, data_dir: str) -> TaskSuite:
     """The Search-R1-style world: synthetic multi-hop questions over a BM25 corpus, or a
     user's Search-R1 parquet/jsonl files with a corpus (data.source="files")."""
-    instruction = SHORT_INSTRUCTION if config.env.instruction == "short" else DEFAULT_INSTRUCTION
+    instruction = INSTRUCTIONS[config.env.instruction]
     env_kwargs = dict(topk=config.env.topk, max_turns=config.env.max_turns,
                       max_observation_words=config.env.max_observation_words,
                       instruction=instruction)

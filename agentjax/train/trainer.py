@@ -401,8 +401,9 @@ class Trainer:
             device_batch, prep_metrics = prepare(state.params, state.ref_params, state.critic_params,
                                                  self._device_batch(batch))
             state, update_metrics = update(state, device_batch)
-            self.engine.update_weights(state.params)
+            jax.block_until_ready(state.params)
             t2 = time.perf_counter()
+            self.engine.update_weights(state.params)
             metrics.update(jax.device_get(prep_metrics))
             metrics.update(jax.device_get(update_metrics))
             tokens = sum(t.num_action_tokens for t in trajectories)
