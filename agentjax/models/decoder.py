@@ -15,6 +15,15 @@ Inputs (all [B, T] int32):
 With a `KVCache` (see cache.py) the same call prefills, decodes one token, or appends a
 chunk to rows at different lengths, and returns the updated cache.
 
+Inference engines use `model.layerwise_weights()` instead: the same computation with the
+layers unrolled over per-layer weights and a per-layer `LayerKVCache` (on CPU, each
+layer's slice of a stacked array inside a scan is a copy, which on a single-token step
+costs about as much as the layer's matmuls):
+
+    weights = model.layerwise_weights()                    # under jit: a copy per layer
+    hidden, cache = weights.forward(tokens, positions, segment_ids, layer_cache)
+    logits = weights.logits(hidden)
+
 Pure-functional idiom for jit / optax / sharding — the trainer keeps `params` (an
 `nnx.State` pytree of Params) in its TrainState and the graphdef as static data:
 
@@ -39,9 +48,9 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from flax import nnx, struct
 
-from agentjax.models.cache import KVCache, write_slots
+from agentjax.models.cache import KVCache, LayerKVCache, write_slots
 from agentjax.models.config import ModelConfig
 from agentjax.parallel import LogicalSharding, constrain
 
@@ -158,14 +167,50 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
       [B, T, H, hd] in q's dtype; scores and softmax are float32.
     """
     b, t, h, hd = q.shape
-    kv_heads = k.shape[1]
-    q = q.reshape(b, t, kv_heads, h // kv_heads, hd) * jnp.asarray(hd ** -0.5, q.dtype)
+    q = _grouped_queries(q, k.shape[1])
     scores = jnp.einsum("btkgd,bksd->bkgts", q, k,
                         preferred_element_type=_accumulation_dtype(q.dtype))
-    scores = jnp.where(mask[:, None, None], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    probs = _masked_softmax(scores, mask).astype(v.dtype)
     out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
     return out.reshape(b, t, h, hd)
+
+
+def layer_cache_attention(q: jax.Array, k_t: jax.Array, v: jax.Array,
+                          mask: jax.Array) -> jax.Array:
+    """`attention` over one layer of a `LayerKVCache` (keys stored transposed).
+
+    Both products are batched over (row, kv head) with the queries of a group as the
+    matrix rows and no transposed operand or output: XLA:CPU ran `attention`'s
+    [B, T, K, G, hd]-ordered output as tiny strided matmuls, 2.5x slower on a decode
+    step at 576 slots.
+
+    Args:
+      q: [B, T, H, hd] queries.
+      k_t: [B, K, hd, S] keys.
+      v: [B, K, S, hd] values.
+      mask: [B, T, S] bool, True where query t may attend key s.
+
+    Returns:
+      [B, T, H, hd] in q's dtype; scores and softmax are float32.
+    """
+    b, t, h, hd = q.shape
+    q = _grouped_queries(q, k_t.shape[1]).transpose(0, 2, 3, 1, 4)        # [B, K, G, T, hd]
+    scores = jnp.einsum("bkgtd,bkds->bkgts", q, k_t.astype(q.dtype),
+                        preferred_element_type=_accumulation_dtype(q.dtype))
+    probs = _masked_softmax(scores, mask).astype(q.dtype)
+    out = jnp.einsum("bkgts,bksd->bkgtd", probs, v.astype(q.dtype))
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
+
+
+def _grouped_queries(q: jax.Array, kv_heads: int) -> jax.Array:
+    """Scaled queries [B, T, K, G, hd] grouped by the kv head they read."""
+    b, t, h, hd = q.shape
+    return q.reshape(b, t, kv_heads, h // kv_heads, hd) * jnp.asarray(hd ** -0.5, q.dtype)
+
+
+def _masked_softmax(scores: jax.Array, mask: jax.Array) -> jax.Array:
+    """Softmax over the slots of scores [B, K, G, T, S] where mask [B, T, S] allows."""
+    return jax.nn.softmax(jnp.where(mask[:, None, None], scores, _MASKED), axis=-1)
 
 
 def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
@@ -227,10 +272,20 @@ class Decoder(nnx.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """[B, T, V] float32 logits of final hidden states [B, T, D]."""
-        chex.assert_rank(hidden, 3)
-        logits = jnp.einsum("btd,dv->btv", hidden, self.lm_head_weight(),
-                            preferred_element_type=jnp.float32)
-        return constrain(logits, ("batch", "seq", "vocab"), self.activation_sharding)
+        return _logits(hidden, self.lm_head_weight(), self.activation_sharding)
+
+    def layerwise_weights(self) -> "LayerwiseWeights":
+        """The weights for `LayerwiseWeights.forward`: one dict per layer, matrices and
+        embedding in the compute dtype (as the layers cast them). Under jit this is a
+        copy, independent of the module's buffers."""
+        cfg = self.config
+        stacked = {name: p[...].astype(cfg.dtype) for name, p in self.layers.items()}
+        return LayerwiseWeights(
+            config=cfg, activation_sharding=self.activation_sharding,
+            embed=self.embed[...].astype(cfg.dtype), final_norm=self.final_norm[...],
+            lm_head=None if cfg.tie_embeddings else self.lm_head_weight(),
+            layers=tuple({name: w[i] for name, w in stacked.items()}
+                         for i in range(cfg.num_layers)))
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array,
                  cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
@@ -254,8 +309,7 @@ class Decoder(nnx.Module):
         shard = self.activation_sharding
         _check_concrete_inputs(tokens, cfg.vocab_size, segment_ids, cache)
 
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype)
-        x = constrain(x, ("batch", "seq", "act_embed"), shard)
+        x = _embed(cfg, self.embed[...], tokens, shard)
         cos, sin = rope_tables(positions, cfg.rope.inv_freq(cfg.head_dim))
         params = {name: p[...] for name, p in self.layers.items()}
 
@@ -265,29 +319,22 @@ class Decoder(nnx.Module):
             kv_carry = None
         else:
             chex.assert_shape(cache.lengths, (tokens.shape[0],))
-            slots, new_lengths = write_slots(cache.lengths, segment_ids)
-            mask = cache_mask(slots, cache.max_len)
-            # Padding (slot -1) is redirected out of bounds and dropped by the scatter.
-            scatter_slots = jnp.where(slots < 0, cache.max_len, slots)
+            mask, scatter_slots, new_lengths = _cache_write_plan(cache, segment_ids)
             kv_carry = (cache.k, cache.v)
 
         def layer(carry, xs):
             x, kv = carry
             p, index = xs
-            p = {name: w.astype(cfg.dtype) for name, w in p.items()}
-            q, k, v = _qkv(cfg, p, rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), cos, sin)
-            q = constrain(q, ("batch", "seq", "heads", "head_dim"), shard)
-            if kv is None:
-                k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-            else:
-                kv, k, v = _write_and_read_cache(kv, index, k, v, scatter_slots)
-            out = attention(q, k, v, mask)
-            attn = jnp.einsum("bthk,hkd->btd", out, p["o_proj"])
-            if cfg.o_bias:
-                attn = attn + p["o_bias"]
-            x = constrain(x + attn, ("batch", "seq", "act_embed"), shard)
-            x = x + _mlp(p, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps), shard)
-            return (constrain(x, ("batch", "seq", "act_embed"), shard), kv), None
+
+            def attend(q, k, v):
+                if kv is None:
+                    return attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+                                     mask), None
+                new_kv, layer_k, layer_v = _write_and_read_cache(kv, index, k, v,
+                                                                 scatter_slots)
+                return attention(q, layer_k, layer_v, mask), new_kv
+
+            return _layer(cfg, p, x, cos, sin, attend, shard), None
 
         policy = remat_policy(cfg.remat)
         if policy is not None:
@@ -299,6 +346,110 @@ class Decoder(nnx.Module):
         if cache is None:
             return hidden, None
         return hidden, KVCache(k=kv_carry[0], v=kv_carry[1], lengths=new_lengths)
+
+
+@struct.dataclass
+class LayerwiseWeights:
+    """A Decoder's weights for inference with the layers unrolled (`Decoder.
+    layerwise_weights()`): each layer reads its own buffers, never a slice of a stacked
+    array. `forward` computes what `Decoder.__call__` with a cache does.
+
+    Attributes:
+      config: the model's ModelConfig (static).
+      activation_sharding: the model's LogicalSharding or None (static).
+      embed: [V, D] token embedding in the compute dtype.
+      final_norm: [D] final RMSNorm weight (param dtype).
+      lm_head: [D, V] output projection in the compute dtype; None when tied to embed.
+      layers: per layer, a dict of its weights (names of `layer_param_specs`, without the
+        layer axis) in the compute dtype.
+    """
+
+    config: ModelConfig = struct.field(pytree_node=False)
+    activation_sharding: LogicalSharding | None = struct.field(pytree_node=False)
+    embed: jax.Array
+    final_norm: jax.Array
+    lm_head: jax.Array | None
+    layers: tuple[dict[str, jax.Array], ...]
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """[B, T, V] float32 logits of final hidden states [B, T, D]."""
+        w = self.embed.T if self.lm_head is None else self.lm_head
+        return _logits(hidden, w, self.activation_sharding)
+
+    def forward(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array,
+                cache: LayerKVCache) -> tuple[jax.Array, LayerKVCache]:
+        """Appends a chunk to the cache rows and runs the decoder over it.
+
+        Args:
+          tokens: [B, T] int32 token ids.
+          positions: [B, T] int32 RoPE positions (`cache.cache_positions`).
+          segment_ids: [B, T] int32, nonzero = real token of the row's sequence, 0 =
+            padding (neither written nor counted).
+          cache: LayerKVCache with `batch == B`.
+
+        Returns:
+          (hidden [B, T, D] in the compute dtype after the final norm, updated cache).
+        """
+        chex.assert_rank([tokens, positions, segment_ids], 2)
+        chex.assert_equal_shape([tokens, positions, segment_ids])
+        chex.assert_type([tokens, positions, segment_ids], int)
+        chex.assert_shape(cache.lengths, (tokens.shape[0],))
+        if len(cache.k) != len(self.layers):
+            raise ValueError(f"cache has {len(cache.k)} layers, the model {len(self.layers)}")
+        cfg, shard = self.config, self.activation_sharding
+        _check_concrete_inputs(tokens, cfg.vocab_size, segment_ids, cache)
+
+        x = _embed(cfg, self.embed, tokens, shard)
+        cos, sin = rope_tables(positions, cfg.rope.inv_freq(cfg.head_dim))
+        mask, scatter_slots, new_lengths = _cache_write_plan(cache, segment_ids)
+        keys, values = [], []
+        for p, old_k, old_v in zip(self.layers, cache.k, cache.v):
+            def attend(q, k, v, old_k=old_k, old_v=old_v):
+                new_k, new_v = _write_layer_cache(old_k, old_v, k, v, scatter_slots)
+                return layer_cache_attention(q, new_k, new_v, mask), (new_k, new_v)
+
+            x, (new_k, new_v) = _layer(cfg, p, x, cos, sin, attend, shard)
+            keys.append(new_k)
+            values.append(new_v)
+        hidden = rms_norm(x, self.final_norm, cfg.rms_norm_eps)
+        return hidden, LayerKVCache(k=tuple(keys), v=tuple(values), lengths=new_lengths)
+
+
+def _embed(cfg: ModelConfig, embed: jax.Array, tokens: jax.Array,
+           shard: LogicalSharding | None) -> jax.Array:
+    x = jnp.take(embed, tokens, axis=0).astype(cfg.dtype)
+    return constrain(x, ("batch", "seq", "act_embed"), shard)
+
+
+def _logits(hidden: jax.Array, w: jax.Array, shard: LogicalSharding | None) -> jax.Array:
+    chex.assert_rank(hidden, 3)
+    logits = jnp.einsum("btd,dv->btv", hidden, w, preferred_element_type=jnp.float32)
+    return constrain(logits, ("batch", "seq", "vocab"), shard)
+
+
+def _layer(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: jax.Array,
+           sin: jax.Array, attend, shard: LogicalSharding | None):
+    """One pre-norm transformer layer. `attend(q, k, v)` -> (attention output [B,T,H,hd],
+    cache state) stores the new keys/values where the caller keeps them.
+    Returns (x, cache state)."""
+    p = {name: w.astype(cfg.dtype) for name, w in p.items()}
+    q, k, v = _qkv(cfg, p, rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), cos, sin)
+    q = constrain(q, ("batch", "seq", "heads", "head_dim"), shard)
+    out, kv = attend(q, k, v)
+    attn = jnp.einsum("bthk,hkd->btd", out, p["o_proj"])
+    if cfg.o_bias:
+        attn = attn + p["o_bias"]
+    x = constrain(x + attn, ("batch", "seq", "act_embed"), shard)
+    x = x + _mlp(p, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps), shard)
+    return constrain(x, ("batch", "seq", "act_embed"), shard), kv
+
+
+def _cache_write_plan(cache: KVCache | LayerKVCache, segment_ids: jax.Array):
+    """(attention mask [B, T, max_len], slot of each new token with padding redirected
+    out of bounds so the scatter drops it, new lengths) of appending a chunk."""
+    slots, new_lengths = write_slots(cache.lengths, segment_ids)
+    scatter_slots = jnp.where(slots < 0, cache.max_len, slots)
+    return cache_mask(slots, cache.max_len), scatter_slots, new_lengths
 
 
 def _qkv(cfg: ModelConfig, p: dict[str, jax.Array], h: jax.Array, cos: jax.Array,
@@ -335,6 +486,17 @@ def _write_and_read_cache(kv: tuple[jax.Array, jax.Array], index: jax.Array, k: 
     layer_k = jax.lax.dynamic_index_in_dim(cache_k, index, keepdims=False).astype(k.dtype)
     layer_v = jax.lax.dynamic_index_in_dim(cache_v, index, keepdims=False).astype(v.dtype)
     return (cache_k, cache_v), layer_k, layer_v
+
+
+def _write_layer_cache(layer_k: jax.Array, layer_v: jax.Array, k: jax.Array, v: jax.Array,
+                       slots: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Scatters new k/v [B,T,K,hd] into one LayerKVCache layer (keys [B,K,hd,S], values
+    [B,K,S,hd]) at `slots` [B,T] (out-of-range slots are dropped)."""
+    rows = jnp.arange(k.shape[0])[:, None]
+    # Indices split by slices: each update is indexed [B, T, K, hd], k's own layout.
+    layer_k = layer_k.at[rows, :, :, slots].set(k.astype(layer_k.dtype), mode="drop")
+    layer_v = layer_v.at[rows, :, slots].set(v.astype(layer_v.dtype), mode="drop")
+    return layer_k, layer_v
 
 
 def _is_concrete_local(x) -> bool:

@@ -5,16 +5,22 @@
     engine.update_weights(new_params, version=3)     # in place, no recompilation
 
 Design (static shapes, so XLA compiles a bounded set of programs once):
-- A cache of `max_slots + 1` rows x `max_len` slots (`models.cache.KVCache`, a write
-  offset per row). Each in-flight sequence owns one row; the extra row is scratch for
-  the padding rows of a gathered batch.
+- A cache of `max_slots + 1` rows x `max_len` slots (`models.cache.LayerKVCache`: one
+  buffer per layer, a write offset per row). Each in-flight sequence owns one row; the
+  extra row is scratch for the padding rows of a gathered batch. The programs run the
+  model's layers unrolled over the engine's per-layer copy of the weights
+  (`Decoder.layerwise_weights`): on CPU, slicing a layer out of stacked weights or a
+  stacked cache inside a layer scan copies it, which on a decode step cost about as
+  much as the matmuls.
 - Batch buckets: a program call computes only the rows it needs: they are gathered
   from the cache into the smallest of `batch_buckets` that holds them, run, and
   scattered back (padding rows point at the scratch row and are inert); a call touching
   more rows than the largest bucket runs over every row without gathering.
-- Prefill: the admitted sequences' new tokens are right-padded into a [P, C] chunk, C
-  from `prefill_chunks`. A prompt longer than the largest chunk takes several rounds.
-  The last real token's logits give the first sampled token.
+- Prefill: each admitted sequence's next tokens go into a right-padded [P, C] chunk. C
+  is picked per sequence from its own remaining tokens (`_chunk_width`), and the
+  sequences of a round are grouped by C, one call per group: a prompt longer than the
+  largest chunk takes several rounds. The last real token's logits give the first
+  sampled token.
 - Decode: one jitted program runs `decode_steps` single-token steps over the decoding
   rows (`lax.scan`); rows stop on device at a stop id, their token budget or a full
   cache, so the host syncs once per `decode_steps` tokens. Stop strings are checked on
@@ -39,17 +45,36 @@ Design (static shapes, so XLA compiles a bounded set of programs once):
   renormalized; the returned log-prob is that of the distribution sampled from; greedy
   reports the untempered log-prob). Each sequence's key is `fold_in(PRNGKey(seed),
   sample_index)` (or drawn from the engine's stream when `seed` is None), and the token
-  sampled for absolute position t uses `fold_in(key, t)`: seeded requests are
-  reproducible whatever shares their batch, and the turns of a seeded episode (later
-  positions) get fresh randomness.
+  sampled for absolute position t uses `fold_in(key, t)`: a seeded request draws the
+  same noise whatever shares its batch or which row it lands in, and the turns of a
+  seeded episode (later positions) get fresh randomness.
 - Weights: `update_weights` copies the new params into the engine (same structure,
   shapes, dtypes and shardings as before — checked), so nothing recompiles and the
   trainer may donate its own buffers afterwards.
 - Sharding: params may live on a mesh (e.g. `parallel.shard_model`); the cache is then
-  placed by `KVCache.logical_axes()` and the same rules, and jit propagates the rest.
+  placed by `LayerKVCache.logical_axes` and the same rules, and jit propagates the rest.
+
+Batch invariance (`deterministic=True`). Same noise is not same tokens: XLA:CPU's matmul
+result for a row depends on the program's row count (a row of `x[:k] @ w` differs from
+the same row of `x @ w` by ~1e-5), and the default scheduler picks program shapes
+(batch bucket, chunk width, span) from whatever happens to be in flight, so a near-tie
+between two tokens can resolve differently from run to run. For a fixed program shape
+a row's result does not depend on its row index or on the other rows' contents, so in
+deterministic mode every program a sequence passes through has a shape that does not
+depend on the other sequences: decode always runs all rows at span max_len; prefill
+always gathers `deterministic_prefill_rows` rows; chunk boundaries depend only on the
+sequence's own tokens (`_chunk_width`, from the cached prefix its session holds). A
+seeded request's output ids and log-probs are then bitwise identical whatever else runs,
+in whatever order requests arrive (same engine settings, same machine and XLA build).
+A parked session is never evicted (re-prefilling its history would compute its keys in
+another program than the decode steps that wrote them): the caller keeps sessions in
+flight within max_slots (`end_session` when an episode ends); a request that finds every
+row held by a parked session is aborted with that error rather than left waiting.
+Weight swaps change outputs, as they should; the caller makes them at the same points.
+The price: decode pays for every row at full span (the benchmark prints it).
 
 Compilations of the module-level jitted programs (shared by every engine with the same
-model and shapes) are counted from JAX's compile events (`compile_counts`). Params and
+model and shapes) are counted from JAX's compile events (`compile_counts`). Weights and
 cache are committed to their devices at construction, and `update_weights` places new
 params on the same shardings, so a weight swap hits the same executables.
 """
@@ -71,7 +96,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from agentjax.models.cache import KVCache, cache_positions, init_cache
+from agentjax.models.cache import LayerKVCache, cache_positions, init_layer_cache
+from agentjax.models.decoder import LayerwiseWeights
 from agentjax.rollout.engine import Completion, GenerateRequest, SamplingParams
 from agentjax.rollout.sampling import sample
 from agentjax.rollout.trajectory import end_of_turn_id
@@ -91,63 +117,37 @@ def _count_compilations(event: str, duration: float, **kwargs) -> None:
 
 jax.monitoring.register_event_duration_secs_listener(_count_compilations)
 
-# Where rows and slots sit in the cache's k/v arrays (the model owns the layout).
-_BATCH_AXIS = KVCache.logical_axes().k.index("batch")
-_SEQ_AXIS = KVCache.logical_axes().k.index("cache_seq")
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _layerwise_weights(graphdef: nnx.GraphDef, params: Any) -> LayerwiseWeights:
+    """The engine's copy of the weights: the layer stack split per layer, in the compute
+    dtype (`Decoder.layerwise_weights`)."""
+    return nnx.merge(graphdef, params).layerwise_weights()
 
 
-def _take_rows(cache: KVCache, rows: jax.Array, lengths: jax.Array) -> KVCache:
-    """The cache rows `rows` as a smaller cache with the given lengths."""
-    take = lambda x: jnp.take(x, rows, axis=_BATCH_AXIS)
-    return KVCache(k=take(cache.k), v=take(cache.v), lengths=lengths)
-
-
-def _put_rows(cache: KVCache, rows: jax.Array, sub: KVCache) -> KVCache:
-    """Writes the rows of `sub` back at `rows` (duplicate rows must hold equal values)."""
-    index = (slice(None),) * _BATCH_AXIS + (rows,)
-    return KVCache(k=cache.k.at[index].set(sub.k), v=cache.v.at[index].set(sub.v),
-                   lengths=cache.lengths.at[rows].set(sub.lengths))
-
-
-def _window(cache: KVCache, span: int, lengths: jax.Array) -> KVCache:
-    """The first `span` slots of every row."""
-    cut = lambda x: jax.lax.slice_in_dim(x, 0, span, axis=_SEQ_AXIS)
-    window = KVCache(k=cut(cache.k), v=cut(cache.v), lengths=lengths)
-    assert window.max_len == span, "cache layout changed: cache_seq axis not found"
-    return window
-
-
-def _put_window(cache: KVCache, window: KVCache) -> KVCache:
-    """Writes a `_window` back into the full cache."""
-    put = lambda x, w: jax.lax.dynamic_update_slice_in_dim(x, w, 0, axis=_SEQ_AXIS)
-    return KVCache(k=put(cache.k, window.k), v=put(cache.v, window.v), lengths=window.lengths)
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "gather"), donate_argnames=("cache",))
-def _prefill(graphdef, params, cache, lengths, rows, tokens, segment_ids, keys, steps,
-             temperature, top_k, top_p, *, gather):
+@functools.partial(jax.jit, static_argnames=("gather",), donate_argnames=("cache",))
+def _prefill(weights, cache, lengths, rows, tokens, segment_ids, keys, steps, temperature,
+             top_k, top_p, *, gather):
     """Appends a right-padded chunk to the cache rows `rows` (gathered into a smaller
     batch when `gather`, else every row); samples after each row's last real token.
     Returns (cache, tokens [P], logprobs [P]).
 
     Prefill attends over the whole row (no span): its key/value reads are shared by the
     chunk's C queries, so a span would save little and multiply the programs to compile."""
-    model = nnx.merge(graphdef, params)
     cache = cache.replace(lengths=lengths)
-    sub = _take_rows(cache, rows, lengths[rows]) if gather else cache
+    sub = cache.take_rows(rows, lengths[rows]) if gather else cache
     positions = cache_positions(sub.lengths, segment_ids)
-    hidden, sub = model(tokens, positions, segment_ids, sub)
+    hidden, sub = weights.forward(tokens, positions, segment_ids, sub)
     last = jnp.maximum(jnp.sum(segment_ids != 0, axis=1) - 1, 0)
     hidden_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)
-    new_tokens, logprobs = sample(model.logits(hidden_last)[:, 0], keys, steps, temperature,
+    new_tokens, logprobs = sample(weights.logits(hidden_last)[:, 0], keys, steps, temperature,
                                   top_k, top_p)
-    return (_put_rows(cache, rows, sub) if gather else sub), new_tokens, logprobs
+    return (cache.put_rows(rows, sub) if gather else sub), new_tokens, logprobs
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "gather", "num_steps", "span"),
+@functools.partial(jax.jit, static_argnames=("gather", "num_steps", "span"),
                    donate_argnames=("cache",))
-def _decode(graphdef, params, cache, lengths, rows, last_tokens, active, keys, steps, budget,
-            stop_ids, temperature, top_k, top_p, *, gather, num_steps, span):
+def _decode(weights, cache, lengths, rows, last_tokens, active, keys, steps, budget, stop_ids,
+            temperature, top_k, top_p, *, gather, num_steps, span):
     """`num_steps` single-token steps over the cache rows `rows` (gathered into a smaller
     batch when `gather`, else every row). A row is fed while active; it stops after
     sampling a stop id, exhausting its budget or filling its cache row.
@@ -158,18 +158,17 @@ def _decode(graphdef, params, cache, lengths, rows, last_tokens, active, keys, s
 
     Returns (cache, tokens [R, num_steps], logprobs [R, num_steps], emitted [R, num_steps]
     bool — whether the row was active and sampled at that step)."""
-    model = nnx.merge(graphdef, params)
     max_len = cache.max_len
     cache = cache.replace(lengths=lengths)
-    full = _take_rows(cache, rows, lengths[rows]) if gather else cache
-    window = _window(full, span, full.lengths)
+    full = cache.take_rows(rows, lengths[rows]) if gather else cache
+    window = full.window(span) if span < max_len else full
 
     def step(carry, _):
         window, tokens, active, steps, budget = carry
         segment_ids = active.astype(jnp.int32)[:, None]
         positions = cache_positions(window.lengths, segment_ids)
-        hidden, window = model(tokens[:, None], positions, segment_ids, window)
-        new, logprobs = sample(model.logits(hidden)[:, 0], keys, steps, temperature, top_k,
+        hidden, window = weights.forward(tokens[:, None], positions, segment_ids, window)
+        new, logprobs = sample(weights.logits(hidden)[:, 0], keys, steps, temperature, top_k,
                                top_p)
         emitted = active
         budget = budget - emitted
@@ -180,8 +179,8 @@ def _decode(graphdef, params, cache, lengths, rows, last_tokens, active, keys, s
 
     carry = (window, last_tokens, active, steps, budget)
     (window, *_), (tokens, logprobs, emitted) = jax.lax.scan(step, carry, length=num_steps)
-    full = _put_window(full, window)
-    return (_put_rows(cache, rows, full) if gather else full), tokens.T, logprobs.T, emitted.T
+    full = full.put_window(window) if span < max_len else window
+    return (cache.put_rows(rows, full) if gather else full), tokens.T, logprobs.T, emitted.T
 
 
 class _StopStrings:
@@ -269,9 +268,18 @@ class JaxEngine:
       max_stop_ids: most stop ids per request (static width of the device stop table).
       cache_dtype: KV cache dtype (default: the model's compute dtype).
       seed: seed of the engine's stream for requests without a seed.
+      deterministic: batch-invariant mode (module docstring): a seeded request's output
+        ids and log-probs are bitwise identical whatever else is in flight. Every decode
+        call runs all rows at span max_len (`batch_buckets` and `attention_spans` are
+        unused), every prefill call `deterministic_prefill_rows` rows; parked sessions
+        are never evicted, so the caller must keep its sessions (and other requests in
+        flight) within max_slots: a request that finds every row held by a parked session
+        comes back with finish_reason "abort".
+      deterministic_prefill_rows: rows of every prefill call in deterministic mode.
 
     Attributes:
       weight_version: version of the params in use (see `update_weights`).
+      deterministic: whether the engine runs in batch-invariant mode.
       stats: counters: {prefill,decode}_{calls,tokens,s}, max_{prefill,decode}_batch,
         evictions.
     """
@@ -293,20 +301,28 @@ class JaxEngine:
         max_stop_ids: int = 8,
         cache_dtype=None,
         seed: int = 0,
+        deterministic: bool = False,
+        deterministic_prefill_rows: int = 4,
     ):
-        if max_slots < 1 or max_len < 2 or decode_steps < 1:
+        if max_slots < 1 or max_len < 2 or decode_steps < 1 or deterministic_prefill_rows < 1:
             raise ValueError(
-                f"need max_slots >= 1, max_len >= 2, decode_steps >= 1; got {max_slots}, "
-                f"{max_len}, {decode_steps}")
+                f"need max_slots >= 1, max_len >= 2, decode_steps >= 1, "
+                f"deterministic_prefill_rows >= 1; got {max_slots}, {max_len}, {decode_steps}, "
+                f"{deterministic_prefill_rows}")
         if not prefill_chunks or min(prefill_chunks) < 1:
             raise ValueError(f"prefill_chunks must be positive lengths, got {prefill_chunks!r}")
         self._graphdef = graphdef
-        # A committed copy: the caller may donate or mutate its own buffers afterwards.
-        self._params = jax.tree.map(
-            lambda x: jax.device_put(x, x.sharding, may_alias=False), params)
-        self.config = nnx.merge(graphdef, params).config
+        leaves, self._params_tree = jax.tree.flatten(params)
+        # Shapes, dtypes and shardings new weights must have (update_weights).
+        self._param_specs = [(tuple(x.shape), x.dtype, x.sharding) for x in leaves]
+        self._param_paths = [jax.tree_util.keystr(path) for path, _ in
+                             jax.tree_util.tree_leaves_with_path(params)]
+        self._weights = self._engine_weights(leaves)
+        self.config = self._weights.config
         self.tokenizer = tokenizer
         self.max_slots, self.max_len = max_slots, max_len
+        self.deterministic = deterministic
+        self.deterministic_prefill_rows = deterministic_prefill_rows
         self._rows = max_slots + 1
         self._scratch = max_slots
         self._chunks = tuple(sorted(set(int(c) for c in prefill_chunks)))
@@ -337,6 +353,13 @@ class JaxEngine:
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="jax-engine", daemon=True)
         self._thread.start()
+
+    def _engine_weights(self, leaves: Sequence[jax.Array]) -> LayerwiseWeights:
+        """The engine's own weights from param leaves already on their shardings: a copy
+        (the caller may donate or mutate its buffers afterwards), split per layer."""
+        copied = [jax.device_put(x, sharding, may_alias=False)
+                  for x, (_, _, sharding) in zip(leaves, self._param_specs)]
+        return _layerwise_weights(self._graphdef, jax.tree.unflatten(self._params_tree, copied))
 
     @classmethod
     def from_model(cls, model: nnx.Module, **kwargs) -> "JaxEngine":
@@ -383,21 +406,17 @@ class JaxEngine:
           version: recorded as `meta["weight_version"]` (default: previous + 1).
         """
         new_leaves, new_tree = jax.tree.flatten(weights)
-        old_leaves, old_tree = jax.tree.flatten(self._params)
-        if new_tree != old_tree:
+        if new_tree != self._params_tree:
             raise ValueError(
                 f"update_weights: params tree differs from the engine's:\n{new_tree}\nvs\n"
-                f"{old_tree}")
-        for (path, old), new in zip(jax.tree_util.tree_leaves_with_path(self._params),
-                                    new_leaves):
-            if tuple(new.shape) != tuple(old.shape) or jnp.dtype(new.dtype) != old.dtype:
+                f"{self._params_tree}")
+        for path, (shape, dtype, _), new in zip(self._param_paths, self._param_specs,
+                                                new_leaves):
+            if tuple(new.shape) != shape or jnp.dtype(new.dtype) != dtype:
                 raise ValueError(
-                    f"update_weights: {jax.tree_util.keystr(path)} has "
-                    f"{jnp.dtype(new.dtype).name}{tuple(new.shape)}, the engine expects "
-                    f"{old.dtype.name}{tuple(old.shape)}")
-        copied = [jax.device_put(new, old.sharding, may_alias=False)
-                  for new, old in zip(new_leaves, old_leaves)]
-        self._call_scheduler("weights", (jax.tree.unflatten(old_tree, copied), version))
+                    f"update_weights: {path} has {jnp.dtype(new.dtype).name}"
+                    f"{tuple(new.shape)}, the engine expects {dtype.name}{shape}")
+        self._call_scheduler("weights", (self._engine_weights(new_leaves), version))
 
     def health(self) -> bool:
         """True while the scheduler thread runs."""
@@ -410,12 +429,11 @@ class JaxEngine:
     # ---------------------------------------------------------------- public extras
 
     def warmup(self) -> int:
-        """Compiles every program the engine can call (each batch bucket x prefill chunk,
-        each batch bucket x attention span) with inert inputs, so later requests never
-        wait on XLA; returns the number of programs. Safe while requests run."""
+        """Compiles every program the engine can call (`_programs`) with inert inputs, so
+        later requests never wait on XLA; returns the number of programs. Safe while
+        requests run."""
         self._call_scheduler("warmup", None)
-        layouts = len(self._batch_buckets) + 1
-        return layouts * (len(self._chunks) + len(self._spans))
+        return len(self._programs())
 
     @property
     def compile_counts(self) -> dict[str, int]:
@@ -497,7 +515,7 @@ class JaxEngine:
         self._abort_all("engine closed", None)
 
     def _busy(self) -> bool:
-        return bool(self._waiting) or any(isinstance(s, _Sequence) for s in self._slots)
+        return bool(self._waiting) or self._busy_rows()
 
     def _receive(self) -> bool:
         """Handles inbox messages (blocking while idle); False once asked to stop."""
@@ -532,7 +550,7 @@ class JaxEngine:
             if kind == "warmup":
                 self._warmup()
             else:
-                self._params, version = payload
+                self._weights, version = payload
                 self.weight_version = self.weight_version + 1 if version is None else version
                 for session_id in [k for k, v in self._sessions.items() if not v.busy]:
                     self._end_session(session_id)
@@ -541,26 +559,26 @@ class JaxEngine:
         finally:
             done.set()
 
+    def _programs(self) -> list[tuple[str, int | None, int]]:
+        """Every program the scheduler may call: (kind, rows gathered — None: all rows —,
+        prefill chunk width or decode span)."""
+        if self.deterministic:
+            return ([("prefill", self.deterministic_prefill_rows, w) for w in self._chunks]
+                    + [("decode", None, self.max_len)])
+        layouts = list(self._batch_buckets) + [None]
+        return ([("prefill", rows, w) for rows in layouts for w in self._chunks]
+                + [("decode", rows, span) for rows in layouts for span in self._spans])
+
     def _warmup(self) -> None:
         """Runs every program once on inert rows (all padding / inactive: no cache row
         changes)."""
-        layouts = [(True, np.full(b, self._scratch, np.int32)) for b in self._batch_buckets]
-        layouts.append((False, np.arange(self._rows, dtype=np.int32)))
-        for gather, cache_rows in layouts:
-            size = len(cache_rows)
-            keys, steps, temperature, top_k, top_p = self._sampling_arrays([], [], size)
-            for width in self._chunks:
-                inert = np.zeros((size, width), np.int32)
-                self._cache, *_ = _prefill(
-                    self._graphdef, self._params, self._cache, self._lengths, cache_rows,
-                    inert, inert, keys, steps, temperature, top_k, top_p, gather=gather)
-            for span in self._spans:
-                self._cache, *_ = _decode(
-                    self._graphdef, self._params, self._cache, self._lengths, cache_rows,
-                    np.zeros(size, np.int32), np.zeros(size, bool), keys, steps,
-                    np.zeros(size, np.int32), np.full((size, self.max_stop_ids), -1, np.int32),
-                    temperature, top_k, top_p, gather=gather, num_steps=self.decode_steps,
-                    span=span)
+        for kind, gathered, size in self._programs():
+            if gathered is None:
+                cache_rows = np.arange(self._rows, dtype=np.int32)
+            else:
+                cache_rows = np.full(gathered, self._scratch, np.int32)
+            run = self._run_prefill if kind == "prefill" else self._run_decode
+            run([], gathered is not None, cache_rows, [], size)
         jax.block_until_ready(self._cache)
 
     def _enqueue(self, seq: _Sequence) -> None:
@@ -619,15 +637,30 @@ class JaxEngine:
             seq.meta["cached_tokens"] = reuse
             self._lengths[slot] = reuse
             self._slots[slot] = seq
+        if self.deterministic and still_waiting and not self._busy_rows():
+            # Every row holds a parked session and none may be evicted: nothing will free
+            # a row until the caller ends sessions, so waiting would hang the caller.
+            for seq in still_waiting:
+                self._finish(seq, "abort", None, error=(
+                    f"deterministic JaxEngine: all max_slots={self.max_slots} rows hold "
+                    f"parked sessions (evicting one would change its later outputs); keep "
+                    f"sessions in flight <= max_slots and end_session() finished ones"))
+            still_waiting.clear()
         self._waiting = still_waiting
 
+    def _busy_rows(self) -> bool:
+        """Whether a row holds a sequence in flight."""
+        return any(isinstance(s, _Sequence) for s in self._slots)
+
     def _free_slot(self) -> int | None:
+        """A free row; else (not deterministic) the least recently used parked session's
+        row, evicting it; else None."""
         for slot, owner in enumerate(self._slots):
             if owner is None:
                 return slot
         parked = [(self._sessions[o].last_used, slot) for slot, o in enumerate(self._slots)
                   if isinstance(o, str)]
-        if not parked:
+        if not parked or self.deterministic:
             return None
         _, slot = min(parked)
         evicted = self._sessions[self._slots[slot]]
@@ -636,17 +669,25 @@ class JaxEngine:
         self.stats["evictions"] += 1
         return slot
 
-    def _layout(self, seqs: Sequence[_Sequence]) -> tuple[bool, np.ndarray, list[int]]:
-        """How a program call covers `seqs`: gathered into the smallest batch bucket that
-        holds them (padding rows point at the scratch row), or run over all rows.
+    def _layout(self, seqs: Sequence[_Sequence], kind: str) -> tuple[bool, np.ndarray, list[int]]:
+        """How a `kind` ("prefill" / "decode") call covers `seqs`: gathered into a batch
+        of fixed size (padding rows point at the scratch row), or run over all rows.
+        Deterministic: prefill gathers `deterministic_prefill_rows` rows, decode runs all
+        rows. Else the smallest batch bucket that holds them, or all rows.
 
         Returns (gather, cache row of each program row, program row of each sequence)."""
-        if self._batch_buckets and len(seqs) <= self._batch_buckets[-1]:
+        if self.deterministic:
+            size = self.deterministic_prefill_rows if kind == "prefill" else None
+        elif self._batch_buckets and len(seqs) <= self._batch_buckets[-1]:
             size = next(b for b in self._batch_buckets if b >= len(seqs))
-            cache_rows = np.full(size, self._scratch, np.int32)
-            cache_rows[:len(seqs)] = [s.slot for s in seqs]
-            return True, cache_rows, list(range(len(seqs)))
-        return False, np.arange(self._rows, dtype=np.int32), [s.slot for s in seqs]
+        else:
+            size = None
+        if size is None:
+            return False, np.arange(self._rows, dtype=np.int32), [s.slot for s in seqs]
+        assert len(seqs) <= size, (len(seqs), size)
+        cache_rows = np.full(size, self._scratch, np.int32)
+        cache_rows[:len(seqs)] = [s.slot for s in seqs]
+        return True, cache_rows, list(range(len(seqs)))
 
     def _sampling_arrays(self, seqs: Sequence[_Sequence], rows: Sequence[int], size: int):
         keys = np.zeros((size, 2), np.uint32)
@@ -663,17 +704,40 @@ class JaxEngine:
         return keys, steps, temperature, top_k, top_p
 
     def _span(self, needed: int) -> int:
-        """The smallest attention span holding `needed` slots."""
+        """The smallest attention span holding `needed` slots (max_len when
+        deterministic: the span is a shape shared by the whole batch)."""
+        if self.deterministic:
+            return self.max_len
         return next((w for w in self._spans if w >= needed), self.max_len)
 
+    def _chunk_width(self, remaining: int) -> int:
+        """Prefill chunk width for a sequence with `remaining` tokens left to prefill: the
+        smallest chunk holding them if less than half of it would be padding, else the
+        largest chunk they fill (prefill is compute bound on CPU: padding costs as much
+        as tokens, an extra round little). It depends on the sequence alone, so its
+        chunk boundaries do too (deterministic mode relies on it)."""
+        holding = next((c for c in self._chunks if c >= remaining), None)
+        if holding is not None and 2 * (holding - remaining) < holding:
+            return holding
+        return max((c for c in self._chunks if c <= remaining), default=self._chunks[0])
+
     def _prefill_round(self) -> None:
-        seqs = [s for s in self._slots if isinstance(s, _Sequence) and not s.decoding]
-        if not seqs:
-            return
-        gather, cache_rows, rows = self._layout(seqs)
+        """One prefill call per chunk width in use (per `deterministic_prefill_rows`
+        sequences when deterministic)."""
+        by_width = collections.defaultdict(list)
+        for seq in self._slots:
+            if isinstance(seq, _Sequence) and not seq.decoding:
+                by_width[self._chunk_width(len(seq.input_ids) - seq.prefilled)].append(seq)
+        per_call = self.deterministic_prefill_rows if self.deterministic else self.max_slots
+        for width, seqs in sorted(by_width.items()):
+            for start in range(0, len(seqs), per_call):
+                batch = seqs[start:start + per_call]
+                self._run_prefill(batch, *self._layout(batch, "prefill"), width)
+
+    def _run_prefill(self, seqs: Sequence[_Sequence], gather: bool, cache_rows: np.ndarray,
+                     rows: Sequence[int], width: int) -> None:
+        """Prefills the next `width` tokens of each sequence (program row `rows[i]`)."""
         size = len(cache_rows)
-        longest = max(len(s.input_ids) - s.prefilled for s in seqs)
-        width = next((c for c in self._chunks if c >= longest), self._chunks[-1])
         tokens = np.zeros((size, width), np.int32)
         segments = np.zeros((size, width), np.int32)
         chunks = []
@@ -684,10 +748,11 @@ class JaxEngine:
             chunks.append(len(chunk))
         start = time.perf_counter()
         self._cache, new_tokens, logprobs = _prefill(
-            self._graphdef, self._params, self._cache, self._lengths, cache_rows, tokens,
-            segments, *self._sampling_arrays(seqs, rows, size), gather=gather)
+            self._weights, self._cache, self._lengths, cache_rows, tokens, segments,
+            *self._sampling_arrays(seqs, rows, size), gather=gather)
         new_tokens, logprobs = np.asarray(new_tokens), np.asarray(logprobs)
-        self._count("prefill", start, len(seqs), sum(chunks))
+        if seqs:
+            self._count("prefill", start, len(seqs), sum(chunks))
         for seq, row, count in zip(seqs, rows, chunks):
             self._lengths[seq.slot] += count
             seq.prefilled += count
@@ -696,9 +761,13 @@ class JaxEngine:
 
     def _decode_round(self) -> None:
         seqs = [s for s in self._slots if isinstance(s, _Sequence) and s.decoding]
-        if not seqs:
-            return
-        gather, cache_rows, rows = self._layout(seqs)
+        if seqs:
+            span = self._span(max(int(self._lengths[s.slot]) for s in seqs) + self.decode_steps)
+            self._run_decode(seqs, *self._layout(seqs, "decode"), span)
+
+    def _run_decode(self, seqs: Sequence[_Sequence], gather: bool, cache_rows: np.ndarray,
+                    rows: Sequence[int], span: int) -> None:
+        """`decode_steps` tokens for each sequence (program row `rows[i]`)."""
         size = len(cache_rows)
         last = np.zeros(size, np.int32)
         active = np.zeros(size, bool)
@@ -711,14 +780,14 @@ class JaxEngine:
             ids = sorted(seq.stop_ids)
             stop_ids[row, :len(ids)] = ids
         keys, steps, temperature, top_k, top_p = self._sampling_arrays(seqs, rows, size)
-        span = self._span(max(int(self._lengths[s.slot]) for s in seqs) + self.decode_steps)
         start = time.perf_counter()
         self._cache, tokens, logprobs, emitted = _decode(
-            self._graphdef, self._params, self._cache, self._lengths, cache_rows, last, active,
-            keys, steps, budget, stop_ids, temperature, top_k, top_p, gather=gather,
+            self._weights, self._cache, self._lengths, cache_rows, last, active, keys, steps,
+            budget, stop_ids, temperature, top_k, top_p, gather=gather,
             num_steps=self.decode_steps, span=span)
         tokens, logprobs, emitted = (np.asarray(a) for a in (tokens, logprobs, emitted))
-        self._count("decode", start, len(seqs), int(emitted.sum()))
+        if seqs:
+            self._count("decode", start, len(seqs), int(emitted.sum()))
         for seq, row in zip(seqs, rows):
             self._lengths[seq.slot] += int(emitted[row].sum())
             for step in np.flatnonzero(emitted[row]):
@@ -783,16 +852,17 @@ class JaxEngine:
             seq.meta["traceback"] = details
             self._finish(seq, "abort", None, error=message)
         if details is not None:  # buffers may have been donated to the failed call
-            self._cache = self._new_cache(self._cache.k.dtype)
+            self._cache = self._new_cache(self._cache.v[0].dtype)
 
-    def _new_cache(self, dtype) -> KVCache:
-        cache = init_cache(self.config, self._rows, self.max_len, dtype)
-        sharding = _params_mesh_sharding(self._params)
+    def _new_cache(self, dtype) -> LayerKVCache:
+        cache = init_layer_cache(self.config, self._rows, self.max_len, dtype)
+        sharding = _params_mesh_sharding(self._weights)
         if sharding is None:
-            device = next(iter(jax.tree.leaves(self._params)[0].sharding.device_set))
+            device = next(iter(jax.tree.leaves(self._weights)[0].sharding.device_set))
             return jax.device_put(cache, device)
         from agentjax.parallel import tree_shardings
-        return jax.device_put(cache, tree_shardings(KVCache.logical_axes(), cache, *sharding))
+        axes = LayerKVCache.logical_axes(self.config.num_layers)
+        return jax.device_put(cache, tree_shardings(axes, cache, *sharding))
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -51,6 +51,17 @@ def filter_logits(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.
     return jnp.where(keep, scaled, -jnp.inf)
 
 
+def first_argmax(x: jax.Array) -> jax.Array:
+    """`jnp.argmax(x, axis=-1)` (the first index of the maximum; int32) as two plain
+    reductions, which XLA:CPU vectorizes: its fused (value, index) argmax reduction was
+    measured ~10x slower, ~1.5 ms of a 13 ms decode step at batch 32 x 2048 ids.
+    A row without a maximum (NaN) gets the last index."""
+    top = jnp.max(x, axis=-1, keepdims=True)
+    ids = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    size = x.shape[-1]
+    return jnp.minimum(jnp.min(jnp.where(x == top, ids, size), axis=-1), size - 1)
+
+
 def sample(
     logits: jax.Array,
     keys: jax.Array,
@@ -80,9 +91,11 @@ def sample(
     scaled = jax.lax.cond(needs_filter, filter_logits, lambda z, k, p: z, scaled, top_k, top_p)
     logp_all = jax.nn.log_softmax(scaled, axis=-1)
     row_keys = jax.vmap(jax.random.fold_in)(keys, steps)
-    drawn = jax.vmap(jax.random.categorical)(row_keys, scaled)
-    argmax = jnp.argmax(logits, axis=-1)
-    tokens = jnp.where(greedy, argmax, drawn).astype(jnp.int32)
+    # Gumbel-max, as jax.random.categorical draws it (same noise, same tokens).
+    gumbel = jax.vmap(lambda key: jax.random.gumbel(key, scaled.shape[1:], scaled.dtype))(
+        row_keys)
+    drawn = first_argmax(scaled + gumbel)
+    tokens = jnp.where(greedy, first_argmax(logits), drawn)
     untempered = jax.nn.log_softmax(logits, axis=-1)
     logprobs = jnp.where(
         greedy,

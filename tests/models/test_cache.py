@@ -1,5 +1,7 @@
-"""KV cache: prefill + appended chunk + decode steps == one full forward, rows at
-different lengths; padding is never written or counted; overflow is caught."""
+"""KV caches: prefill + appended chunk + decode steps == one full forward, rows at
+different lengths, for the stacked KVCache (`Decoder.__call__`) and the per-layer
+LayerKVCache (`LayerwiseWeights.forward`); padding is never written or counted; overflow
+is caught; the LayerKVCache row / slot helpers move exactly the right entries."""
 import chex
 import jax
 import jax.numpy as jnp
@@ -7,18 +9,33 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from agentjax.models.cache import KVCache, cache_positions, init_cache, write_slots
+from agentjax.models.cache import (KVCache, LayerKVCache, cache_positions, init_cache,
+                                   init_layer_cache, write_slots)
 from agentjax.models.decoder import Decoder, apply
 from tests.models.reference_decoder import TINY, random_model
 
 MAX_LEN = 24
 _step = jax.jit(apply, static_argnums=0, donate_argnums=5)
 _full = jax.jit(apply, static_argnums=0)
+_layerwise_weights = jax.jit(lambda graphdef, params: nnx.merge(graphdef, params)
+                             .layerwise_weights(), static_argnums=0)
+
+
+def _forward_layerwise(weights, tokens, positions, segments, cache):
+    return weights.forward(tokens, positions, segments, cache)
+
+
+_layer_step = jax.jit(_forward_layerwise, donate_argnums=4)
 
 
 @pytest.fixture(scope="module")
 def split():
     return nnx.split(random_model(lambda: Decoder(TINY, rngs=nnx.Rngs(0)), seed=2))
+
+
+def _empty(layout: str, batch: int, max_len: int = MAX_LEN):
+    make = init_cache if layout == "stacked" else init_layer_cache
+    return make(TINY, batch=batch, max_len=max_len, dtype=jnp.float32)
 
 
 def _chunk(rows: list[list[int]], width: int, left_pad: bool = False):
@@ -31,10 +48,17 @@ def _chunk(rows: list[list[int]], width: int, left_pad: bool = False):
     return jnp.asarray(tokens), jnp.asarray(segments)
 
 
-def _run_cached(graphdef, params, cache, rows, width, left_pad=False):
+def _run_cached(graphdef, params, cache, rows, width, left_pad=False, jit=True):
+    """Appends per-row token lists to the cache; returns each row's real hidden states.
+    A LayerKVCache runs `LayerwiseWeights.forward` (eagerly unless jit)."""
     tokens, segments = _chunk(rows, width, left_pad)
     positions = cache_positions(cache.lengths, segments)
-    hidden, cache = _step(graphdef, params, tokens, positions, segments, cache)
+    if isinstance(cache, KVCache):
+        hidden, cache = _step(graphdef, params, tokens, positions, segments, cache)
+    else:
+        weights = _layerwise_weights(graphdef, params)
+        run = _layer_step if jit else _forward_layerwise
+        hidden, cache = run(weights, tokens, positions, segments, cache)
     real = np.asarray(segments) != 0
     return [np.asarray(hidden)[b][real[b]] for b in range(len(rows))], cache
 
@@ -48,8 +72,9 @@ def test_write_slots_skip_padding():
     np.testing.assert_array_equal(cache_positions(lengths, segments), [[0, 1, 0], [0, 5, 6], [0, 0, 0]])
 
 
-@pytest.mark.parametrize("left_pad_prefill", [False, True])
-def test_prefill_append_decode_equals_full_forward(split, left_pad_prefill):
+@pytest.mark.parametrize("layout,left_pad_prefill", [
+    ("stacked", False), ("stacked", True), ("layerwise", False), ("layerwise", True)])
+def test_prefill_append_decode_equals_full_forward(split, layout, left_pad_prefill):
     graphdef, params = split
     rng = np.random.default_rng(0)
     draw = lambda n: rng.integers(0, TINY.vocab_size, n).tolist()  # noqa: E731
@@ -57,7 +82,7 @@ def test_prefill_append_decode_equals_full_forward(split, left_pad_prefill):
     observations = [draw(3), [], draw(4)]   # row 1 gets nothing appended
     decoded = [draw(3) for _ in range(3)]   # three single-token steps per row
 
-    cache = init_cache(TINY, batch=3, max_len=MAX_LEN, dtype=jnp.float32)
+    cache = _empty(layout, batch=3)
     outputs = [[] for _ in range(3)]
     pieces = [(prompts, 9, left_pad_prefill), (observations, 4, False)]
     pieces += [([d[i:i + 1] for d in decoded], 1, False) for i in range(3)]
@@ -77,20 +102,26 @@ def test_prefill_append_decode_equals_full_forward(split, left_pad_prefill):
 
 
 def test_left_and_right_padded_prefill_write_the_same_cache(split):
-    """Padding never lands in the cache: both layouts fill slots 0..n-1 identically."""
+    """Padding never lands in the cache: both paddings fill slots 0..n-1 identically, and
+    the per-layer cache holds the same keys (transposed) and values."""
     graphdef, params = split
     prompts = [[3, 4, 5], [6, 7, 8, 9, 10], [11]]
     caches = []
-    for left_pad in (True, False):
-        cache = init_cache(TINY, batch=3, max_len=MAX_LEN, dtype=jnp.float32)
-        caches.append(_run_cached(graphdef, params, cache, prompts, 9, left_pad)[1])
-    left, right = caches
+    for layout, left_pad in (("stacked", True), ("stacked", False), ("layerwise", True)):
+        caches.append(_run_cached(graphdef, params, _empty(layout, 3), prompts, 9, left_pad)[1])
+    left, right, layerwise = caches
     for b, row in enumerate(prompts):
         n = len(row)
         np.testing.assert_allclose(left.k[:, b, :, :n], right.k[:, b, :, :n], rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(left.v[:, b, :, :n], right.v[:, b, :, :n], rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(left.k[:, b, :, n:], 0.0)
         np.testing.assert_array_equal(right.v[:, b, :, n:], 0.0)
+        # Another attention formulation feeds layer 1: the cached-vs-full tolerance.
+        for layer in range(TINY.num_layers):
+            np.testing.assert_allclose(layerwise.k[layer][b].transpose(0, 2, 1),
+                                       left.k[layer, b], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(layerwise.v[layer][b], left.v[layer, b], rtol=1e-5,
+                                       atol=1e-5)
 
 
 def test_cache_overflow_and_reset(split):
@@ -109,6 +140,61 @@ def test_cache_overflow_and_reset(split):
               jnp.ones((2, 3), jnp.int32), cache)  # batch 2 vs cache batch 1
 
 
+def test_layerwise_forward_eager_and_bad_caches(split):
+    """Without jit: the same result as jitted, overflow and a wrong layer count raise."""
+    graphdef, params = split
+    weights = _layerwise_weights(graphdef, params)
+    tokens = jnp.array([[5, 6, 7]], jnp.int32)
+    segments = jnp.array([[1, 1, 1]], jnp.int32)
+    hidden, cache = _run_cached(graphdef, params, _empty("layerwise", 1, 4), [[5, 6, 7]], 3,
+                                jit=False)
+    jit_hidden, jit_cache = _run_cached(graphdef, params, _empty("layerwise", 1, 4),
+                                        [[5, 6, 7]], 3)
+    np.testing.assert_allclose(hidden[0], jit_hidden[0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(cache.v[1], jit_cache.v[1], rtol=1e-6, atol=1e-6)
+    cache = cache.replace(lengths=jnp.array([2], jnp.int32))
+    with pytest.raises(ValueError, match="KV cache overflow"):
+        weights.forward(tokens, cache_positions(cache.lengths, segments), segments, cache)
+    one_layer = cache.replace(k=cache.k[:1], v=cache.v[:1])
+    with pytest.raises(ValueError, match="cache has 1 layers"):
+        weights.forward(tokens[:, :1], jnp.zeros((1, 1), jnp.int32), segments[:, :1], one_layer)
+
+
+def test_layer_cache_row_and_slot_helpers():
+    """take_rows / put_rows / window / put_window against numpy indexing."""
+    rng = np.random.default_rng(3)
+    cache = _empty("layerwise", 4, max_len=6)
+    cache = LayerKVCache(
+        k=tuple(jnp.asarray(rng.normal(size=x.shape), jnp.float32) for x in cache.k),
+        v=tuple(jnp.asarray(rng.normal(size=x.shape), jnp.float32) for x in cache.v),
+        lengths=jnp.array([1, 2, 3, 4], jnp.int32))
+    rows = jnp.array([2, 0, 2], jnp.int32)  # a duplicate row, as padding rows are
+    sub = cache.take_rows(rows, jnp.array([5, 6, 5], jnp.int32))
+    for x, y in zip(cache.k + cache.v, sub.k + sub.v):
+        np.testing.assert_array_equal(y, np.asarray(x)[[2, 0, 2]])
+    changed = sub.replace(k=tuple(x + 1.0 for x in sub.k), v=tuple(x - 1.0 for x in sub.v))
+    put = cache.put_rows(rows, changed)
+    np.testing.assert_array_equal(put.lengths, [6, 2, 5, 4])
+    for old, new, delta in [(cache.k[0], put.k[0], 1.0), (cache.v[1], put.v[1], -1.0)]:
+        old, new = np.asarray(old), np.asarray(new)
+        np.testing.assert_array_equal(new[[0, 2]], old[[0, 2]] + delta)
+        np.testing.assert_array_equal(new[[1, 3]], old[[1, 3]])
+
+    window = cache.window(4)
+    assert window.max_len == 4
+    np.testing.assert_array_equal(window.k[1], np.asarray(cache.k[1])[..., :4])
+    np.testing.assert_array_equal(window.v[1], np.asarray(cache.v[1])[:, :, :4])
+    window = window.replace(k=tuple(x * 0 for x in window.k), v=tuple(x * 0 for x in window.v),
+                            lengths=jnp.array([4, 4, 4, 4], jnp.int32))
+    back = cache.put_window(window)
+    assert back.max_len == 6
+    np.testing.assert_array_equal(back.lengths, [4, 4, 4, 4])
+    np.testing.assert_array_equal(back.k[0][..., :4], 0.0)
+    np.testing.assert_array_equal(back.k[0][..., 4:], np.asarray(cache.k[0])[..., 4:])
+    np.testing.assert_array_equal(back.v[0][:, :, :4], 0.0)
+    np.testing.assert_array_equal(back.v[0][:, :, 4:], np.asarray(cache.v[0])[:, :, 4:])
+
+
 def test_init_cache_shapes_and_axes():
     cache = init_cache(TINY, batch=2, max_len=8)
     chex.assert_shape([cache.k, cache.v], (TINY.num_layers, 2, TINY.num_kv_heads, 8, TINY.head_dim))
@@ -118,3 +204,19 @@ def test_init_cache_shapes_and_axes():
     assert len(axes.k) == cache.k.ndim and len(axes.lengths) == cache.lengths.ndim
     with pytest.raises(ValueError, match="positive"):
         init_cache(TINY, batch=0, max_len=8)
+
+
+def test_init_layer_cache_shapes_and_axes():
+    cache = init_layer_cache(TINY, batch=2, max_len=8)
+    assert len(cache.k) == len(cache.v) == TINY.num_layers
+    chex.assert_shape(list(cache.k), (2, TINY.num_kv_heads, TINY.head_dim, 8))
+    chex.assert_shape(list(cache.v), (2, TINY.num_kv_heads, 8, TINY.head_dim))
+    chex.assert_type(cache.lengths, jnp.int32)
+    assert cache.max_len == 8
+    axes = LayerKVCache.logical_axes(TINY.num_layers)
+    for names, x in zip(axes.k + axes.v, cache.k + cache.v):
+        assert len(names) == x.ndim
+        sizes = dict(zip(names, x.shape))
+        assert sizes["cache_seq"] == 8 and sizes["head_dim"] == TINY.head_dim
+    with pytest.raises(ValueError, match="positive"):
+        init_layer_cache(TINY, batch=2, max_len=0)
