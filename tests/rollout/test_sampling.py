@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentjax.rollout.sampling import filter_logits, sample
+from agentjax.rollout.sampling import filter_logits, first_argmax, sample
 from tests.rollout.reference import reference_logp
 
 
@@ -81,6 +81,24 @@ def test_sampling_frequencies_follow_pi_and_are_batch_independent():
         alone, _ = sample(logits8[row:row + 1], keys[row:row + 1], steps[row:row + 1],
                           temperature[row:row + 1], top_k[row:row + 1], top_p[row:row + 1])
         assert int(alone[0]) == int(full[row])
+
+
+def test_first_argmax_and_draws_match_jax():
+    """first_argmax is jnp.argmax (first of tied maxima, -inf entries); sampled rows draw
+    what jax.random.categorical draws from the same fold_in(key, step)."""
+    rng = np.random.default_rng(2)
+    x = rng.integers(-3, 4, size=(64, 40)).astype(np.float32)  # many ties
+    x[::5, :7] = -np.inf
+    np.testing.assert_array_equal(jax.jit(first_argmax)(x), np.argmax(x, axis=-1))
+    np.testing.assert_array_equal(first_argmax(x[:1]), np.argmax(x[:1], axis=-1))
+    logits, temperature, top_k, top_p = _batch(vocab=64, seed=3)
+    keys = np.asarray(jax.random.split(jax.random.PRNGKey(4), len(_ROWS)))
+    steps = np.arange(len(_ROWS), dtype=np.int32) * 7
+    tokens, _ = jax.jit(sample)(logits, keys, steps, np.ones_like(temperature),
+                                np.full_like(top_k, -1), np.ones_like(top_p))
+    for row in range(len(_ROWS)):
+        key = jax.random.fold_in(keys[row], steps[row])
+        assert int(tokens[row]) == int(jax.random.categorical(key, logits[row]))
 
 
 def test_sample_rejects_bad_shapes():
