@@ -19,11 +19,13 @@ def default_variant() -> str:
 
 
 def _cpu(c):
+    c.env.instruction = "minimal"
     c.total_steps = 40
-    c.sft.steps = 400
-    c.sft.batch_size = 16
+    c.sft.steps = 500
+    c.sft.batch_size = 8  # packed rows of rollout.max_tokens: ~25 demonstrations a step
     c.sft.lr = 3e-3
     c.optim.lr = 3e-4
+    c.algo.minibatches = 2
     c.eval.every = 10
     c.checkpoint.every = 10
 

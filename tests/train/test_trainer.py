@@ -75,6 +75,26 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
     assert resumed == straight
 
 
+def _script(name, *args):
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name), *args],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT,
+                            env=ONE_DEVICE)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def test_evaluate_and_export_a_finished_run(tmp_path):
+    run = tmp_path / "run"
+    _train("grpo_search.py:test", run, "--config.total_steps=2", "--config.eval.every=0")
+    out = _script("evaluate.py", f"--workdir={run}", "--num_tasks=4", "--samples=2")
+    evaluated = json.loads((run / "evaluate" / "test.json").read_text())
+    assert "test/success_greedy" in evaluated and "test/success_sampled/pass@2" in evaluated
+    assert "test/success_greedy" in out
+    _script("export_hf.py", f"--workdir={run}", f"--out={tmp_path / 'hf'}", "--step=1")
+    assert (tmp_path / "hf" / "model.safetensors").exists()
+    assert (tmp_path / "hf" / "tokenizer.json").exists()
+
+
 def _error(config) -> str:
     with pytest.raises(ValueError) as info:
         config_lib.validate(config)
