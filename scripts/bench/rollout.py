@@ -9,8 +9,10 @@ so both sides run the same weights.
 
 1. generate: JaxEngine vs HF transformers `generate` — batch 32, 128 new tokens, the same
    sampling (temperature 1, no top-k/top-p), eos disabled on both so every row makes 128
-   tokens. Compile / warm-up time (one full-size call each) is printed separately; the
-   figure is the best of 3 steady-state runs. torch runs in a subprocess that never
+   tokens. A second JaxEngine row runs the same workload with `deterministic=True` (the
+   price of batch invariance: every decode step over all rows at full span). Compile /
+   warm-up time (one full-size call each) is printed separately; the figure is the best
+   of 3 steady-state runs. torch runs in a subprocess that never
    imports JAX (in one process, XLA's and torch's CPU thread pools slow each other down;
    torch measured >10x slower after JAX had run), once with 1 thread and once with one
    thread per CPU: on a machine shared with other jobs, torch's OpenMP barriers make the
@@ -85,7 +87,7 @@ from agentjax.models.hf import load_hf, make_tiny_hf  # noqa: E402
 from agentjax.models.tokenizer import build_tokenizer  # noqa: E402
 from agentjax.rollout.agent_loop import EpisodeLimits  # noqa: E402
 from agentjax.rollout.engine import GenerateRequest, SamplingParams  # noqa: E402
-from agentjax.rollout.jax_engine import JaxEngine  # noqa: E402
+from agentjax.rollout.jax_engine import COMPILE_COUNTS, JaxEngine  # noqa: E402
 from agentjax.rollout.pool import RolloutPool  # noqa: E402
 
 MODEL = dict(hidden_size=256, intermediate_size=1024, num_layers=4, num_heads=4,
@@ -129,38 +131,46 @@ def bench_generate(folder: Path, tokenizer, model, batch=32, prompt_len=32, new_
             input=json.dumps(prompts), capture_output=True, text=True, check=True
         ).stdout.strip().splitlines()[-1])
 
-    engine = JaxEngine.from_model(model, tokenizer=tokenizer, max_slots=batch,
-                                  max_len=prompt_len + new_tokens, decode_steps=16,
-                                  eos_token_ids=())
+    def time_engine(**options):
+        """(warm-up s, [(run s, tokens)], compilations, greedy continuations of 2 prompts)
+        of a JaxEngine with `options` on the workload."""
+        engine = JaxEngine.from_model(model, tokenizer=tokenizer, max_slots=batch,
+                                      max_len=prompt_len + new_tokens, decode_steps=16,
+                                      eos_token_ids=(), **options)
 
-    def jax_run(seed):
-        requests = [GenerateRequest(p, dataclasses.replace(sampling, seed=seed + i))
-                    for i, p in enumerate(prompts)]
+        def run(seed):
+            requests = [GenerateRequest(p, dataclasses.replace(sampling, seed=seed + i))
+                        for i, p in enumerate(prompts)]
+            start = time.perf_counter()
+            out = engine.generate_sync(requests)
+            return time.perf_counter() - start, sum(len(c[0].output_ids) for c in out)
+
         start = time.perf_counter()
-        out = engine.generate_sync(requests)
-        return time.perf_counter() - start, sum(len(c[0].output_ids) for c in out)
+        engine.warmup()
+        run(0)
+        warm = time.perf_counter() - start
+        compiles = dict(engine.compile_counts)
+        runs = [run(100 * (r + 1)) for r in range(repeats)]
+        assert engine.compile_counts == compiles, "a measured run compiled"
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+        continuations = [c[0].output_ids for c in engine.generate_sync(
+            [GenerateRequest(p, greedy) for p in prompts[:2]])]
+        engine.close()
+        return warm, runs, compiles, continuations
 
-    start = time.perf_counter()
-    engine.warmup()
-    jax_run(0)
-    jax_warm = time.perf_counter() - start
-    jax_runs = [jax_run(100 * (r + 1)) for r in range(repeats)]
-    jax_time, jax_tokens = min(jax_runs)
-    compiles = engine.compile_counts
-    # Same weights: greedy continuations of two prompts must agree with torch.
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
-    jax_greedy = [c[0].output_ids for c in engine.generate_sync(
-        [GenerateRequest(p, greedy) for p in prompts[:2]])]
-    engine.close()
+    engines = {"agentjax JaxEngine": time_engine(),
+               "agentjax JaxEngine (deterministic)": time_engine(deterministic=True)}
     best_threads = min(hf_by_threads, key=lambda t: min(hf_by_threads[t]["runs_s"]))
     hf = hf_by_threads[best_threads]
-    agree = sum(a == b for x, y in zip(jax_greedy, hf["greedy"]) for a, b in zip(x, y))
     hf_time, hf_tokens = min(hf["runs_s"]), hf["tokens"]
+    # Same weights: greedy continuations of two prompts must agree with torch.
+    agree = {name: sum(a == b for x, y in zip(result[3], hf["greedy"]) for a, b in zip(x, y))
+             for name, result in engines.items()}
 
     print(f"\n## Generation: batch {batch}, prompt {prompt_len}, {new_tokens} new tokens, "
           f"temperature 1.0 (sampled); best of {repeats} runs")
-    print(f"greedy agreement with torch (same weights): {agree}/16 tokens; "
-          f"JaxEngine compilations: {compiles}")
+    print(f"greedy agreement with torch (same weights), of 16 tokens: {agree}; "
+          f"JaxEngine compilations (both engines): {dict(COMPILE_COUNTS)}")
     rows = []
     for threads, result in hf_by_threads.items():
         best = min(result["runs_s"])
@@ -168,12 +178,13 @@ def bench_generate(folder: Path, tokenizer, model, batch=32, prompt_len=32, new_
                      f"{result['warmup_s']:.2f}", result["tokens"],
                      "/".join(f"{t:.2f}" for t in result["runs_s"]), f"{best:.2f}",
                      f"{result['tokens'] / best:.0f}", f"{hf_time / best:.2f}x"])
+    for name, (warm, runs, _, _) in engines.items():
+        best, tokens = min(runs)
+        rows.append([name, f"{warm:.2f}", tokens, "/".join(f"{t:.2f}" for t, _ in runs),
+                     f"{best:.2f}", f"{tokens / best:.0f}",
+                     f"{(tokens / best) / (hf_tokens / hf_time):.2f}x"])
     table(["engine", "warm-up/compile s", "tokens", "runs s", "best s", "tokens/s",
-           "vs best HF"], rows + [
-        ["agentjax JaxEngine", f"{jax_warm:.2f}", jax_tokens,
-         "/".join(f"{t:.2f}" for t, _ in jax_runs), f"{jax_time:.2f}",
-         f"{jax_tokens / jax_time:.0f}", f"{(jax_tokens / jax_time) / (hf_tokens / hf_time):.2f}x"],
-    ])
+           "vs best HF"], rows)
 
 
 # --------------------------------------------------------------------------- multi-turn

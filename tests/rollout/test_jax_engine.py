@@ -81,7 +81,9 @@ def test_seeded_sampling_is_reproducible_in_any_batch(engine, tokenizer):
     crowd = _generate(engine, GenerateRequest(_prompts(tokenizer)[0], SamplingParams(seed=9)),
                       seeded, GenerateRequest(prompt, SamplingParams(max_new_tokens=3)))
     assert alone.output_ids == again.output_ids == crowd[1][0].output_ids
-    np.testing.assert_allclose(alone.logprobs, crowd[1][0].logprobs, atol=1e-5)
+    # Other program shapes in the crowd: equal up to float rounding (the engine's 1e-4);
+    # bitwise only with deterministic=True (test_jax_engine_deterministic.py).
+    np.testing.assert_allclose(alone.logprobs, crowd[1][0].logprobs, atol=1e-4)
     [[other]] = _generate(engine, GenerateRequest(
         prompt, SamplingParams(temperature=1.0, max_new_tokens=10, seed=8)))
     assert other.output_ids != alone.output_ids
@@ -206,16 +208,26 @@ def test_cancelled_requests_free_their_rows_and_bad_input(engine, tiny_model, to
     prompt = _prompts(tokenizer)[0]
 
     async def cancel_then_generate():
-        long = GenerateRequest(prompt, SamplingParams(temperature=1.0, max_new_tokens=80,
-                                                      seed=0))
-        task = asyncio.ensure_future(engine.generate([long] * 4))
-        await asyncio.sleep(0.03)  # admitted and decoding (80 tokens take far longer)
-        assert task.cancel()
-        with pytest.raises(asyncio.CancelledError):
+        """Cancels 4 long generations once they decode; a generation may finish before
+        the cancellation lands (the engine is fast), so up to 20 attempts."""
+        for attempt in range(20):
+            long = GenerateRequest(prompt, SamplingParams(temperature=1.0, max_new_tokens=80,
+                                                          seed=attempt))
+            decoded = engine.stats["decode_tokens"]
+            task = asyncio.ensure_future(engine.generate([long] * 4))
+            while engine.stats["decode_tokens"] == decoded and not task.done():
+                await asyncio.sleep(0.001)
+            if task.cancel():
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                [[after]] = await engine.generate([GenerateRequest(prompt, GREEDY)])
+                # The cancelled rows stopped early: far fewer than 4 x 79 decoded tokens.
+                assert engine.stats["decode_tokens"] - decoded < 4 * 79
+                return after
             await task
-        return await engine.generate([GenerateRequest(prompt, GREEDY)])
+        pytest.fail("every generation finished before it could be cancelled")
 
-    [[after]] = asyncio.run(cancel_then_generate())
+    after = asyncio.run(cancel_then_generate())
     assert after.finish_reason in ("stop", "length") and after.output_ids
     assert engine.health()
 

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentjax.rollout.sampling import filter_logits, first_argmax, sample
+from agentjax.rollout.sampling import (filter_logits, first_argmax, gumbel_noise, sample,
+                                       threefry_2x32)
 from tests.rollout.reference import reference_logp
 
 
@@ -83,22 +84,31 @@ def test_sampling_frequencies_follow_pi_and_are_batch_independent():
         assert int(alone[0]) == int(full[row])
 
 
-def test_first_argmax_and_draws_match_jax():
-    """first_argmax is jnp.argmax (first of tied maxima, -inf entries); sampled rows draw
-    what jax.random.categorical draws from the same fold_in(key, step)."""
+def test_first_argmax_and_gumbel_noise_match_jax():
+    """first_argmax is jnp.argmax (first of tied maxima, -inf entries); the noise hash is
+    jax's Threefry-2x32 bit for bit (odd sizes too) and the noise -log(-log(u)) of its
+    23-bit uniforms (float64 reference)."""
+    from jax.extend.random import threefry_2x32 as jax_threefry
+
     rng = np.random.default_rng(2)
     x = rng.integers(-3, 4, size=(64, 40)).astype(np.float32)  # many ties
     x[::5, :7] = -np.inf
     np.testing.assert_array_equal(jax.jit(first_argmax)(x), np.argmax(x, axis=-1))
     np.testing.assert_array_equal(first_argmax(x[:1]), np.argmax(x[:1], axis=-1))
-    logits, temperature, top_k, top_p = _batch(vocab=64, seed=3)
-    keys = np.asarray(jax.random.split(jax.random.PRNGKey(4), len(_ROWS)))
-    steps = np.arange(len(_ROWS), dtype=np.int32) * 7
-    tokens, _ = jax.jit(sample)(logits, keys, steps, np.ones_like(temperature),
-                                np.full_like(top_k, -1), np.ones_like(top_p))
-    for row in range(len(_ROWS)):
-        key = jax.random.fold_in(keys[row], steps[row])
-        assert int(tokens[row]) == int(jax.random.categorical(key, logits[row]))
+    keys = np.asarray(jax.random.split(jax.random.PRNGKey(4), 3))
+    for size in (64, 7):
+        noise = np.asarray(jax.jit(gumbel_noise, static_argnums=1)(keys, size), np.float64)
+        for row, key in enumerate(keys):
+            bits = np.asarray(jax_threefry(key, jnp.arange(size, dtype=jnp.uint32)))
+            uniform = (bits >> 9).astype(np.float64) / 2.0 ** 23
+            uniform = np.maximum(uniform, np.finfo(np.float32).tiny)
+            np.testing.assert_allclose(noise[row], -np.log(-np.log(uniform)), rtol=1e-6,
+                                       atol=1e-6)
+    x0, x1 = (np.asarray(rng.integers(0, 2 ** 32, size=(3, 5)), np.uint32) for _ in range(2))
+    y0, y1 = threefry_2x32(keys, x0, x1)
+    for row, key in enumerate(keys):
+        expected = np.asarray(jax_threefry(key, np.concatenate([x0[row], x1[row]])))
+        np.testing.assert_array_equal(np.concatenate([y0[row], y1[row]]), expected)
 
 
 def test_sample_rejects_bad_shapes():
