@@ -120,16 +120,22 @@ class RolloutPool:
     def __exit__(self, *exc):
         self.close()
 
-    def collect_sync(self, tasks: Sequence[Task], group_size: int) -> list[list[Trajectory]]:
+    def collect_sync(self, tasks: Sequence[Task], group_size: int, *,
+                     first_group_id: int | None = None) -> list[list[Trajectory]]:
         """`collect` for callers without an event loop."""
-        return asyncio.run(self.collect(tasks, group_size))
+        return asyncio.run(self.collect(tasks, group_size, first_group_id=first_group_id))
 
-    async def collect(self, tasks: Sequence[Task], group_size: int) -> list[list[Trajectory]]:
+    async def collect(self, tasks: Sequence[Task], group_size: int, *,
+                      first_group_id: int | None = None) -> list[list[Trajectory]]:
         """Runs `group_size` episodes per task; returns the groups in task order.
 
         Args:
           tasks: the tasks, one group each.
           group_size: episodes per task (the GRPO group size G).
+          first_group_id: the groups get ids first_group_id, first_group_id + 1, ...
+            (which, with a seeded `sampling`, fix every episode's seed: a resumed run
+            passes the same ids to get the same episodes); None continues the pool's
+            own running count.
         """
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -154,7 +160,8 @@ class RolloutPool:
                     stats["tokens"], time.perf_counter() - start))
             return traj
 
-        group_ids = [next(self._group_ids) for _ in tasks]
+        group_ids = ([next(self._group_ids) for _ in tasks] if first_group_id is None
+                     else list(range(first_group_id, first_group_id + len(tasks))))
         flat = await asyncio.gather(*(
             one(task, group_id, member) for task, group_id in zip(tasks, group_ids)
             for member in range(group_size)))

@@ -110,6 +110,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.rollout.concurrency = 64  # episodes in flight; <= engine_slots (no cache evictions)
     c.rollout.engine_slots = 64  # sequences decoded together by the JaxEngine
     c.rollout.decode_steps = 8  # tokens per device round trip of the JaxEngine
+    # Batch-invariant sampling: an episode's tokens do not depend on which other episodes
+    # share the engine's batches, so runs (and resumed runs) are exactly reproducible.
+    c.rollout.deterministic = True
     c.rollout.episode_timeout_s = 120.0
 
     c.algo = ml_collections.ConfigDict()
@@ -154,7 +157,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.optim.grad_clip = 1.0
 
     c.eval = ml_collections.ConfigDict()
-    c.eval.every = 20
+    c.eval.every = 20  # also evaluates after the last step; 0: only then
     c.eval.num_tasks = 200
     c.eval.samples = 4  # sampled attempts per task (pass@k and sampled success)
 

@@ -63,9 +63,9 @@ def evaluate(pool: RolloutPool, tasks: Sequence[Task], *, success_key: str,
     saved = pool.sampling
     try:
         pool.sampling = dataclasses.replace(sampling, temperature=0.0, top_p=1.0, top_k=-1)
-        greedy = pool.collect_sync(tasks, 1)
+        greedy = pool.collect_sync(tasks, 1, first_group_id=0)
         pool.sampling = sampling
-        sampled = pool.collect_sync(tasks, samples) if samples else []
+        sampled = pool.collect_sync(tasks, samples, first_group_id=0) if samples else []
     finally:
         pool.sampling = saved
     metrics = success_table(tasks, greedy, success_key, f"{prefix}/success_greedy")

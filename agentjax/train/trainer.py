@@ -129,7 +129,8 @@ class Trainer:
         # The engine keeps its own copy: update steps donate (free) the trainer's buffers.
         self.engine = JaxEngine(self.graphdef, _copy(params), tokenizer=self.tokenizer,
                                 max_slots=r.engine_slots, max_len=r.max_tokens,
-                                decode_steps=r.decode_steps, seed=config.seed)
+                                decode_steps=r.decode_steps, deterministic=r.deterministic,
+                                seed=config.seed)
         self.pool = RolloutPool(
             self.engine, self.suite.make_env, self.tokenizer, sampling=self.sampling(0),
             limits=EpisodeLimits(max_turns=config.env.max_turns,
@@ -326,7 +327,7 @@ class Trainer:
         while len(kept) < r.prompts_per_step:
             self.pool.sampling = self.sampling(step * 100 + rounds)
             drawn = sampler.sample(r.prompts_per_step - len(kept))
-            collected = self.pool.collect_sync(drawn, r.group_size)
+            collected = self.pool.collect_sync(drawn, r.group_size, first_group_id=0)
             if config.algo.overlong_buffer:
                 self._shape_overlong([t for group in collected for t in group])
             sampler.update(drawn, [np.mean([solved(t, self.suite.success_key) for t in g])
@@ -413,8 +414,8 @@ class Trainer:
                             "rollout/temperature": temperature_at(config, step),
                             "success/train": np.mean([solved(t, self.suite.success_key)
                                                       for t in trajectories])})
-            if config.eval.every and ((step + 1) % config.eval.every == 0
-                                      or step + 1 == config.total_steps):
+            if step + 1 == config.total_steps or (config.eval.every and
+                                                  (step + 1) % config.eval.every == 0):
                 last_eval = self.evaluate(state.params, "eval")
                 metrics.update(last_eval)
             if (step + 1) % config.log.every == 0 or step + 1 == config.total_steps:
