@@ -132,19 +132,21 @@ class LayerKVCache:
         v = tuple(fn(v_axis, *xs) for xs in zip(self.v, *(o.v for o in others)))
         return k, v
 
-    def take_rows(self, rows: jax.Array, lengths: jax.Array) -> "LayerKVCache":
-        """The rows `rows` [R] int32 as a cache of R rows with the given lengths [R]."""
-        chex.assert_equal_shape([rows, lengths])
-        k, v = self._map("batch", lambda axis, x: jnp.take(x, rows, axis=axis))
-        return LayerKVCache(k=k, v=v, lengths=lengths)
+    def take_rows(self, rows: jax.Array) -> "LayerKVCache":
+        """The rows `rows` [R] int32 as a cache of R rows. Out-of-range entries (padding
+        rows of a batch) read as empty rows: zeros, length 0."""
+        chex.assert_rank(rows, 1)
+        take = lambda axis, x: jnp.take(x, rows, axis=axis, mode="fill", fill_value=0)
+        k, v = self._map("batch", take)
+        return LayerKVCache(k=k, v=v, lengths=take(0, self.lengths))
 
     def put_rows(self, rows: jax.Array, sub: "LayerKVCache") -> "LayerKVCache":
-        """Writes the rows of `sub` (as returned by `take_rows(rows, ...)`) back at `rows`;
-        duplicate entries of `rows` must hold equal values."""
+        """Writes the rows of `sub` (as returned by `take_rows(rows)`) back at `rows`;
+        out-of-range entries are dropped, duplicate ones must hold equal values."""
         def put(axis, x, y):
-            return x.at[(slice(None),) * axis + (rows,)].set(y)
+            return x.at[(slice(None),) * axis + (rows,)].set(y, mode="drop")
         k, v = self._map("batch", put, sub)
-        return LayerKVCache(k=k, v=v, lengths=self.lengths.at[rows].set(sub.lengths))
+        return LayerKVCache(k=k, v=v, lengths=put(0, self.lengths, sub.lengths))
 
     def window(self, span: int) -> "LayerKVCache":
         """The first `span` slots of every row (same lengths): a cache with max_len span."""
@@ -152,10 +154,31 @@ class LayerKVCache:
                                                                          axis=axis))
         return LayerKVCache(k=k, v=v, lengths=self.lengths)
 
-    def put_window(self, window: "LayerKVCache") -> "LayerKVCache":
-        """Writes a `window` back over the first slots; lengths become the window's."""
-        k, v = self._map("cache_seq", lambda axis, x, w: jax.lax.dynamic_update_slice_in_dim(
-            x, w, 0, axis), window)
+    def put_window(self, window: "LayerKVCache", starts: jax.Array,
+                   count: int) -> "LayerKVCache":
+        """Writes back what a `window` of this cache appended: slots [starts[b],
+        starts[b] + count) of each row b (those at or past the window's span are
+        skipped); lengths become the window's. Copies count slots per row, not the
+        window.
+
+        Args:
+          window: `self.window(span)` after appending at most `count` tokens per row.
+          starts: [batch] int32, each row's length when the window was taken.
+          count: slots to copy per row (static).
+        """
+        chex.assert_shape(starts, self.lengths.shape)
+        span = window.max_len
+        rows = jnp.arange(starts.shape[0])[:, None]
+        slots = starts[:, None] + jnp.arange(count, dtype=starts.dtype)[None, :]  # [B, count]
+        inside = jnp.minimum(slots, span - 1)
+        target = jnp.where(slots < span, slots, self.max_len)  # out of bounds: dropped
+
+        def put(axis, x, w):
+            index = lambda at: (rows,) + (slice(None),) * (axis - 1) + (at,)
+            return x.at[index(target)].set(w[index(inside)], mode="drop")
+
+        assert _LAYER_K_AXES.index("batch") == _LAYER_V_AXES.index("batch") == 0
+        k, v = self._map("cache_seq", put, window)
         return LayerKVCache(k=k, v=v, lengths=window.lengths)
 
 

@@ -5,16 +5,17 @@
     engine.update_weights(new_params, version=3)     # in place, no recompilation
 
 Design (static shapes, so XLA compiles a bounded set of programs once):
-- A cache of `max_slots + 1` rows x `max_len` slots (`models.cache.LayerKVCache`: one
-  buffer per layer, a write offset per row). Each in-flight sequence owns one row; the
-  extra row is scratch for the padding rows of a gathered batch. The programs run the
+- A cache of `max_slots` rows x `max_len` slots (`models.cache.LayerKVCache`: one
+  buffer per layer, a write offset per row). Each in-flight sequence owns one row. The
+  programs run the
   model's layers unrolled over the engine's per-layer copy of the weights
   (`Decoder.layerwise_weights`): on CPU, slicing a layer out of stacked weights or a
   stacked cache inside a layer scan copies it, which on a decode step cost about as
   much as the matmuls.
 - Batch buckets: a program call computes only the rows it needs: they are gathered
   from the cache into the smallest of `batch_buckets` that holds them, run, and
-  scattered back (padding rows point at the scratch row and are inert); a call touching
+  scattered back (padding rows point past the last row: they read zeros and their
+  writes are dropped); a call touching
   more rows than the largest bucket runs over every row without gathering.
 - Prefill: each admitted sequence's next tokens go into a right-padded [P, C] chunk. C
   is picked per sequence from its own remaining tokens (`_chunk_width`), and the
@@ -134,7 +135,7 @@ def _prefill(weights, cache, lengths, rows, tokens, segment_ids, keys, steps, te
     Prefill attends over the whole row (no span): its key/value reads are shared by the
     chunk's C queries, so a span would save little and multiply the programs to compile."""
     cache = cache.replace(lengths=lengths)
-    sub = cache.take_rows(rows, lengths[rows]) if gather else cache
+    sub = cache.take_rows(rows) if gather else cache
     positions = cache_positions(sub.lengths, segment_ids)
     hidden, sub = weights.forward(tokens, positions, segment_ids, sub)
     last = jnp.maximum(jnp.sum(segment_ids != 0, axis=1) - 1, 0)
@@ -154,13 +155,14 @@ def _decode(weights, cache, lengths, rows, last_tokens, active, keys, steps, bud
 
     Only the first `span` cache slots are attended (the host picks a span that holds every
     active row's length plus num_steps): attention cost follows the live context, not
-    max_len. The span is sliced out once per call and written back at the end.
+    max_len. The span is sliced out once per call; only the slots the call appended are
+    written back.
 
     Returns (cache, tokens [R, num_steps], logprobs [R, num_steps], emitted [R, num_steps]
     bool — whether the row was active and sampled at that step)."""
     max_len = cache.max_len
     cache = cache.replace(lengths=lengths)
-    full = cache.take_rows(rows, lengths[rows]) if gather else cache
+    full = cache.take_rows(rows) if gather else cache
     window = full.window(span) if span < max_len else full
 
     def step(carry, _):
@@ -179,7 +181,7 @@ def _decode(weights, cache, lengths, rows, last_tokens, active, keys, steps, bud
 
     carry = (window, last_tokens, active, steps, budget)
     (window, *_), (tokens, logprobs, emitted) = jax.lax.scan(step, carry, length=num_steps)
-    full = full.put_window(window) if span < max_len else window
+    full = full.put_window(window, full.lengths, num_steps) if span < max_len else window
     return (cache.put_rows(rows, full) if gather else full), tokens.T, logprobs.T, emitted.T
 
 
@@ -261,7 +263,8 @@ class JaxEngine:
       decode_steps: tokens per decode program call (host round trip).
       attention_spans: attention spans of the decode programs: each call attends only to
         the smallest span holding every active row (one compilation per span used).
-        Default: powers of two from 128 below max_len, plus max_len.
+        Default: powers of two from 128 up to max_len / 2 (a span is copied out of the
+        cache once per call: a span near max_len costs more than it saves), plus max_len.
       batch_wait_s: when idle, how long to wait after a request for concurrent ones.
       eos_token_ids: ids that always end generation (default: the tokenizer's
         end-of-turn token, else the model config's eos ids).
@@ -323,16 +326,20 @@ class JaxEngine:
         self.max_slots, self.max_len = max_slots, max_len
         self.deterministic = deterministic
         self.deterministic_prefill_rows = deterministic_prefill_rows
-        self._rows = max_slots + 1
-        self._scratch = max_slots
+        # Padding rows of a gathered program point past the last row: they read zeros
+        # and their writes are dropped.
+        self._padding_row = max_slots
         self._chunks = tuple(sorted(set(int(c) for c in prefill_chunks)))
         if batch_buckets is None:
             batch_buckets = [4 ** i for i in range(8) if 4 ** i < max_slots]
         self._batch_buckets = tuple(sorted({int(b) for b in batch_buckets
-                                            if 0 < b < self._rows}))
+                                            if 0 < b < max_slots}))
         self.decode_steps = decode_steps
         if attention_spans is None:
-            attention_spans = [2 ** i for i in range(7, max_len.bit_length())]
+            # A call copies its span out of the cache: about as much traffic as two
+            # decode steps' attention, worth it only well below max_len.
+            attention_spans = [2 ** i for i in range(7, max_len.bit_length())
+                               if 2 ** i <= max_len // 2]
         self._spans = tuple(sorted({int(w) for w in attention_spans if 0 < w < max_len}
                                    | {max_len}))
         self.batch_wait_s = batch_wait_s
@@ -341,7 +348,7 @@ class JaxEngine:
             eos_token_ids = _default_eos_ids(tokenizer, self.config)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self._cache = self._new_cache(cache_dtype)
-        self._lengths = np.zeros(self._rows, np.int32)
+        self._lengths = np.zeros(max_slots, np.int32)
         self._slots: list[_Sequence | str | None] = [None] * max_slots  # seq, parked session
         self._sessions: dict[str, _Session] = {}
         self._waiting: collections.deque[_Sequence] = collections.deque()
@@ -574,9 +581,9 @@ class JaxEngine:
         changes)."""
         for kind, gathered, size in self._programs():
             if gathered is None:
-                cache_rows = np.arange(self._rows, dtype=np.int32)
+                cache_rows = np.arange(self.max_slots, dtype=np.int32)
             else:
-                cache_rows = np.full(gathered, self._scratch, np.int32)
+                cache_rows = np.full(gathered, self._padding_row, np.int32)
             run = self._run_prefill if kind == "prefill" else self._run_decode
             run([], gathered is not None, cache_rows, [], size)
         jax.block_until_ready(self._cache)
@@ -671,7 +678,7 @@ class JaxEngine:
 
     def _layout(self, seqs: Sequence[_Sequence], kind: str) -> tuple[bool, np.ndarray, list[int]]:
         """How a `kind` ("prefill" / "decode") call covers `seqs`: gathered into a batch
-        of fixed size (padding rows point at the scratch row), or run over all rows.
+        of fixed size (padding rows point past the last row), or run over all rows.
         Deterministic: prefill gathers `deterministic_prefill_rows` rows, decode runs all
         rows. Else the smallest batch bucket that holds them, or all rows.
 
@@ -683,9 +690,9 @@ class JaxEngine:
         else:
             size = None
         if size is None:
-            return False, np.arange(self._rows, dtype=np.int32), [s.slot for s in seqs]
+            return False, np.arange(self.max_slots, dtype=np.int32), [s.slot for s in seqs]
         assert len(seqs) <= size, (len(seqs), size)
-        cache_rows = np.full(size, self._scratch, np.int32)
+        cache_rows = np.full(size, self._padding_row, np.int32)
         cache_rows[:len(seqs)] = [s.slot for s in seqs]
         return True, cache_rows, list(range(len(seqs)))
 
@@ -712,12 +719,14 @@ class JaxEngine:
 
     def _chunk_width(self, remaining: int) -> int:
         """Prefill chunk width for a sequence with `remaining` tokens left to prefill: the
-        smallest chunk holding them if less than half of it would be padding, else the
-        largest chunk they fill (prefill is compute bound on CPU: padding costs as much
-        as tokens, an extra round little). It depends on the sequence alone, so its
-        chunk boundaries do too (deterministic mode relies on it)."""
+        smallest chunk holding them if at most a quarter of it would be padding (or none
+        is smaller), else the largest chunk they fill. On CPU prefill is compute bound:
+        padding costs as much as tokens, an extra round little. The width depends on the
+        sequence alone, so its chunk boundaries do too (deterministic mode relies on it).
+        """
         holding = next((c for c in self._chunks if c >= remaining), None)
-        if holding is not None and 2 * (holding - remaining) < holding:
+        if holding is not None and (4 * (holding - remaining) <= holding
+                                    or holding == self._chunks[0]):
             return holding
         return max((c for c in self._chunks if c <= remaining), default=self._chunks[0])
 
@@ -855,7 +864,7 @@ class JaxEngine:
             self._cache = self._new_cache(self._cache.v[0].dtype)
 
     def _new_cache(self, dtype) -> LayerKVCache:
-        cache = init_layer_cache(self.config, self._rows, self.max_len, dtype)
+        cache = init_layer_cache(self.config, self.max_slots, self.max_len, dtype)
         sharding = _params_mesh_sharding(self._weights)
         if sharding is None:
             device = next(iter(jax.tree.leaves(self._weights)[0].sharding.device_set))

@@ -168,11 +168,14 @@ def test_layer_cache_row_and_slot_helpers():
         k=tuple(jnp.asarray(rng.normal(size=x.shape), jnp.float32) for x in cache.k),
         v=tuple(jnp.asarray(rng.normal(size=x.shape), jnp.float32) for x in cache.v),
         lengths=jnp.array([1, 2, 3, 4], jnp.int32))
-    rows = jnp.array([2, 0, 2], jnp.int32)  # a duplicate row, as padding rows are
-    sub = cache.take_rows(rows, jnp.array([5, 6, 5], jnp.int32))
+    rows = jnp.array([2, 0, 2, 4], jnp.int32)  # a duplicate row and a padding row (4)
+    sub = cache.take_rows(rows)
+    np.testing.assert_array_equal(sub.lengths, [3, 1, 3, 0])
     for x, y in zip(cache.k + cache.v, sub.k + sub.v):
-        np.testing.assert_array_equal(y, np.asarray(x)[[2, 0, 2]])
-    changed = sub.replace(k=tuple(x + 1.0 for x in sub.k), v=tuple(x - 1.0 for x in sub.v))
+        np.testing.assert_array_equal(y[:3], np.asarray(x)[[2, 0, 2]])
+        np.testing.assert_array_equal(y[3], 0.0)
+    changed = sub.replace(k=tuple(x + 1.0 for x in sub.k), v=tuple(x - 1.0 for x in sub.v),
+                          lengths=jnp.array([5, 6, 5, 6], jnp.int32))
     put = cache.put_rows(rows, changed)
     np.testing.assert_array_equal(put.lengths, [6, 2, 5, 4])
     for old, new, delta in [(cache.k[0], put.k[0], 1.0), (cache.v[1], put.v[1], -1.0)]:
@@ -184,15 +187,20 @@ def test_layer_cache_row_and_slot_helpers():
     assert window.max_len == 4
     np.testing.assert_array_equal(window.k[1], np.asarray(cache.k[1])[..., :4])
     np.testing.assert_array_equal(window.v[1], np.asarray(cache.v[1])[:, :, :4])
+    # The window appended up to 2 slots per row from lengths 1, 2, 3, 4; those slots are
+    # written back, except the ones at or past the span (4).
     window = window.replace(k=tuple(x * 0 for x in window.k), v=tuple(x * 0 for x in window.v),
-                            lengths=jnp.array([4, 4, 4, 4], jnp.int32))
-    back = cache.put_window(window)
+                            lengths=jnp.array([3, 4, 4, 4], jnp.int32))
+    back = cache.put_window(window, cache.lengths, 2)
     assert back.max_len == 6
-    np.testing.assert_array_equal(back.lengths, [4, 4, 4, 4])
-    np.testing.assert_array_equal(back.k[0][..., :4], 0.0)
-    np.testing.assert_array_equal(back.k[0][..., 4:], np.asarray(cache.k[0])[..., 4:])
-    np.testing.assert_array_equal(back.v[0][:, :, :4], 0.0)
-    np.testing.assert_array_equal(back.v[0][:, :, 4:], np.asarray(cache.v[0])[:, :, 4:])
+    np.testing.assert_array_equal(back.lengths, [3, 4, 4, 4])
+    written = np.zeros((4, 6), bool)
+    for row, (start, stop) in enumerate([(1, 3), (2, 4), (3, 4), (4, 4)]):
+        written[row, start:stop] = True
+    for old, new, axis in [(cache.k[0], back.k[0], 3), (cache.v[1], back.v[1], 2)]:
+        old, new = np.moveaxis(np.asarray(old), axis, 1), np.moveaxis(np.asarray(new), axis, 1)
+        np.testing.assert_array_equal(new[written], 0.0)
+        np.testing.assert_array_equal(new[~written], old[~written])
 
 
 def test_init_cache_shapes_and_axes():
