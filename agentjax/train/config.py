@@ -66,6 +66,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.data.train_questions = "1:400,2:400"  # hops:count (python env: total count)
     c.data.test_questions = "1:100,2:100"
     c.data.demo_hops = ""  # which training questions get demonstrations, e.g. "1,2,3:0.1"
+    c.data.rl_excludes_demo_tasks = False  # RL samples only questions SFT never saw
     c.data.curriculum = "uniform"
 
     c.env = ml_collections.ConfigDict()

@@ -20,12 +20,16 @@ def default_variant() -> str:
 
 def _cpu(c):
     c.env.instruction = "minimal"
+    c.data.train_questions = "1:400,2:800"
+    c.data.demo_hops = "1:0.5,2:0.5"  # SFT on half the questions, RL on the other half
+    c.data.rl_excludes_demo_tasks = True
     c.total_steps = 40
     c.sft.steps = 500
     c.sft.batch_size = 8  # packed rows of rollout.max_tokens: ~25 demonstrations a step
     c.sft.lr = 3e-3
-    c.optim.lr = 3e-4
+    c.optim.lr = 1e-3
     c.algo.minibatches = 2
+    c.sft.guess_prob, c.sft.early_stop_prob = 0.4, 0.5
     c.eval.every = 10
     c.checkpoint.every = 10
 

@@ -167,7 +167,7 @@ def value_loss_fn(critic_graphdef: nnx.GraphDef, algo: Any) -> LossFn:
 
 
 def _rows(batch: dict, index: jax.Array) -> dict:
-    return {k: v[index] for k, v in batch.items()}
+    return {k: jnp.asarray(v)[index] for k, v in batch.items()}
 
 
 def _split(batch: dict, parts: int) -> dict:

@@ -33,7 +33,7 @@ class TaskSuite:
     """What the trainer needs from a world.
 
     Attributes:
-      train_tasks, test_tasks: the splits.
+      train_tasks, test_tasks: the splits (train_tasks: what RL samples from).
       make_env: builds a fresh env per episode (called from worker threads).
       reward_fn: `reward_fn(task, log) -> (total, components)`; "success" of a task is
         its outcome component (`success_key`) reaching 1.
@@ -119,8 +119,13 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
             seed=config.data.world_seed)
         world = dataset.world
         train_tasks, test_tasks = world.train_tasks, world.test_tasks
-        index = dataset.paths["index"]
         demonstrations = demo_lib.read_demonstrations_jsonl(dataset.paths["demos"])
+        if config.data.rl_excludes_demo_tasks:
+            # SFT memorizes its own questions (a deterministic first move per question
+            # leaves GRPO groups without variance): RL trains on the other questions.
+            demonstrated = {d.task.task_id for d in demonstrations}
+            train_tasks = [t for t in train_tasks if t.task_id not in demonstrated]
+        index = dataset.paths["index"]
         baselines = {name: _report(by_split["test"]) for name, by_split in dataset.reports.items()}
         texts = [r["contents"] for r in world.corpus_records()]
     else:
