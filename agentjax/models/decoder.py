@@ -382,7 +382,7 @@ class LayerwiseWeights:
 
         Args:
           tokens: [B, T] int32 token ids.
-          positions: [B, T] int32 RoPE positions (`cache.cache_positions`).
+          positions: [B, T] int32 RoPE positions (`cache_positions(cache.lengths, ...)`).
           segment_ids: [B, T] int32, nonzero = real token of the row's sequence, 0 =
             padding (neither written nor counted).
           cache: LayerKVCache with `batch == B`.

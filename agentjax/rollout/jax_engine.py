@@ -7,21 +7,19 @@
 Design (static shapes, so XLA compiles a bounded set of programs once):
 - A cache of `max_slots` rows x `max_len` slots (`models.cache.LayerKVCache`: one
   buffer per layer, a write offset per row). Each in-flight sequence owns one row. The
-  programs run the
-  model's layers unrolled over the engine's per-layer copy of the weights
-  (`Decoder.layerwise_weights`): on CPU, slicing a layer out of stacked weights or a
-  stacked cache inside a layer scan copies it, which on a decode step cost about as
+  programs run the model's layers unrolled over the engine's per-layer copy of the
+  weights (`Decoder.layerwise_weights`): on CPU, slicing a layer out of stacked weights
+  or a stacked cache inside a layer scan copies it, which on a decode step cost about as
   much as the matmuls.
 - Batch buckets: a program call computes only the rows it needs: they are gathered
   from the cache into the smallest of `batch_buckets` that holds them, run, and
   scattered back (padding rows point past the last row: they read zeros and their
-  writes are dropped); a call touching
-  more rows than the largest bucket runs over every row without gathering.
+  writes are dropped); a call touching more rows than the largest bucket runs over
+  every row without gathering.
 - Prefill: each admitted sequence's next tokens go into a right-padded [P, C] chunk. C
-  is picked per sequence from its own remaining tokens (`_chunk_width`), and the
-  sequences of a round are grouped by C, one call per group: a prompt longer than the
-  largest chunk takes several rounds. The last real token's logits give the first
-  sampled token.
+  is picked per sequence from its own remaining tokens (`_chunk_width`: little padding,
+  else several rounds), and the sequences of a round are grouped by C, one call per
+  group. The last real token's logits give the first sampled token.
 - Decode: one jitted program runs `decode_steps` single-token steps over the decoding
   rows (`lax.scan`); rows stop on device at a stop id, their token budget or a full
   cache, so the host syncs once per `decode_steps` tokens. Stop strings are checked on
@@ -30,7 +28,8 @@ Design (static shapes, so XLA compiles a bounded set of programs once):
 - Attention spans: decode attends only to the first `span` cache slots, span the
   smallest of `attention_spans` holding the longest active row, so short contexts do not
   pay for max_len (decode reads every cached key/value once per token; prefill reads
-  them once per chunk, so it always attends over the whole row).
+  them once per chunk, so it always attends over the whole row). A call copies its span
+  out once and writes back only the slots it appended.
 - Compilations: one decode program per (batch bucket, span) and one prefill program per
   (batch bucket, chunk), compiled when first used; `warmup()` compiles them all upfront.
 - Continuous batching: a scheduler thread admits waiting requests into free rows
@@ -255,7 +254,8 @@ class JaxEngine:
       tokenizer: needed for stop strings (and supplies the default eos ids).
       max_slots: sequences in flight at once (the decode batch).
       max_len: cache slots per sequence: prompt + output must fit.
-      prefill_chunks: chunk lengths for prefill programs (longer prompts take rounds).
+      prefill_chunks: chunk lengths for prefill programs (a sequence's tokens are
+        prefilled in rounds of these widths, see `_chunk_width`).
       batch_buckets: batch sizes of gathered-row programs: a prefill or decode call
         touching n rows gathers them into the smallest bucket >= n (padding rows are
         inert) and computes only that many rows; more rows than the largest bucket run

@@ -23,8 +23,10 @@ so both sides run the same weights.
    the whole context every turn (session ids dropped).
 3. pool: RolloutPool, 64 episodes x 4 turns (48 tokens per turn) against a tool that
    sleeps 100 ms per call vs the same run with zero tool latency (same seeds, so the
-   same tokens), plus the same latency with one episode at a time. The engine has one
-   slot per concurrent episode, so every session keeps its KV cache across turns.
+   same tokens), plus the same latency with one episode at a time, and the zero-latency
+   run on a `deterministic=True` engine (its cost with rows joining and leaving). The
+   engine has one slot per concurrent episode, so every session keeps its KV cache
+   across turns.
 Before measuring, `JaxEngine.warmup()` compiles every program (time printed), so no
 measured run waits on XLA.
 """
@@ -267,13 +269,20 @@ class LatencyEnv:
 
 
 def bench_pool(tokenizer, model, episodes=64, turns=4, new_tokens=48, latency=0.1, slots=64):
-    engine = JaxEngine.from_model(model, tokenizer=tokenizer, max_slots=slots, max_len=512,
-                                  decode_steps=16, eos_token_ids=())
     tasks = [Task(f"t{i}", f"question number {i} about the world") for i in range(episodes // 4)]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
     limits = EpisodeLimits(max_turns=turns, max_context_tokens=512)
 
-    def run(latency_s, concurrency, task_list, group):
+    def make_engine(**options):
+        """A warmed-up engine and its (programs, warm-up s)."""
+        engine = JaxEngine.from_model(model, tokenizer=tokenizer, max_slots=slots,
+                                      max_len=512, decode_steps=16, eos_token_ids=(),
+                                      **options)
+        start = time.perf_counter()
+        programs = engine.warmup()
+        return engine, programs, time.perf_counter() - start
+
+    def run(engine, latency_s, concurrency, task_list, group):
         pool = RolloutPool(engine, lambda: LatencyEnv(latency_s, turns), tokenizer,
                            sampling=sampling, limits=limits, concurrency=concurrency)
         with pool:
@@ -285,21 +294,23 @@ def bench_pool(tokenizer, model, episodes=64, turns=4, new_tokens=48, latency=0.
         tokens = sum(len(turn.action_ids) for t in trajs for turn in t.turns)
         return elapsed, tokens, len(trajs)
 
-    start = time.perf_counter()
-    programs = engine.warmup()
-    compile_s = time.perf_counter() - start
-    zero = run(0.0, episodes, tasks, 4)
-    slow = run(latency, episodes, tasks, 4)
-    sequential = run(latency, 1, tasks[:2], 2)
+    engine, programs, compile_s = make_engine()
+    zero = run(engine, 0.0, episodes, tasks, 4)
+    slow = run(engine, latency, episodes, tasks, 4)
+    sequential = run(engine, latency, 1, tasks[:2], 2)
+    engine.close()
+    engine, det_programs, det_compile_s = make_engine(deterministic=True)
+    deterministic = run(engine, 0.0, episodes, tasks, 4)
     engine.close()
     print(f"\n## Pool: {episodes} episodes x {turns} turns, {new_tokens} tokens per turn, "
           f"engine {slots} slots, concurrency {episodes} (warm-up: {programs} programs in "
-          f"{compile_s:.1f} s)")
+          f"{compile_s:.1f} s; deterministic engine: {det_programs} in {det_compile_s:.1f} s)")
     base = zero[1] / zero[0]
     rows = []
     for name, (elapsed, tokens, count) in [
             ("zero tool latency", zero), (f"{latency * 1e3:.0f} ms tool latency", slow),
-            (f"{latency * 1e3:.0f} ms, one episode at a time", sequential)]:
+            (f"{latency * 1e3:.0f} ms, one episode at a time", sequential),
+            ("zero tool latency, deterministic engine", deterministic)]:
         rows.append([name, count, tokens, f"{elapsed:.2f}", f"{tokens / elapsed:.0f}",
                      f"{tokens / elapsed / base:.2f}x"])
     table(["run", "episodes", "tokens", "s", "tokens/s", "vs zero latency"], rows)
