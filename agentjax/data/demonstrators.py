@@ -8,8 +8,12 @@ looks at the task's answers or metadata — only the question and the observatio
 
 `DemonstratorConfig()` is the gold policy (scores 1.0 on a well-formed world). Knobs
 make it imperfect, each a probability:
-  p_guess       per episode: answer at once, a guess drawn from the training answers of
-                questions ending in the same relation (no search at all);
+  p_guess       per episode: answer at once without searching, with a guess from the
+                training answers of questions ending in the same relation: a random one
+                (guess="sample") or the most frequent one (guess="mode", a closed-book
+                prior: SFT learns one lazy answer per relation instead of memorizing a
+                random name per question, which a tiny model then also emits where it
+                should copy from an observation);
   p_stop_early  per episode of >= 2 hops: answer the bridge entity one hop early;
   p_repeat      per hop read (but the last): issue the same query once more before
                 moving on (a wasted turn; with a tight turn budget the episode can run
@@ -85,6 +89,7 @@ class DemonstratorConfig:
     Attributes:
       name: recorded in each Demonstration.
       p_guess, p_stop_early, p_repeat, p_poor_query, p_negative: see module docstring.
+      guess: how a guess is picked, "sample" or "mode" (module docstring).
     """
 
     name: str = "gold"
@@ -93,8 +98,12 @@ class DemonstratorConfig:
     p_repeat: float = 0.0
     p_poor_query: float = 0.0
     p_negative: float = 0.0
+    guess: str = "sample"
 
     def __post_init__(self):
+        if self.guess not in ("sample", "mode"):
+            raise ValueError(f"DemonstratorConfig.guess must be 'sample' or 'mode', "
+                             f"got {self.guess!r}")
         for field in dataclasses.fields(self):
             if field.name.startswith("p_") and not 0.0 <= getattr(self, field.name) <= 1.0:
                 raise ValueError(f"DemonstratorConfig.{field.name} must be in [0, 1], "
@@ -160,6 +169,8 @@ class ScriptedSearcher:
 
     def _guess(self, relation: str, rng: np.random.Generator) -> str:
         pool = self.guesses.get(relation) or [n for v in self.guesses.values() for n in v]
+        if self.config.guess == "mode":
+            return collections.Counter(pool).most_common(1)[0][0]
         return pool[int(rng.integers(len(pool)))]
 
     def run(self, env, task: Task, rng: np.random.Generator, *, reward_fn=None) -> Demonstration:

@@ -92,6 +92,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.sft.lr = 3e-3
     c.sft.num_demos = 2000
     c.sft.guess_prob = 0.5
+    c.sft.guess = "sample"  # "sample" | "mode": the demonstrator's guesses (data.demonstrators)
     c.sft.repeat_prob = 0.0
     c.sft.early_stop_prob = 0.0
     c.sft.poor_query_prob = 0.0
@@ -213,6 +214,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                          ("algo.agg", AGGREGATIONS), ("algo.kl_kind", KL_KINDS),
                          ("algo.old_logp", OLD_LOGP), ("data.curriculum", CURRICULA),
                          ("data.source", ("synthetic", "files")),
+                         ("sft.guess", ("sample", "mode")),
                          ("optim.schedule", SCHEDULES), ("rollout.engine", ("jax", "sglang")),
                          ("retrieval.kind", ("bm25", "http")),
                          ("env.instruction", ("minimal", "short", "search_r1")),

@@ -112,7 +112,7 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
         demonstrator = demo_lib.DemonstratorConfig(
             "demonstrator", p_guess=sft.guess_prob, p_stop_early=sft.early_stop_prob,
             p_repeat=sft.repeat_prob, p_poor_query=sft.poor_query_prob,
-            p_negative=sft.negative_frac)
+            p_negative=sft.negative_frac, guess=sft.guess)
         dataset = make_search_dataset(
             data_dir, world_config, demonstrator, env_kwargs=env_kwargs,
             demo_hops=parse_counts(config.data.demo_hops) if config.data.demo_hops else None,

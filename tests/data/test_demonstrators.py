@@ -1,14 +1,15 @@
+import collections
 import re
 
 import numpy as np
 import pytest
 
 from agentjax.data import demonstrators as demo_lib
-from agentjax.data.demonstrators import DemonstratorConfig, ScriptedSearcher
+from agentjax.data.demonstrators import DemonstratorConfig, ScriptedSearcher, answer_action
 from agentjax.data.hindsight import relabel
 from agentjax.rewards.outcome import episode_answer, exact_match
 from agentjax.rewards.tools import tool_call_counts
-from agentjax.data.world import WorldConfig
+from agentjax.data.world import WorldConfig, parse_question
 from tests.data.worlds import env, world
 
 _ACTION = re.compile(r"<(search|answer)> [^<>]+ </\1>")
@@ -48,6 +49,19 @@ def test_closed_book_guessing_is_near_zero():
     demos = demo_lib.run_demonstrations(searcher, env(WorldConfig()), w.test_tasks)
     assert all(len(d.turns) == 1 and d.turns[0].action.startswith("<answer>") for d in demos)
     assert demo_lib.success_report(demos).success < 0.05
+
+
+def test_mode_guess_is_the_most_frequent_answer_of_the_relation():
+    w = world(WorldConfig())
+    pool = demo_lib.guess_pool(w.train_tasks)
+    searcher = ScriptedSearcher(DemonstratorConfig("mode", p_guess=1.0, guess="mode"), pool)
+    demos = demo_lib.run_demonstrations(searcher, env(WorldConfig()), w.test_tasks)
+    for d in demos:
+        relation = parse_question(d.task.question)[1][-1]
+        counts = collections.Counter(pool[relation])
+        assert d.turns[0].action == answer_action(counts.most_common(1)[0][0])
+    with pytest.raises(ValueError, match="guess"):
+        DemonstratorConfig(guess="random")
 
 
 def test_negative_examples_are_masked_and_recovered():
