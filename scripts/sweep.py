@@ -5,9 +5,12 @@
     python scripts/sweep.py ... --print-commands   # one command per run, for a scheduler
     python scripts/sweep.py ... --report           # table + plots of existing runs
 """
+import os
 import sys
 
-from agentjax.train.sweep import main
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from agentjax.train.sweep import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())
