@@ -25,13 +25,15 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    import ml_collections
     import numpy as np
 
+    from agentjax.train.config import default_config
     from agentjax.train.trainer import Trainer
 
+    # Over the defaults, so a run saved before a config key existed still loads.
+    config = default_config()
     with open(os.path.join(_WORKDIR.value, "config.json")) as f:
-        config = ml_collections.ConfigDict(json.load(f))
+        config.update(json.load(f))
     config.init_from = _MODEL.value or os.path.join(_WORKDIR.value, "hf")
     config.eval.samples = _SAMPLES.value
     out_dir = os.path.join(_WORKDIR.value, "evaluate")

@@ -265,8 +265,10 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         fail("rollout temperatures must be >= 0")
     if not 0 < rollout.top_p <= 1:
         fail(f"rollout.top_p must lie in (0, 1], got {rollout.top_p}")
-    if rollout.engine == "sglang" and not rollout.sglang_urls:
-        fail("rollout.engine='sglang' needs rollout.sglang_urls")
+    if rollout.engine == "sglang":
+        # The config keys are reserved for the SGLang server pool; until its Engine lands a
+        # run must not silently fall back to the in-process sampler.
+        fail("rollout.engine='sglang' is not implemented yet; use rollout.engine='jax'")
     if config.retrieval.kind == "http" and not config.retrieval.url:
         fail("retrieval.kind='http' needs retrieval.url")
     if config.data.source == "files" and not config.data.train_path:

@@ -129,6 +129,9 @@ def test_config_validation_names_the_problem():
     config = config_lib.apply_algorithm(config_lib.default_config(), "grpo")
     config.algo.advantage = "gae"
     assert "gae" in _error(config)
+    config = config_lib.default_config()
+    config.rollout.engine, config.rollout.sglang_urls = "sglang", "http://localhost:30000"
+    assert "not implemented" in _error(config)
 
 
 def test_bad_override_fails_before_anything_runs(tmp_path):
