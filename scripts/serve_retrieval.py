@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import sys
 
 import fastapi
 import pydantic
 import uvicorn
 
-from agentjax.envs.retrieval import BM25Retriever, Retriever
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from agentjax.envs.retrieval import BM25Retriever, Retriever  # noqa: E402
 
 MAX_TOPK = 100
 MAX_QUERIES = 1024
