@@ -184,14 +184,7 @@ class LayerKVCache:
 
 def init_layer_cache(config: ModelConfig, batch: int, max_len: int,
                      dtype=None) -> LayerKVCache:
-    """An empty LayerKVCache.
-
-    Args:
-      config: the model's config (layers, KV heads, head_dim).
-      batch: rows (concurrent sequences).
-      max_len: slots per row (prompt + every appended chunk + generated tokens).
-      dtype: key/value dtype (default: the model's compute dtype).
-    """
+    """An empty LayerKVCache: `init_cache`'s arguments, one buffer per layer."""
     _check_size(batch, max_len)
     dtype = config.dtype if dtype is None else dtype
     sizes = {"batch": batch, "kv_heads": config.num_kv_heads, "head_dim": config.head_dim,
