@@ -41,6 +41,7 @@ import numpy as np
 
 from agentjax.data.world import RELATIONS, parse_question
 from agentjax.envs.base import EpisodeLog, Task
+from agentjax.envs.parsers import parse_search_r1
 from agentjax.rewards.outcome import episode_answer, exact_match
 
 _MALFORMED = ("{q}", "<query> {q} </query>", "<search> </search>", "<search> {q} </answer>")
@@ -268,6 +269,36 @@ def success_report(demos: Sequence[Demonstration]) -> SuccessReport:
     return SuccessReport(float(np.mean(wins)), {k: float(np.mean(v)) for k, v in
                                                  sorted(by_hops.items())},
                          len(demos), float(np.mean([len(d.turns) for d in demos])))
+
+
+def taught_facts(demos: Sequence[Demonstration]) -> set[tuple[str, str]]:
+    """The world facts (subject, relation) that SFT on `demos` trains the policy to state:
+    a hop of a demonstration's question chain whose object one of its trainable actions
+    names (as a query or as the answer). A guessed episode teaches none of its facts, an
+    early stop only the hops before it.
+
+    Held-out success on questions whose every fact is taught can come from memory; on
+    the others the agent has to read the observation (`mark_taught`)."""
+    facts = set()
+    for d in demos:
+        named = set()
+        for turn in d.turns:
+            if turn.trainable:
+                action = parse_search_r1(turn.action)
+                named.add(action.query if action.kind == "search" else action.answer)
+        facts.update((hop["subject"], hop["relation"])
+                     for hop in d.task.metadata.get("chain", ()) if hop["object"] in named)
+    return facts
+
+
+def mark_taught(task: Task, facts: set[tuple[str, str]]) -> Task:
+    """`task` with `metadata["taught"]`: whether every fact of its chain is in `facts`
+    (`taught_facts`); unchanged for a task without a chain."""
+    chain = task.metadata.get("chain")
+    if not chain:
+        return task
+    taught = all((hop["subject"], hop["relation"]) in facts for hop in chain)
+    return dataclasses.replace(task, metadata={**task.metadata, "taught": taught})
 
 
 def measure_success(searcher: ScriptedSearcher, env, tasks: Sequence[Task], *,

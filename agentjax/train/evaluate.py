@@ -1,8 +1,11 @@
-"""Held-out evaluation: greedy and sampled success, pass@k, per hop count.
+"""Held-out evaluation: greedy and sampled success, pass@k, per task group.
 
 A task counts as solved by an episode when the suite's outcome reward component (e.g.
 exact match) is 1. Sampled success is the mean over `samples` episodes per task at the
 rollout temperature; pass@k is the fraction of tasks solved by at least one of them.
+Groups come from task metadata (`GROUP_KEYS`): the hop count, and whether SFT taught
+every fact the question needs (`data.demonstrators.mark_taught`) — success on untaught
+questions is what reading the observations, not recalling trained answers, buys.
 """
 from __future__ import annotations
 
@@ -25,16 +28,23 @@ def solved(traj: Trajectory, success_key: str) -> bool:
     return traj.metadata.get("reward_components", {}).get(success_key, 0.0) >= 1.0
 
 
-def _hops(task: Task) -> str | None:
-    hops = task.metadata.get("hops")
-    return None if hops is None else str(hops)
+GROUP_KEYS = ("hops", "taught")
+
+
+def _group(task: Task, key: str) -> str | None:
+    value = task.metadata.get(key)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return None if value is None else str(value)
 
 
 def success_table(tasks: Sequence[Task], groups: Sequence[Sequence[Trajectory]],
                   success_key: str, prefix: str) -> dict[str, float]:
-    """Mean success, pass@k (k = group size) and per-hop means of grouped episodes.
+    """Mean success, pass@k (k = group size) and per-task-group means of grouped
+    episodes.
 
-    Returns flat metrics: `{prefix}`, `{prefix}/pass@k`, `{prefix}/hops=h`.
+    Returns flat metrics: `{prefix}`, `{prefix}/pass@k`, `{prefix}/{key}={value}` for
+    each of GROUP_KEYS a task has (e.g. `hops=2`, `taught=no`).
     """
     per_task = [np.mean([solved(t, success_key) for t in group]) for group in groups]
     out = {prefix: float(np.mean(per_task)) if per_task else 0.0}
@@ -42,12 +52,13 @@ def success_table(tasks: Sequence[Task], groups: Sequence[Sequence[Trajectory]],
     if k > 1:
         out[f"{prefix}/pass@{k}"] = float(np.mean([
             any(solved(t, success_key) for t in group) for group in groups]))
-    by_hops = defaultdict(list)
+    by_group = defaultdict(list)
     for task, value in zip(tasks, per_task):
-        if _hops(task) is not None:
-            by_hops[_hops(task)].append(value)
-    for hops in sorted(by_hops):
-        out[f"{prefix}/hops={hops}"] = float(np.mean(by_hops[hops]))
+        for key in GROUP_KEYS:
+            if _group(task, key) is not None:
+                by_group[f"{key}={_group(task, key)}"].append(value)
+    for group in sorted(by_group):
+        out[f"{prefix}/{group}"] = float(np.mean(by_group[group]))
     return out
 
 

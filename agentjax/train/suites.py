@@ -120,6 +120,8 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
         world = dataset.world
         train_tasks, test_tasks = world.train_tasks, world.test_tasks
         demonstrations = demo_lib.read_demonstrations_jsonl(dataset.paths["demos"])
+        taught = demo_lib.taught_facts(demonstrations)
+        test_tasks = [demo_lib.mark_taught(t, taught) for t in test_tasks]
         if config.data.rl_excludes_demo_tasks:
             # SFT memorizes its own questions (a deterministic first move per question
             # leaves GRPO groups without variance): RL trains on the other questions.

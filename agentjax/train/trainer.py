@@ -42,7 +42,7 @@ from agentjax.rollout.trajectory import Trajectory, collate
 from agentjax.train import diagnostics, step as step_lib
 from agentjax.train.checkpoint import Checkpointer
 from agentjax.train.config import validate
-from agentjax.train.evaluate import evaluate, solved
+from agentjax.train.evaluate import GROUP_KEYS, evaluate, solved
 from agentjax.train.metrics import MetricsWriter
 from agentjax.train.packing import pack
 from agentjax.train.prepare import build_prepare
@@ -477,20 +477,22 @@ class Trainer:
 
 
 def report_table(results: dict[str, float]) -> str:
-    """Markdown table of held-out success: demonstrator, SFT agent, RL agent."""
+    """Markdown table of held-out success: demonstrator, SFT agent, RL agent; a column
+    per task group (hops, taught: see train.evaluate)."""
     rows = []
-    hops = sorted({k.rsplit("hops=", 1)[1] for k in results if "hops=" in k})
+    groups = sorted({k.rsplit("/", 1)[1] for k in results
+                     if k.rsplit("/", 1)[-1].split("=")[0] in GROUP_KEYS})
 
     def cells(prefix):
         return [f"{results[key]:.3f}" if key in results else "-"
-                for key in [prefix] + [f"{prefix}/hops={h}" for h in hops]]
+                for key in [prefix] + [f"{prefix}/{g}" for g in groups]]
 
     rows.append(["demonstrator (scripted)", "-"] + cells("demonstrator/demonstrator"))
     for name, prefix in (("SFT agent", "sft"), ("RL agent", "eval")):
         greedy = results.get(f"{prefix}/success_greedy")
         rows.append([name, "-" if greedy is None else f"{greedy:.3f}"]
                     + cells(f"{prefix}/success_sampled"))
-    header = ["policy", "greedy", "sampled"] + [f"sampled, {h} hops" for h in hops]
+    header = ["policy", "greedy", "sampled"] + [f"sampled, {g}" for g in groups]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)

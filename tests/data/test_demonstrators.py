@@ -1,4 +1,5 @@
 import collections
+import dataclasses
 import re
 
 import numpy as np
@@ -175,3 +176,34 @@ def test_demonstrations_become_trajectories_with_masked_negatives():
         for built, turn in zip(traj.turns, d.turns):
             assert tokenizer.decode(built.action_ids) == turn.action
             assert tokenizer.decode(built.observation_ids) == (turn.observation or "")
+
+
+def _facts(task, hops=None):
+    return {(h["subject"], h["relation"]) for h in task.metadata["chain"][:hops]}
+
+
+def test_taught_facts_are_the_hops_whose_object_a_trainable_action_names():
+    w = world()
+    multi = [t for t in w.test_tasks if t.metadata["hops"] >= 2]
+    gold = _run(DemonstratorConfig(), multi)
+    assert demo_lib.taught_facts(gold) == set().union(*(_facts(t) for t in multi))
+    # A guess names a fact of its chain only by luck; an early stop the hops before it.
+    for d in _run(DemonstratorConfig("closed", p_guess=1.0), multi):
+        guess = episode_answer(d.log)
+        assert demo_lib.taught_facts([d]) == {(h["subject"], h["relation"]) for h in
+                                              d.task.metadata["chain"] if h["object"] == guess}
+    early = _run(DemonstratorConfig("early", p_stop_early=1.0), multi)
+    expected = set().union(*(_facts(t, t.metadata["hops"] - 1) for t in multi))
+    assert demo_lib.taught_facts(early) == expected
+    # Negative-example turns are loss-masked: they teach nothing.
+    negative = _run(DemonstratorConfig("neg", p_negative=1.0), multi, max_turns=6)
+    assert demo_lib.taught_facts(negative) == demo_lib.taught_facts(gold)
+
+
+def test_mark_taught_needs_every_fact_of_the_chain():
+    task = next(t for t in world().test_tasks if t.metadata["hops"] == 2)
+    assert demo_lib.mark_taught(task, _facts(task)).metadata["taught"] is True
+    assert demo_lib.mark_taught(task, _facts(task, 1)).metadata["taught"] is False
+    assert "taught" not in task.metadata  # a copy is marked, not the task
+    plain = dataclasses.replace(task, metadata={})
+    assert demo_lib.mark_taught(plain, set()) is plain

@@ -49,6 +49,9 @@ def test_every_config_runs_end_to_end(config, tmp_path):
             assert "grad_norm" in row and "entropy" in row and "reward/mean" in row
         assert (tmp_path / "hf" / "model.safetensors").exists()
     assert "| RL agent |" in out or config.startswith("sft")
+    if "search" in config:  # held-out success split by what SFT taught (evaluate.py)
+        assert any(k.startswith("sft/success_greedy/taught=") for k in final)
+        assert "sampled, taught=" in out
 
 
 def _comparable(rows):

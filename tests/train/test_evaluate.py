@@ -1,0 +1,26 @@
+import pytest
+
+from agentjax.envs.base import Task
+from agentjax.rollout.trajectory import Trajectory
+from agentjax.train.evaluate import solved, success_table
+
+
+def _episode(success, failed=False):
+    return Trajectory(prompt_ids=[1], metadata={
+        "reward_components": {"exact_match": float(success)}, "failed": failed})
+
+
+def test_success_table_by_task_group_with_hand_computed_values():
+    tasks = [Task("a", "q", metadata={"hops": 1, "taught": True}),
+             Task("b", "q", metadata={"hops": 1, "taught": False}),
+             Task("c", "q", metadata={"hops": 2, "taught": False}),
+             Task("d", "q", metadata={})]
+    groups = [[_episode(1), _episode(1)], [_episode(1), _episode(0)],
+              [_episode(0), _episode(0)], [_episode(1, failed=True), _episode(0)]]
+    table = success_table(tasks, groups, "exact_match", "eval")
+    # Per task: 1, 0.5, 0, 0 (a failed episode never solves its task).
+    assert table == pytest.approx({
+        "eval": 0.375, "eval/pass@2": 0.5,
+        "eval/hops=1": 0.75, "eval/hops=2": 0.0,
+        "eval/taught=yes": 1.0, "eval/taught=no": 0.25})
+    assert not solved(groups[3][0], "exact_match")
