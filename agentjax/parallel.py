@@ -256,6 +256,20 @@ def tree_shardings(logical_tree: Any, shapes: Any, mesh: Mesh,
         [sharding.named(a, s.shape) for a, s in zip(axes_leaves, shape_leaves)])
 
 
+def placed_shardings(tree: Any, mesh: Mesh):
+    """A NamedSharding per array of `tree`: its own when it already lies on `mesh` with
+    a NamedSharding (e.g. params placed by the rules, optimizer moments initialized from
+    them), else replicated (step counters, RNG keys) — the in/out shardings of a jitted
+    step that keeps a train state where it is."""
+    def one(x):
+        sharding = getattr(x, "sharding", None)
+        if isinstance(sharding, NamedSharding) and sharding.mesh == mesh:
+            return sharding
+        return NamedSharding(mesh, PartitionSpec())
+
+    return jax.tree.map(one, tree)
+
+
 def batch_sharding(mesh: Mesh, rules: Mapping[str, Any] | Rules | None = None,
                    logical_axes: LogicalAxes = ("batch", "seq")) -> NamedSharding:
     """Sharding of a [B, T] batch array (tokens, positions, masks ...).

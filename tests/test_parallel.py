@@ -172,6 +172,25 @@ def test_create_sharded_and_cache_shardings(eight_devices):
     assert placed.k.addressable_shards[0].data.shape == (2, 2, 1, 16, 8)
 
 
+def test_placed_shardings_keep_rule_placement_and_replicate_the_rest(eight_devices):
+    import optax
+    mesh = parallel.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    _, params = nnx.split(parallel.create_sharded(lambda: Decoder(CFG, rngs=nnx.Rngs(0)), mesh))
+    state = {"params": params, "opt": optax.adam(1e-3).init(params),
+             "step": jnp.int32(0), "rng": jax.random.key(0)}
+    shardings = parallel.placed_shardings(state, mesh)
+    assert shardings["params"]["layers"]["q_proj"].spec == P(None, "fsdp", "tensor", None)
+    # Adam's moments were initialized from the placed params: same placement.
+    assert shardings["opt"][0].mu["layers"]["q_proj"].spec == P(None, "fsdp", "tensor", None)
+    assert shardings["step"].spec == P() and shardings["rng"].spec == P()
+    assert shardings["opt"][0].count.spec == P()
+    # A jitted step with these in/out shardings and a donated state keeps the placement.
+    step = jax.jit(lambda s: jax.tree.map(lambda x: x, s), in_shardings=(shardings,),
+                   out_shardings=shardings, donate_argnums=0)
+    out = step(jax.device_put(state, shardings))
+    assert jax.tree.map(lambda x: x.sharding, out) == shardings
+
+
 _WORKER = """
 import sys
 import jax

@@ -192,9 +192,32 @@ class Trainer:
             seed=int(np.random.SeedSequence([self.config.seed, step]).generate_state(1)[0]
                      & 0x7FFFFFFF))
 
-    def _device_batch(self, batch: dict) -> dict:
-        return {k: jax.device_put(v, self.batch_sharding if v.ndim == 2 else self.row_sharding)
+    def _batch_shardings(self, batch: dict) -> dict:
+        """The rules' sharding of each batch array: [B, T] arrays and [B] rows."""
+        return {k: self.batch_sharding if v.ndim == 2 else self.row_sharding
                 for k, v in batch.items()}
+
+    def _device_batch(self, batch: dict) -> dict:
+        return jax.device_put(batch, self._batch_shardings(batch))
+
+    def _jit_update(self, update_fn, state):
+        """(jitted update, state placed on its shardings). The update is jitted with
+        explicit shardings — the state keeps its placement (`parallel.placed_shardings`,
+        donated), the batch takes the rules' batch shardings, metrics come back
+        replicated — compiled at the first call for that batch's keys."""
+        state_shardings = parallel.placed_shardings(state, self.mesh)
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        compiled = {}
+
+        def update(state, batch):
+            keys = tuple(sorted(batch))
+            if keys not in compiled:
+                compiled[keys] = jax.jit(
+                    update_fn, in_shardings=(state_shardings, self._batch_shardings(batch)),
+                    out_shardings=(state_shardings, replicated), donate_argnums=0)
+            return compiled[keys](state, batch)
+
+        return update, jax.device_put(state, state_shardings)
 
     def _export(self, params, stage: str) -> None:
         path = os.path.join(self.workdir, stage, HF_DIR) if stage else \
@@ -242,10 +265,9 @@ class Trainer:
         state = step_lib.TrainState(step=jnp.int32(0), params=params,
                                     opt_state=optimizer.init(params),
                                     rng=jax.random.key(config.seed))
-        update = jax.jit(step_lib.build_update(
+        update, state = self._jit_update(step_lib.build_update(
             step_lib.sft_loss(self.graphdef, chunk_size=config.model.logprob_chunk), optimizer,
-            epochs=1, minibatches=1, micro_batches=self._micro_batches(sft.batch_size)),
-            donate_argnums=0)
+            epochs=1, minibatches=1, micro_batches=self._micro_batches(sft.batch_size)), state)
         checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
                                     every=config.checkpoint.every, keep=config.checkpoint.keep,
                                     async_save=config.checkpoint.async_save)
@@ -357,12 +379,12 @@ class Trainer:
         policy_loss = step_lib.rl_loss(self.graphdef, algo, chunk_size=config.model.logprob_chunk)
         critic_loss = (step_lib.value_loss_fn(critic_graphdef, algo) if critic_graphdef
                        else None)
-        update = jax.jit(step_lib.build_update(
+        update, state = self._jit_update(step_lib.build_update(
             policy_loss, optimizer, epochs=algo.ppo_epochs, minibatches=algo.minibatches,
             micro_batches=self._micro_batches(self.batch_rows // algo.minibatches),
             norm_constant=algo.agg_constant or None, critic_loss_fn=critic_loss,
             critic_optimizer=critic_optimizer, critic_warmup_steps=algo.critic_warmup_steps),
-            donate_argnums=0)
+            state)
         prepare = jax.jit(build_prepare(
             self.graphdef, algo, num_groups=config.rollout.prompts_per_step,
             chunk_size=config.model.logprob_chunk,

@@ -8,6 +8,7 @@ import sys
 import time
 
 import ml_collections
+import numpy as np
 import pytest
 
 from agentjax.train import config as config_lib
@@ -20,11 +21,14 @@ TIMING = ("time/", "rollout/tokens_per_s")
 ONE_DEVICE = {**os.environ, "XLA_FLAGS": ""}
 
 
-def _train(config, workdir, *overrides, wait=True):
+EIGHT_DEVICES = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+
+
+def _train(config, workdir, *overrides, wait=True, env=ONE_DEVICE):
     argv = [sys.executable, TRAIN, f"--config={ROOT}/configs/{config}", f"--workdir={workdir}",
             *overrides]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, cwd=ROOT, env=ONE_DEVICE)
+                               text=True, cwd=ROOT, env=env)
     if not wait:
         return process
     out, _ = process.communicate(timeout=600)
@@ -52,6 +56,21 @@ def test_every_config_runs_end_to_end(config, tmp_path):
     if "search" in config:  # held-out success split by what SFT taught (evaluate.py)
         assert any(k.startswith("sft/success_greedy/taught=") for k in final)
         assert "sampled, taught=" in out
+
+
+def test_sharded_run_matches_one_device(tmp_path):
+    # 8 rows per RL step and per SFT step: divisible by the data x fsdp = 8 devices.
+    common = ("--config.total_steps=1", "--config.eval.every=0",
+              "--config.rollout.prompts_per_step=4")
+    _train("grpo_search.py:test", tmp_path / "one", *common)
+    _train("grpo_search.py:test", tmp_path / "eight", *common, "--config.mesh.data=4",
+           "--config.mesh.fsdp=2", env=EIGHT_DEVICES)
+    one, eight = (read_metrics(tmp_path / run / "sft") for run in ("one", "eight"))
+    for a, b in zip(one, eight, strict=True):
+        for key in ("nll", "grad_norm", "entropy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+    [rl] = read_metrics(tmp_path / "eight")
+    assert rl["mask/leak"] == 0 and np.isfinite(rl["grad_norm"])
 
 
 def _comparable(rows):
