@@ -111,6 +111,7 @@ def test_evaluate_and_export_a_finished_run(tmp_path):
     out = _script("evaluate.py", f"--workdir={run}", "--num_tasks=4", "--samples=2")
     evaluated = json.loads((run / "evaluate" / "test.json").read_text())
     assert "test/success_greedy" in evaluated and "test/success_sampled/pass@2" in evaluated
+    assert any(k.startswith("test/success_sampled/taught=") for k in evaluated)
     assert "test/success_greedy" in out
     _script("export_hf.py", f"--workdir={run}", f"--out={tmp_path / 'hf'}", "--step=1")
     assert (tmp_path / "hf" / "model.safetensors").exists()
