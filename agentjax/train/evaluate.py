@@ -38,6 +38,13 @@ def _group(task: Task, key: str) -> str | None:
     return None if value is None else str(value)
 
 
+def group_of(metric: str) -> str | None:
+    """The task group a `success_table` metric name ends in (e.g. "hops=2" of
+    "eval/success_sampled/hops=2"), else None."""
+    last = metric.rsplit("/", 1)[-1]
+    return last if last.split("=", 1)[0] in GROUP_KEYS and "=" in last else None
+
+
 def success_table(tasks: Sequence[Task], groups: Sequence[Sequence[Trajectory]],
                   success_key: str, prefix: str) -> dict[str, float]:
     """Mean success, pass@k (k = group size) and per-task-group means of grouped
@@ -55,8 +62,9 @@ def success_table(tasks: Sequence[Task], groups: Sequence[Sequence[Trajectory]],
     by_group = defaultdict(list)
     for task, value in zip(tasks, per_task):
         for key in GROUP_KEYS:
-            if _group(task, key) is not None:
-                by_group[f"{key}={_group(task, key)}"].append(value)
+            group = _group(task, key)
+            if group is not None:
+                by_group[f"{key}={group}"].append(value)
     for group in sorted(by_group):
         out[f"{prefix}/{group}"] = float(np.mean(by_group[group]))
     return out

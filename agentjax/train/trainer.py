@@ -42,7 +42,7 @@ from agentjax.rollout.trajectory import Trajectory, collate
 from agentjax.train import diagnostics, step as step_lib
 from agentjax.train.checkpoint import Checkpointer
 from agentjax.train.config import validate
-from agentjax.train.evaluate import GROUP_KEYS, evaluate, solved
+from agentjax.train.evaluate import evaluate, group_of, solved
 from agentjax.train.metrics import MetricsWriter
 from agentjax.train.packing import pack
 from agentjax.train.prepare import build_prepare
@@ -502,8 +502,7 @@ def report_table(results: dict[str, float]) -> str:
     """Markdown table of held-out success: demonstrator, SFT agent, RL agent; a column
     per task group (hops, taught: see train.evaluate)."""
     rows = []
-    groups = sorted({k.rsplit("/", 1)[1] for k in results
-                     if k.rsplit("/", 1)[-1].split("=")[0] in GROUP_KEYS})
+    groups = sorted({group_of(k) for k in results} - {None})
 
     def cells(prefix):
         return [f"{results[key]:.3f}" if key in results else "-"

@@ -16,6 +16,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from agentjax.train import sweep  # noqa: E402
+from agentjax.train.evaluate import group_of  # noqa: E402
 
 TARGET_MARGIN = 0.25
 
@@ -44,8 +45,8 @@ def report(runs, *, config_arg: str) -> str:
         rows.append([str(run.seed), _fmt(demo), _fmt(sft), _fmt(_get(final, "sft/success_greedy")),
                      _fmt(rl), _fmt(_get(final, "eval/success_greedy")), _fmt(margin), verdict,
                      "-" if minutes is None else f"{minutes / 60:.1f}"])
-        groups.update(k.rsplit("/", 1)[1] for k in (final or {}) if
-                      k.startswith("eval/success_sampled/") and "=" in k)
+        groups.update(group_of(k) for k in (final or {})
+                      if k.startswith("eval/success_sampled/") and group_of(k))
         group_rows.append((run.seed, final))
     groups = sorted(groups)
     group_table = sweep.markdown_table(

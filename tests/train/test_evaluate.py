@@ -2,7 +2,7 @@ import pytest
 
 from agentjax.envs.base import Task
 from agentjax.rollout.trajectory import Trajectory
-from agentjax.train.evaluate import solved, success_table
+from agentjax.train.evaluate import group_of, solved, success_table
 
 
 def _episode(success, failed=False):
@@ -24,3 +24,10 @@ def test_success_table_by_task_group_with_hand_computed_values():
         "eval/hops=1": 0.75, "eval/hops=2": 0.0,
         "eval/taught=yes": 1.0, "eval/taught=no": 0.25})
     assert not solved(groups[3][0], "exact_match")
+
+
+def test_group_of_names_the_task_group_of_a_metric():
+    assert group_of("eval/success_sampled/hops=2") == "hops=2"
+    assert group_of("sft/success_greedy/taught=no") == "taught=no"
+    assert group_of("eval/success_sampled/pass@4") is None
+    assert group_of("eval/success_sampled") is None
