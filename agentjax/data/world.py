@@ -275,6 +275,20 @@ def build_world(config: WorldConfig = WorldConfig()) -> World:
     return World(config, entities, _assign_facts(entities, rng))
 
 
+def other_worlds_documents(config: WorldConfig, count: int) -> list[str]:
+    """The corpus documents of `count` worlds sized like `config` but with other seeds
+    (`1000 * (config.seed + 1) + k`: other than `config.seed`, and disjoint between two
+    seeds for count <= 1000): text in the world's language with other names and facts —
+    a pretraining corpus that teaches copying names from context and no fact of
+    `config`'s world."""
+    documents = []
+    for k in range(count):
+        other = dataclasses.replace(config, seed=1000 * (config.seed + 1) + k,
+                                    train_questions={}, test_questions={})
+        documents += [r["contents"] for r in build_world(other).corpus_records()]
+    return documents
+
+
 class _NameMaker:
     """Pronounceable fictional names; distinctive words are globally unique except the
     word a twin deliberately shares with its original."""

@@ -215,6 +215,14 @@ class Trajectory:
             final_reward=float(reward), task_id=task.task_id if task else "",
             group_id=group_id, task=task, metadata={"demonstration": True})
 
+    @classmethod
+    def from_text(cls, tokenizer, text: str) -> "Trajectory":
+        """A plain document, eos-terminated, with every token but the first trainable
+        (language-model pretraining through the same packing and loss as SFT)."""
+        ids = list(tokenizer.encode(text, add_special_tokens=False)) + [tokenizer.eos_token_id]
+        return cls(prompt_ids=ids[:1], turns=[Turn(ids[1:], [0.0] * (len(ids) - 1), "stop")],
+                   metadata={"text": True})
+
 
 def end_of_turn_id(tokenizer) -> int:
     """The token that ends an assistant turn: the tokenizer's eos token (`<|im_end|>`

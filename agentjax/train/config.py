@@ -86,6 +86,13 @@ def default_config() -> ml_collections.ConfigDict:
     c.reward.process_weight = 0.0
     c.reward.length_weight = 0.0
 
+    # Language-model pretraining before SFT (next-token loss on every token of a text
+    # corpus). A model built from scratch cannot copy a name it has never seen from its
+    # context; the documents of `worlds` other synthetic worlds (same language, other
+    # names and facts) teach it that without teaching any fact of the run's world.
+    c.pretrain = ml_collections.ConfigDict(
+        {"steps": 0, "worlds": 100, "batch_size": 8, "lr": 3e-3})
+
     c.sft = ml_collections.ConfigDict()
     c.sft.steps = 0
     c.sft.batch_size = 32
@@ -227,6 +234,12 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     algo, rollout = config.algo, config.rollout
     def fail(msg):
         raise ValueError(f"invalid config: {msg}")
+
+    for section in ("pretrain", "sft"):
+        if config[section].steps < 0 or config[section].batch_size < 1:
+            fail(f"{section}.steps must be >= 0 and {section}.batch_size >= 1")
+    if config.pretrain.steps and config.pretrain.worlds < 1:
+        fail("pretrain.steps > 0 needs pretrain.worlds >= 1 (the corpus)")
 
     if (algo.advantage == "gae") != (algo.name == "ppo"):
         fail(f"algo.advantage='gae' goes with algo.name='ppo' (a critic); got "

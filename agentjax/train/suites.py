@@ -19,7 +19,7 @@ from agentjax.data import demonstrators as demo_lib
 from agentjax.data.arith import make_arith_splits
 from agentjax.data.loaders import load_jsonl, load_search_r1_parquet
 from agentjax.data.search_data import make_search_dataset
-from agentjax.data.world import WorldConfig
+from agentjax.data.world import WorldConfig, other_worlds_documents
 from agentjax.envs.base import Env, Task
 from agentjax.envs.python_env import DEFAULT_INSTRUCTION as PYTHON_INSTRUCTION
 from agentjax.envs.python_env import PythonEnv
@@ -44,6 +44,8 @@ class TaskSuite:
       texts: texts a locally built tokenizer is trained on.
       baselines: measured test success of scripted policies, {name: {"success": s,
         "by_hops": {...}}} — the demonstrator that wrote the SFT data among them.
+      pretrain_texts: the language-model pretraining corpus (config.pretrain); empty
+        where the suite has none.
     """
 
     train_tasks: list[Task]
@@ -55,6 +57,7 @@ class TaskSuite:
     demonstrations: list
     texts: list[str]
     baselines: dict[str, dict[str, Any]]
+    pretrain_texts: list[str] = dataclasses.field(default_factory=list)
 
 
 def parse_counts(spec: str) -> dict[int, int]:
@@ -100,7 +103,7 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
     env_kwargs = dict(topk=config.env.topk, max_turns=config.env.max_turns,
                       max_observation_words=config.env.max_observation_words,
                       instruction=instruction)
-    baselines, demonstrations = {}, []
+    baselines, demonstrations, pretrain_texts = {}, [], []
     if config.data.source == "synthetic":
         world_config = WorldConfig(
             seed=config.data.world_seed, num_people=config.data.num_people,
@@ -130,6 +133,8 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
         index = dataset.paths["index"]
         baselines = {name: _report(by_split["test"]) for name, by_split in dataset.reports.items()}
         texts = [r["contents"] for r in world.corpus_records()]
+        if config.pretrain.steps:
+            pretrain_texts = other_worlds_documents(world_config, config.pretrain.worlds)
     else:
         train_tasks = _load_tasks(config.data.train_path)
         test_tasks = _load_tasks(config.data.test_path) if config.data.test_path else []
@@ -153,7 +158,7 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
     texts += [turn.observation for d in demonstrations for turn in d.turns if turn.observation]
     return TaskSuite(train_tasks, test_tasks, make_env,
                      make_reward_fn(_reward_config(config, "exact_match")), "exact_match",
-                     None, demonstrations, texts, baselines)
+                     None, demonstrations, texts, baselines, pretrain_texts)
 
 
 def _load_tasks(path: str) -> list[Task]:

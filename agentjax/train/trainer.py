@@ -4,7 +4,8 @@
 
 Sections, in the order a run meets them:
   1. setup      validate config, mesh, task suite, tokenizer + model, engine + pool
-  2. SFT        masked next-token loss on demonstrations (config.sft.steps > 0)
+  2. SFT        next-token loss on a text corpus (config.pretrain.steps > 0), then
+                masked next-token loss on demonstrations (config.sft.steps > 0)
   3. RL         sample tasks -> roll out groups -> prepare (log-probs, advantages)
                 -> jitted update -> sync weights to the engine -> log / eval / save
   4. report     held-out success of the demonstrator, the SFT agent and the RL agent
@@ -100,9 +101,12 @@ class Trainer:
             f.write(config.to_json_best_effort(indent=1))
         self.mesh = parallel.make_mesh(dict(config.mesh))
         data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        for key, rows in (("rollout.prompts_per_step x rollout.group_size",
-                           config.rollout.prompts_per_step * config.rollout.group_size),
-                          ("sft.batch_size", config.sft.batch_size)):
+        row_counts = {"rollout.prompts_per_step x rollout.group_size":
+                      config.rollout.prompts_per_step * config.rollout.group_size,
+                      "sft.batch_size": config.sft.batch_size}
+        if config.pretrain.steps:
+            row_counts["pretrain.batch_size"] = config.pretrain.batch_size
+        for key, rows in row_counts.items():
             if rows % data_parallel:
                 raise ValueError(f"{key} = {rows} rows must be divisible by the data-parallel "
                                  f"mesh size data x fsdp = {data_parallel}")
@@ -253,13 +257,32 @@ class Trainer:
             raise ValueError("SFT: no demonstration fits rollout.max_tokens")
         return kept
 
+    def _corpus_trajectories(self) -> list[Trajectory]:
+        if not self.suite.pretrain_texts:
+            raise ValueError(f"pretrain.steps > 0 but the {self.config.env.name!r} suite has "
+                             "no pretraining corpus (synthetic search worlds have one)")
+        return [Trajectory.from_text(self.tokenizer, text) for text in self.suite.pretrain_texts]
+
     def run_sft(self, params):
-        """Trains `params` on the demonstrations for sft.steps; returns the new params."""
-        config, sft = self.config, self.config.sft
-        workdir = os.path.join(self.workdir, "sft")
-        trajs = self._demonstration_trajectories()
-        optimizer = step_lib.make_optimizer(sft.lr, total_steps=sft.steps,
-                                            warmup_steps=min(20, sft.steps // 10),
+        """Pretraining on the suite's corpus (pretrain.steps), then SFT on the
+        demonstrations (sft.steps); returns the new params."""
+        config = self.config
+        if config.pretrain.steps:
+            params = self._fit_next_token("pretrain", self._corpus_trajectories(),
+                                          config.pretrain, params)
+        if config.sft.steps:
+            params = self._fit_next_token("sft", self._demonstration_trajectories(),
+                                          config.sft, params)
+        return params
+
+    def _fit_next_token(self, stage: str, trajs: list[Trajectory], section, params):
+        """`section.steps` steps (batch `section.batch_size` packed rows, lr `section.lr`,
+        cosine) of next-token loss on the trainable tokens of `trajs`, checkpointed and
+        resumable under <workdir>/<stage>; exports to <workdir>/<stage>/hf."""
+        config = self.config
+        workdir = os.path.join(self.workdir, stage)
+        optimizer = step_lib.make_optimizer(section.lr, total_steps=section.steps,
+                                            warmup_steps=min(20, section.steps // 10),
                                             schedule="cosine", grad_clip=config.optim.grad_clip)
         params = _copy(params)
         state = step_lib.TrainState(step=jnp.int32(0), params=params,
@@ -267,7 +290,8 @@ class Trainer:
                                     rng=jax.random.key(config.seed))
         update, state = self._jit_update(step_lib.build_update(
             step_lib.sft_loss(self.graphdef, chunk_size=config.model.logprob_chunk), optimizer,
-            epochs=1, minibatches=1, micro_batches=self._micro_batches(sft.batch_size)), state)
+            epochs=1, minibatches=1, micro_batches=self._micro_batches(section.batch_size)),
+            state)
         checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
                                     every=config.checkpoint.every, keep=config.checkpoint.keep,
                                     async_save=config.checkpoint.async_save)
@@ -276,27 +300,28 @@ class Trainer:
         if restored is not None:
             state, host = restored
             start, cursor = host["step"], host["cursor"]
-            self.log(f"SFT: resumed at step {start}")
+            self.log(f"{stage}: resumed at step {start}")
         writer = MetricsWriter(workdir, tensorboard=config.log.tensorboard, resume_step=start,
                                enabled=self.is_main)
-        bar = tqdm(range(start, sft.steps), desc="sft", disable=not (self.is_main and
-                                                                     config.log.progress))
+        bar = tqdm(range(start, section.steps), desc=stage,
+                   disable=not (self.is_main and config.log.progress))
         for step in bar:
-            upcoming = demonstration_stream(trajs, config.seed, cursor, sft.batch_size * 16)
-            batch, used = pack(upcoming, length=self.buckets[-1], rows=sft.batch_size,
+            upcoming = demonstration_stream(trajs, config.seed, cursor, section.batch_size * 16)
+            batch, used = pack(upcoming, length=self.buckets[-1], rows=section.batch_size,
                                pad_id=self.tokenizer.pad_token_id)
             cursor += used
             batch["loss_mask"] = batch.pop("action_mask")
             state, metrics = update(state, self._device_batch(batch))
-            if (step + 1) % config.log.every == 0 or step + 1 == sft.steps:
+            if (step + 1) % config.log.every == 0 or step + 1 == section.steps:
                 row = writer.write(step + 1, {**jax.device_get(metrics),
                                               "episodes_per_step": used})
                 bar.set_postfix(nll=f"{row['nll']:.3f}")
             checkpointer.save(step + 1, state, {"step": step + 1, "cursor": cursor})
-        checkpointer.save(sft.steps, state, {"step": sft.steps, "cursor": cursor}, force=True)
+        checkpointer.save(section.steps, state, {"step": section.steps, "cursor": cursor},
+                          force=True)
         checkpointer.wait()
         writer.close()
-        self._export(state.params, "sft")
+        self._export(state.params, stage)
         return state.params
 
     def _micro_batches(self, rows: int) -> int:
@@ -459,7 +484,8 @@ class Trainer:
     # ------------------------------------------------------------------ the run
 
     def run(self) -> dict[str, Any]:
-        """SFT (if configured), RL (unless stage == "sft"), then the final report."""
+        """Pretraining and SFT (if configured), RL (unless stage == "sft"), then the
+        final report."""
         config = self.config
         params = self.initial_params
         results: dict[str, Any] = {f"demonstrator/{k}": v["success"]
@@ -467,7 +493,7 @@ class Trainer:
         for name, baseline in self.suite.baselines.items():
             results.update({f"demonstrator/{name}/hops={h}": v
                             for h, v in baseline["by_hops"].items()})
-        if config.sft.steps and not config.init_from:
+        if (config.pretrain.steps or config.sft.steps) and not config.init_from:
             sft_file = os.path.join(self.workdir, "sft", "eval.json")
             rl_started = os.path.exists(os.path.join(self.workdir, "checkpoints"))
             if os.path.exists(sft_file) and rl_started:

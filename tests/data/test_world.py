@@ -20,6 +20,22 @@ def test_same_seed_same_world_other_seed_other_names():
     assert not {e.name for e in other.entities} & {e.name for e in a.entities}
 
 
+def test_other_worlds_share_the_language_but_no_fact():
+    docs = world_lib.other_worlds_documents(SMALL, 2)
+    assert docs == world_lib.other_worlds_documents(SMALL, 2)
+    per_world = len(world().entities)
+    assert len(docs) == 2 * per_world
+    assert docs[:per_world] == [r["contents"] for r in build_world(WorldConfig(
+        **{**SMALL.__dict__, "seed": 4000, "train_questions": {}, "test_questions": {}})
+    ).corpus_records()]
+    main_docs = {r["contents"] for r in world().corpus_records()}
+    assert not main_docs & set(docs)
+    assert not set(docs) & set(world_lib.other_worlds_documents(
+        WorldConfig(**{**SMALL.__dict__, "seed": 4}), 2))
+    verbs = {r.sentence.split("{o}")[0].split("{s}")[1] for r in RELATIONS.values()}
+    assert all(any(v in d for v in verbs) for d in docs)
+
+
 def test_entity_counts_twins_and_unique_names():
     w = world()
     counts = collections.Counter(e.type for e in w.entities)

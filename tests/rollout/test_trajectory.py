@@ -38,6 +38,17 @@ def test_derived_arrays_are_exact():
     assert traj.total_reward == pytest.approx(2.75)
 
 
+def test_from_text_trains_every_token_of_the_document(tokenizer):
+    text = "Varo Kessin works for Lese Co."
+    traj = Trajectory.from_text(tokenizer, text)
+    ids = traj.token_ids
+    assert ids[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(ids[:-1]) == text
+    np.testing.assert_array_equal(traj.action_mask, [0] + [1] * (len(ids) - 1))
+    row = collate([traj], buckets=(64,), pad_id=0)
+    assert row["action_mask"][0].sum() == len(ids) - 1  # every predicted token
+
+
 def test_turn_rejects_misaligned_logprobs_and_bad_finish_reason():
     with pytest.raises(ValueError, match="logprobs has 1 entries but action_ids has 2"):
         Turn([1, 2], [0.0], "stop")

@@ -54,6 +54,7 @@ def test_every_config_runs_end_to_end(config, tmp_path):
         assert (tmp_path / "hf" / "model.safetensors").exists()
     assert "| RL agent |" in out or config.startswith("sft")
     if "search" in config:  # held-out success split by what SFT taught (evaluate.py)
+        assert [r["step"] for r in read_metrics(tmp_path / "pretrain")] == [1, 2]
         assert any(k.startswith("sft/success_greedy/taught=") for k in final)
         assert "sampled, taught=" in out
 
@@ -65,10 +66,11 @@ def test_sharded_run_matches_one_device(tmp_path):
     _train("grpo_search.py:test", tmp_path / "one", *common)
     _train("grpo_search.py:test", tmp_path / "eight", *common, "--config.mesh.data=4",
            "--config.mesh.fsdp=2", env=EIGHT_DEVICES)
-    one, eight = (read_metrics(tmp_path / run / "sft") for run in ("one", "eight"))
-    for a, b in zip(one, eight, strict=True):
-        for key in ("nll", "grad_norm", "entropy"):
-            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+    for stage in ("pretrain", "sft"):
+        one, eight = (read_metrics(tmp_path / run / stage) for run in ("one", "eight"))
+        for a, b in zip(one, eight, strict=True):
+            for key in ("nll", "grad_norm", "entropy"):
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (stage, key)
     [rl] = read_metrics(tmp_path / "eight")
     assert rl["mask/leak"] == 0 and np.isfinite(rl["grad_norm"])
 
@@ -152,6 +154,9 @@ def test_config_validation_names_the_problem():
     config = config_lib.apply_algorithm(config_lib.default_config(), "grpo")
     config.algo.advantage = "gae"
     assert "gae" in _error(config)
+    config = config_lib.default_config()
+    config.pretrain.steps = -1
+    assert "pretrain.steps" in _error(config)
     config = config_lib.default_config()
     config.rollout.engine, config.rollout.sglang_urls = "sglang", "http://localhost:30000"
     assert "not implemented" in _error(config)
