@@ -1,8 +1,9 @@
 """GRPO search agent (flagship): Search-R1-style multi-hop search with a BM25 index.
 
-CPU default — builds the offline world, warm-starts a tiny agent with SFT on an
-imperfect demonstrator's episodes, trains it with GRPO and prints held-out success of
-the demonstrator, the SFT agent and the GRPO agent:
+CPU default — builds the offline world, pretrains a tiny agent on the documents of
+other synthetic worlds (so it can copy names from its context), warm-starts it with SFT
+on an imperfect demonstrator's episodes, trains it with GRPO and prints held-out success
+of the demonstrator, the SFT agent and the GRPO agent:
 
     python scripts/train.py --config configs/grpo_search.py
 

@@ -1,6 +1,7 @@
 """SFT warm-start of the search agent: masked next-token loss on the action tokens of
 an imperfect demonstrator's episodes (plus Agent-FLAN-style negative examples, whose
-invalid action is masked out so only the recovery is learned).
+invalid action is masked out so only the recovery is learned). The CPU variant first
+pretrains the tiny model on other worlds' documents (`config.pretrain`).
 
     python scripts/train.py --config configs/sft_search.py --workdir runs/sft
     python scripts/train.py --config configs/grpo_search.py --config.init_from=runs/sft

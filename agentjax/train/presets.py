@@ -1,8 +1,9 @@
 """Variants shared by the config files (configs/*.py stay a few lines each).
 
 Variants of every search config:
-  cpu   the embedded default on CPU: tiny model, offline synthetic world, SFT then RL,
-        sized to finish in well under 30 minutes on 2 cores.
+  cpu   the embedded default on CPU: tiny model, offline synthetic world, pretraining
+        on other worlds' documents, SFT, then RL, sized to finish in under 30 minutes
+        on 2 cores.
   hf    a real local HF checkpoint (`--config.model.path=...`) on GPU/TPU, with the
         Search-R1 settings (instruction, lr 1e-6, group 5, KL 0.001 k3, temperature 1).
   test  a few seconds of everything, for CI end-to-end tests.
@@ -35,9 +36,10 @@ def _cpu(c):
     c.total_steps = 40
     # Without pretraining, SFT teaches recall of the facts its demonstrations state; the
     # agent then reads a never-demonstrated fact out of an observation ~3% of the time.
-    # 300 steps on 100 other worlds' documents (2.7M tokens) teach it to copy from its
-    # context first.
-    c.pretrain.steps = 300
+    # 800 steps on 100 other worlds' documents (2.7M tokens, ~1.2 epochs) teach it to
+    # copy from its context first (with 300, whether copying forms depends on the data
+    # order).
+    c.pretrain.steps = 800
     c.sft.steps = 1000
     c.sft.batch_size = 8  # packed rows of rollout.max_tokens
     c.sft.lr = 3e-3
