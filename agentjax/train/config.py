@@ -159,6 +159,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.optim = ml_collections.ConfigDict()
     c.optim.lr = 1e-3
     c.optim.schedule = "constant"
+    # Schedules count optimizer updates (total_steps x ppo_epochs x minibatches per run).
     c.optim.warmup_steps = 0
     c.optim.weight_decay = 0.0
     c.optim.b1 = 0.9

@@ -75,6 +75,12 @@ def demonstration_stream(items: list, seed: int, position: int, count: int) -> l
     return out
 
 
+def optimizer_updates(config) -> int:
+    """Optimizer updates an RL run makes (the lr schedule's horizon): each of its
+    total_steps runs ppo_epochs x minibatches of them."""
+    return config.total_steps * config.algo.ppo_epochs * config.algo.minibatches
+
+
 def temperature_at(config, step: int) -> float:
     """Linear rollout-temperature schedule from rollout.temperature to final_temperature."""
     fraction = step / max(config.total_steps - 1, 1)
@@ -333,7 +339,7 @@ class Trainer:
     def _init_rl_state(self, params):
         config, algo = self.config, self.config.algo
         optimizer = step_lib.make_optimizer(
-            config.optim.lr, total_steps=config.total_steps,
+            config.optim.lr, total_steps=optimizer_updates(config),
             warmup_steps=config.optim.warmup_steps, schedule=config.optim.schedule,
             weight_decay=config.optim.weight_decay, b1=config.optim.b1, b2=config.optim.b2,
             grad_clip=config.optim.grad_clip)

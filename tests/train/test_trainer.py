@@ -7,11 +7,15 @@ import subprocess
 import sys
 import time
 
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 
 from agentjax.train import config as config_lib
+from agentjax.train import presets
+from agentjax.train import step as step_lib
+from agentjax.train import trainer as trainer_lib
 from agentjax.train.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -160,6 +164,23 @@ def test_config_validation_names_the_problem():
     config = config_lib.default_config()
     config.rollout.engine, config.rollout.sglang_urls = "sglang", "http://localhost:30000"
     assert "not implemented" in _error(config)
+
+
+def test_lr_schedule_spans_every_optimizer_update_of_the_run():
+    config = presets.search_config("grpo", "test")
+    config.total_steps, config.algo.minibatches, config.algo.ppo_epochs = 5, 2, 3
+    updates = trainer_lib.optimizer_updates(config)
+    assert updates == 30
+    optimizer = step_lib.make_optimizer(1.0, total_steps=updates, schedule="cosine")
+    params = {"w": jnp.zeros(())}
+    state = optimizer.init(params)
+    moved = []
+    for _ in range(updates):
+        update, state = optimizer.update({"w": jnp.ones(())}, state, params)
+        moved.append(abs(float(update["w"])))
+    # The warmup's first update is 0; the cosine reaches 0 only after the last update.
+    assert moved[0] == 0 and all(m > 0 for m in moved[1:])
+    assert moved[1] > moved[15] > moved[-1]
 
 
 def test_bad_override_fails_before_anything_runs(tmp_path):
