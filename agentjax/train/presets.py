@@ -44,6 +44,9 @@ def _cpu(c):
     c.sft.batch_size = 8  # packed rows of rollout.max_tokens
     c.sft.lr = 3e-3
     c.optim.lr = 5e-4
+    # Constant 5e-4 peaks around step 20 and slides back by step 40 (entropy rising);
+    # decaying it keeps the gains (seed 0: 0.471 -> 0.561 held-out sampled).
+    c.optim.schedule = "cosine"
     c.algo.minibatches = 2
     # The demonstrator answers without searching in 60% of its episodes, with the most
     # frequent training answer of the question's relation (and searches perfectly
