@@ -9,6 +9,7 @@ against this one small interface, so adding a world means adding one builder her
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Any, Callable
@@ -44,8 +45,8 @@ class TaskSuite:
       texts: texts a locally built tokenizer is trained on.
       baselines: measured test success of scripted policies, {name: {"success": s,
         "by_hops": {...}}} — the demonstrator that wrote the SFT data among them.
-      pretrain_texts: the language-model pretraining corpus (config.pretrain); empty
-        where the suite has none.
+      pretrain_corpus: builds the language-model pretraining corpus (config.pretrain)
+        when pretraining runs; None where the suite has none.
     """
 
     train_tasks: list[Task]
@@ -57,7 +58,7 @@ class TaskSuite:
     demonstrations: list
     texts: list[str]
     baselines: dict[str, dict[str, Any]]
-    pretrain_texts: list[str] = dataclasses.field(default_factory=list)
+    pretrain_corpus: Callable[[], list[str]] | None = None
 
 
 def parse_counts(spec: str) -> dict[int, int]:
@@ -103,7 +104,7 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
     env_kwargs = dict(topk=config.env.topk, max_turns=config.env.max_turns,
                       max_observation_words=config.env.max_observation_words,
                       instruction=instruction)
-    baselines, demonstrations, pretrain_texts = {}, [], []
+    baselines, demonstrations, pretrain_corpus = {}, [], None
     if config.data.source == "synthetic":
         world_config = WorldConfig(
             seed=config.data.world_seed, num_people=config.data.num_people,
@@ -133,8 +134,8 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
         index = dataset.paths["index"]
         baselines = {name: _report(by_split["test"]) for name, by_split in dataset.reports.items()}
         texts = [r["contents"] for r in world.corpus_records()]
-        if config.pretrain.steps:
-            pretrain_texts = other_worlds_documents(world_config, config.pretrain.worlds)
+        pretrain_corpus = functools.partial(other_worlds_documents, world_config,
+                                            config.pretrain.worlds)
     else:
         train_tasks = _load_tasks(config.data.train_path)
         test_tasks = _load_tasks(config.data.test_path) if config.data.test_path else []
@@ -158,7 +159,7 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
     texts += [turn.observation for d in demonstrations for turn in d.turns if turn.observation]
     return TaskSuite(train_tasks, test_tasks, make_env,
                      make_reward_fn(_reward_config(config, "exact_match")), "exact_match",
-                     None, demonstrations, texts, baselines, pretrain_texts)
+                     None, demonstrations, texts, baselines, pretrain_corpus)
 
 
 def _load_tasks(path: str) -> list[Task]:

@@ -264,10 +264,11 @@ class Trainer:
         return kept
 
     def _corpus_trajectories(self) -> list[Trajectory]:
-        if not self.suite.pretrain_texts:
+        if self.suite.pretrain_corpus is None:
             raise ValueError(f"pretrain.steps > 0 but the {self.config.env.name!r} suite has "
                              "no pretraining corpus (synthetic search worlds have one)")
-        return [Trajectory.from_text(self.tokenizer, text) for text in self.suite.pretrain_texts]
+        return [Trajectory.from_text(self.tokenizer, text)
+                for text in self.suite.pretrain_corpus()]
 
     def run_sft(self, params):
         """Pretraining on the suite's corpus (pretrain.steps), then SFT on the
