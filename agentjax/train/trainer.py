@@ -63,7 +63,7 @@ def length_buckets(max_tokens: int, count: int = 4, multiple: int = 32) -> tuple
     return tuple(sorted(min(s, max_tokens) for s in sizes))
 
 
-def demonstration_stream(items: list, seed: int, position: int, count: int) -> list:
+def shuffled_stream(items: list, seed: int, position: int, count: int) -> list:
     """Items `position .. position + count` of an endless stream over `items` that
     visits them in a fresh seeded permutation each epoch — a function of (seed,
     position) only, so a checkpointed cursor resumes the data order exactly."""
@@ -313,7 +313,7 @@ class Trainer:
         bar = tqdm(range(start, section.steps), desc=stage,
                    disable=not (self.is_main and config.log.progress))
         for step in bar:
-            upcoming = demonstration_stream(trajs, config.seed, cursor, section.batch_size * 16)
+            upcoming = shuffled_stream(trajs, config.seed, cursor, section.batch_size * 16)
             batch, used = pack(upcoming, length=self.buckets[-1], rows=section.batch_size,
                                pad_id=self.tokenizer.pad_token_id)
             cursor += used

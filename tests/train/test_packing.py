@@ -8,7 +8,7 @@ from agentjax.rl.losses import loss_norm
 from agentjax.rollout.trajectory import Trajectory, Turn, collate
 from agentjax.train import step as step_lib
 from agentjax.train.packing import pack
-from agentjax.train.trainer import demonstration_stream
+from agentjax.train.trainer import shuffled_stream
 
 V = 50
 CONFIG = ModelConfig(arch="qwen2", vocab_size=V, hidden_size=16, intermediate_size=32,
@@ -50,9 +50,9 @@ def test_pack_stops_at_the_first_episode_that_does_not_fit():
     assert (packed["segment_ids"].max(axis=1) == 2).all()
 
 
-def test_demonstration_stream_resumes_from_any_cursor():
+def test_shuffled_stream_resumes_from_any_cursor():
     items = list(range(7))
-    whole = demonstration_stream(items, 3, 0, 30)
+    whole = shuffled_stream(items, 3, 0, 30)
     assert sorted(whole[:7]) == items and sorted(whole[7:14]) == items
     for cursor in (0, 5, 7, 13):
-        assert demonstration_stream(items, 3, cursor, 10) == whole[cursor:cursor + 10]
+        assert shuffled_stream(items, 3, cursor, 10) == whole[cursor:cursor + 10]
