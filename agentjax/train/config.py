@@ -104,6 +104,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.sft.early_stop_prob = 0.0
     c.sft.poor_query_prob = 0.0
     c.sft.negative_frac = 0.1
+    # Fraction of SFT tokens drawn from the pretraining corpus (config.pretrain) rather
+    # than the demonstrations: keeps what pretraining taught (copying from the context)
+    # while SFT fits the demonstrations.
+    c.sft.corpus_mix = 0.0
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.engine = "jax"  # "jax" | "sglang"
@@ -241,6 +245,10 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
             fail(f"{section}.steps must be >= 0 and {section}.batch_size >= 1")
     if config.pretrain.steps and config.pretrain.worlds < 1:
         fail("pretrain.steps > 0 needs pretrain.worlds >= 1 (the corpus)")
+    if not 0.0 <= config.sft.corpus_mix < 1.0:
+        fail(f"sft.corpus_mix must be in [0, 1), got {config.sft.corpus_mix}")
+    if config.sft.corpus_mix and config.pretrain.worlds < 1:
+        fail("sft.corpus_mix > 0 needs pretrain.worlds >= 1 (the corpus)")
 
     if (algo.advantage == "gae") != (algo.name == "ppo"):
         fail(f"algo.advantage='gae' goes with algo.name='ppo' (a critic); got "

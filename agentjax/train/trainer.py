@@ -5,7 +5,8 @@
 Sections, in the order a run meets them:
   1. setup      validate config, mesh, task suite, tokenizer + model, engine + pool
   2. SFT        next-token loss on a text corpus (config.pretrain.steps > 0), then
-                masked next-token loss on demonstrations (config.sft.steps > 0)
+                masked next-token loss on demonstrations (config.sft.steps > 0), corpus
+                documents mixed in (config.sft.corpus_mix)
   3. RL         sample tasks -> roll out groups -> prepare (log-probs, advantages)
                 -> jitted update -> sync weights to the engine -> log / eval / save
   4. report     held-out success of the demonstrator, the SFT agent and the RL agent
@@ -73,6 +74,18 @@ def shuffled_stream(items: list, seed: int, position: int, count: int) -> list:
         order = np.random.default_rng([seed, 1, epoch]).permutation(len(items))
         out += [items[i] for i in order[offset:offset + count - len(out)]]
     return out
+
+
+def corpus_sample(corpus: list[Trajectory], demos: list[Trajectory], fraction: float,
+                  seed: int) -> list[Trajectory]:
+    """Corpus documents to mix into SFT so that they hold about `fraction` of its tokens:
+    a seeded sample, whole documents, as many as the corpus has."""
+    if not fraction:
+        return []
+    wanted = fraction / (1.0 - fraction) * sum(t.num_tokens for t in demos)
+    order = np.random.default_rng(seed).permutation(len(corpus))
+    tokens = np.cumsum([corpus[i].num_tokens for i in order])
+    return [corpus[i] for i in order[:int(np.searchsorted(tokens, wanted)) + 1]]
 
 
 def optimizer_updates(config) -> int:
@@ -272,14 +285,19 @@ class Trainer:
 
     def run_sft(self, params):
         """Pretraining on the suite's corpus (pretrain.steps), then SFT on the
-        demonstrations (sft.steps); returns the new params."""
+        demonstrations (sft.steps), with corpus documents mixed in (sft.corpus_mix);
+        returns the new params."""
         config = self.config
+        corpus = (self._corpus_trajectories()
+                  if config.pretrain.steps or (config.sft.steps and config.sft.corpus_mix)
+                  else [])
         if config.pretrain.steps:
-            params = self._fit_next_token("pretrain", self._corpus_trajectories(),
-                                          config.pretrain, params)
+            params = self._fit_next_token("pretrain", corpus, config.pretrain, params)
         if config.sft.steps:
-            params = self._fit_next_token("sft", self._demonstration_trajectories(),
-                                          config.sft, params)
+            demos = self._demonstration_trajectories()
+            params = self._fit_next_token(
+                "sft", demos + corpus_sample(corpus, demos, config.sft.corpus_mix, config.seed),
+                config.sft, params)
         return params
 
     def _fit_next_token(self, stage: str, trajs: list[Trajectory], section, params):

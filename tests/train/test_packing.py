@@ -8,7 +8,7 @@ from agentjax.rl.losses import loss_norm
 from agentjax.rollout.trajectory import Trajectory, Turn, collate
 from agentjax.train import step as step_lib
 from agentjax.train.packing import pack
-from agentjax.train.trainer import shuffled_stream
+from agentjax.train.trainer import corpus_sample, shuffled_stream
 
 V = 50
 CONFIG = ModelConfig(arch="qwen2", vocab_size=V, hidden_size=16, intermediate_size=32,
@@ -56,3 +56,31 @@ def test_shuffled_stream_resumes_from_any_cursor():
     assert sorted(whole[:7]) == items and sorted(whole[7:14]) == items
     for cursor in (0, 5, 7, 13):
         assert shuffled_stream(items, 3, cursor, 10) == whole[cursor:cursor + 10]
+
+
+def test_corpus_sample_holds_the_asked_fraction_of_tokens():
+    rng = np.random.default_rng(0)
+    demos = [_trajectory(rng, 6, (4, 3)) for _ in range(40)]
+    corpus = [Trajectory.from_text(_Chars(), "x" * int(n)) for n in rng.integers(5, 30, 200)]
+    demo_tokens = sum(t.num_tokens for t in demos)
+    assert corpus_sample(corpus, demos, 0.0, seed=1) == []
+    for fraction in (0.2, 0.5):
+        mixed = corpus_sample(corpus, demos, fraction, seed=1)
+        tokens = sum(t.num_tokens for t in mixed)
+        # Whole documents: just past the asked share, by less than one document.
+        assert tokens / (tokens + demo_tokens) >= fraction
+        assert (tokens - mixed[-1].num_tokens) / (tokens - mixed[-1].num_tokens
+                                                  + demo_tokens) < fraction
+        assert mixed == corpus_sample(corpus, demos, fraction, seed=1)
+        assert mixed != corpus_sample(corpus, demos, fraction, seed=2)
+    # More than the corpus holds: all of it, each document once.
+    everything = corpus_sample(corpus, demos[:1] * 10_000, 0.9, seed=1)
+    assert sorted(map(id, everything)) == sorted(map(id, corpus))
+
+
+class _Chars:
+    """A tokenizer with one token per character."""
+    eos_token_id = 1
+
+    def encode(self, text, add_special_tokens=False):
+        return [2 + (ord(c) % (V - 2)) for c in text]

@@ -162,6 +162,9 @@ def test_config_validation_names_the_problem():
     config.pretrain.steps = -1
     assert "pretrain.steps" in _error(config)
     config = config_lib.default_config()
+    config.sft.corpus_mix = 1.0
+    assert "sft.corpus_mix" in _error(config)
+    config = config_lib.default_config()
     config.rollout.engine, config.rollout.sglang_urls = "sglang", "http://localhost:30000"
     assert "not implemented" in _error(config)
 
