@@ -22,6 +22,9 @@ KL_KINDS = ("k1", "k2", "k3", "k1+", "k3+")
 CURRICULA = ("uniform", "learnability", "failure_buffer")
 SCHEDULES = ("constant", "cosine")
 OLD_LOGP = ("recompute", "behavior")
+# env.name -> {reward.outcome: the reward component it rewards}; "em" names the success
+# criterion (evaluation counts an episode solved when it reaches 1), logged either way.
+OUTCOMES = {"search": {"em": "exact_match", "f1": "f1"}, "python": {"em": "math_match"}}
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -80,7 +83,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.retrieval = ml_collections.ConfigDict({"kind": "bm25", "url": "", "timeout_s": 10.0})
 
     c.reward = ml_collections.ConfigDict()
-    c.reward.outcome = "em"
+    c.reward.outcome = "em"  # rewarded outcome: "em" (exact match) or "f1" (search only)
     c.reward.format_weight = 0.0
     c.reward.tool_weight = 0.0
     c.reward.process_weight = 0.0
@@ -239,6 +242,12 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     algo, rollout = config.algo, config.rollout
     def fail(msg):
         raise ValueError(f"invalid config: {msg}")
+
+    if config.env.name not in OUTCOMES:
+        fail(f"env.name {config.env.name!r} is not one of {sorted(OUTCOMES)}")
+    if config.reward.outcome not in OUTCOMES[config.env.name]:
+        fail(f"reward.outcome {config.reward.outcome!r} does not apply to the "
+             f"{config.env.name!r} env; choose one of {sorted(OUTCOMES[config.env.name])}")
 
     for section in ("pretrain", "sft"):
         if config[section].steps < 0 or config[section].batch_size < 1:

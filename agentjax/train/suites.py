@@ -27,6 +27,7 @@ from agentjax.envs.python_env import PythonEnv
 from agentjax.envs.retrieval import BM25Retriever, HttpRetriever
 from agentjax.envs.search import DEFAULT_INSTRUCTION, SHORT_INSTRUCTION, SearchEnv
 from agentjax.rewards.composite import make_reward_fn
+from agentjax.train.config import OUTCOMES
 
 
 @dataclasses.dataclass
@@ -72,12 +73,14 @@ def parse_counts(spec: str) -> dict[int, int]:
     return out
 
 
-def _reward_config(config, outcome: str) -> dict:
+def _reward_config(config) -> dict:
+    """The composite reward: the outcome component reward.outcome names gets weight 1, the
+    env's other outcome components are logged with weight 0."""
     weights = config.reward
-    components = {outcome: 1.0, "format": weights.format_weight,
-                  "tool_shaping": weights.tool_weight}
+    components = {name: float(key == weights.outcome)
+                  for key, name in OUTCOMES[config.env.name].items()}
+    components.update({"format": weights.format_weight, "tool_shaping": weights.tool_weight})
     if config.env.name == "search":
-        components["f1"] = 0.0  # logged, not rewarded
         components["process"] = weights.process_weight
     if weights.length_weight:
         components["length"] = {"weight": weights.length_weight, "penalty": "linear",
@@ -158,7 +161,7 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
     texts += [turn.action for d in demonstrations for turn in d.turns]
     texts += [turn.observation for d in demonstrations for turn in d.turns if turn.observation]
     return TaskSuite(train_tasks, test_tasks, make_env,
-                     make_reward_fn(_reward_config(config, "exact_match")), "exact_match",
+                     make_reward_fn(_reward_config(config)), OUTCOMES["search"]["em"],
                      None, demonstrations, texts, baselines, pretrain_corpus)
 
 
@@ -204,7 +207,7 @@ def build_python_suite(config, data_dir: str) -> TaskSuite:
     def make_env():
         return PythonEnv(**env_kwargs)
 
-    reward_fn = make_reward_fn(_reward_config(config, "math_match"))
+    reward_fn = make_reward_fn(_reward_config(config))
     rng = np.random.default_rng(config.data.world_seed)
     demos = []
     for task in train_tasks[:config.sft.num_demos] if config.sft.steps else []:
@@ -216,8 +219,8 @@ def build_python_suite(config, data_dir: str) -> TaskSuite:
     texts += [turn.observation for d in demos for turn in d.turns if turn.observation]
     success = float(np.mean([d.reward >= 1 for d in demos])) if demos else 0.0
     baselines = {"demonstrator": {"success": success, "by_hops": {}}} if demos else {}
-    return TaskSuite(train_tasks, test_tasks, make_env, reward_fn, "math_match", "tool",
-                     demos, texts, baselines)
+    return TaskSuite(train_tasks, test_tasks, make_env, reward_fn, OUTCOMES["python"]["em"],
+                     "tool", demos, texts, baselines)
 
 
 SUITES = {"search": build_search_suite, "python": build_python_suite}

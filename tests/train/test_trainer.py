@@ -12,11 +12,14 @@ import ml_collections
 import numpy as np
 import pytest
 
+from agentjax.rewards.composite import make_reward_fn
 from agentjax.train import config as config_lib
 from agentjax.train import presets
 from agentjax.train import step as step_lib
 from agentjax.train import trainer as trainer_lib
+from agentjax.train import suites
 from agentjax.train.metrics import read_metrics
+from tests.rewards.episodes import TWO_HOP, episode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "scripts", "train.py")
@@ -165,8 +168,26 @@ def test_config_validation_names_the_problem():
     config.sft.corpus_mix = 1.0
     assert "sft.corpus_mix" in _error(config)
     config = config_lib.default_config()
+    config.reward.outcome = "bleu"
+    assert "reward.outcome" in _error(config)
+    config = presets.python_config("grpo", "cpu")
+    config.reward.outcome = "f1"
+    assert "reward.outcome" in _error(config)
+    config = config_lib.default_config()
     config.rollout.engine, config.rollout.sglang_urls = "sglang", "http://localhost:30000"
     assert "not implemented" in _error(config)
+
+
+def test_reward_outcome_selects_the_rewarded_component():
+    half_right = episode(TWO_HOP, "<answer> Dara Kessin </answer>")
+    config = config_lib.default_config()
+    for outcome, total_expected in (("em", 0.0), ("f1", 0.5)):
+        config.reward.outcome = outcome
+        reward_fn = make_reward_fn(suites._reward_config(config))
+        total, parts = reward_fn(TWO_HOP, half_right)
+        # Both outcomes are logged; success (exact_match) does not depend on the choice.
+        assert parts["exact_match"] == 0.0 and parts["f1"] == pytest.approx(0.5)
+        assert total == pytest.approx(total_expected)
 
 
 def test_lr_schedule_spans_every_optimizer_update_of_the_run():
