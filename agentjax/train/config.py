@@ -159,7 +159,6 @@ def default_config() -> ml_collections.ConfigDict:
     c.algo.overlong_max_len = 256  # L_max of the shaping (action tokens per episode)
     c.algo.overlong_factor = 1.0
     c.algo.critic_lr = 1e-3
-    c.algo.value_coef = 0.5
     c.algo.value_clip = 0.2
     c.algo.critic_warmup_steps = 0
 
@@ -262,9 +261,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if (algo.advantage == "gae") != (algo.name == "ppo"):
         fail(f"algo.advantage='gae' goes with algo.name='ppo' (a critic); got "
              f"algo.name={algo.name!r}, algo.advantage={algo.advantage!r}")
-    if algo.name == "ppo" and not (algo.critic_lr > 0 and algo.value_coef > 0):
-        fail("algo.name='ppo' needs critic settings: algo.critic_lr > 0 and "
-             "algo.value_coef > 0")
+    if algo.name == "ppo" and not algo.critic_lr > 0:
+        fail("algo.name='ppo' needs a critic: algo.critic_lr > 0")
     group_based = algo.advantage in ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
     if group_based and rollout.group_size < 2:
         fail(f"algo.advantage={algo.advantage!r} compares samples within a group: "

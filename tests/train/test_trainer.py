@@ -2,6 +2,7 @@
 and config validation errors."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -176,6 +177,29 @@ def test_config_validation_names_the_problem():
     config = config_lib.default_config()
     config.rollout.engine, config.rollout.sglang_urls = "sglang", "http://localhost:30000"
     assert "not implemented" in _error(config)
+
+
+def test_every_config_key_is_read_outside_the_config_module():
+    """A key that only config.py mentions is a knob that silently does nothing (as
+    reward.outcome and algo.value_coef were)."""
+    not_yet_used = {"rollout.sglang_urls"}  # the SGLang engine is not implemented
+    sources = []
+    for folder in ("agentjax", "scripts", "configs"):
+        for dirpath, _, names in os.walk(os.path.join(ROOT, folder)):
+            sources += [open(os.path.join(dirpath, n)).read() for n in names
+                        if n.endswith(".py") and os.path.join(dirpath, n) != config_lib.__file__]
+    text = "\n".join(sources)
+
+    def leaves(tree, prefix=""):
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                yield from leaves(value, f"{prefix}{key}.")
+            else:
+                yield prefix + key
+
+    unread = [key for key in leaves(config_lib.default_config().to_dict())
+              if not re.search(r"[.\"']" + re.escape(key.split(".")[-1]) + r"\b", text)]
+    assert sorted(unread) == sorted(not_yet_used)
 
 
 def test_reward_outcome_selects_the_rewarded_component():
