@@ -278,8 +278,9 @@ class Trainer:
 
     def _corpus_trajectories(self) -> list[Trajectory]:
         if self.suite.pretrain_corpus is None:
-            raise ValueError(f"pretrain.steps > 0 but the {self.config.env.name!r} suite has "
-                             "no pretraining corpus (synthetic search worlds have one)")
+            raise ValueError(f"pretrain.steps > 0 or sft.corpus_mix > 0 but the "
+                             f"{self.config.env.name!r} suite has no pretraining corpus "
+                             "(synthetic search worlds have one)")
         return [Trajectory.from_text(self.tokenizer, text)
                 for text in self.suite.pretrain_corpus()]
 

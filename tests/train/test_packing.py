@@ -61,7 +61,7 @@ def test_shuffled_stream_resumes_from_any_cursor():
 def test_corpus_sample_holds_the_asked_fraction_of_tokens():
     rng = np.random.default_rng(0)
     demos = [_trajectory(rng, 6, (4, 3)) for _ in range(40)]
-    corpus = [Trajectory.from_text(_Chars(), "x" * int(n)) for n in rng.integers(5, 30, 200)]
+    corpus = [_trajectory(rng, int(n), (1,)) for n in rng.integers(5, 30, 200)]
     demo_tokens = sum(t.num_tokens for t in demos)
     assert corpus_sample(corpus, demos, 0.0, seed=1) == []
     for fraction in (0.2, 0.5):
@@ -76,11 +76,3 @@ def test_corpus_sample_holds_the_asked_fraction_of_tokens():
     # More than the corpus holds: all of it, each document once.
     everything = corpus_sample(corpus, demos[:1] * 10_000, 0.9, seed=1)
     assert sorted(map(id, everything)) == sorted(map(id, corpus))
-
-
-class _Chars:
-    """A tokenizer with one token per character."""
-    eos_token_id = 1
-
-    def encode(self, text, add_special_tokens=False):
-        return [2 + (ord(c) % (V - 2)) for c in text]

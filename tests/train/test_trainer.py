@@ -189,15 +189,8 @@ def test_every_config_key_is_read_outside_the_config_module():
             sources += [open(os.path.join(dirpath, n)).read() for n in names
                         if n.endswith(".py") and os.path.join(dirpath, n) != config_lib.__file__]
     text = "\n".join(sources)
-
-    def leaves(tree, prefix=""):
-        for key, value in tree.items():
-            if isinstance(value, dict):
-                yield from leaves(value, f"{prefix}{key}.")
-            else:
-                yield prefix + key
-
-    unread = [key for key in leaves(config_lib.default_config().to_dict())
+    config = config_lib.default_config()
+    unread = [key for key, _, _ in config_lib._walk(config, config)
               if not re.search(r"[.\"']" + re.escape(key.split(".")[-1]) + r"\b", text)]
     assert sorted(unread) == sorted(not_yet_used)
 
