@@ -29,17 +29,23 @@ make it imperfect, each a probability:
 
 Demonstrations keep each observation exactly as the env returned it (None after the
 turn that ended the episode), ready for `rollout.Trajectory.from_demonstration`.
+
+`EntityRenamer` turns a searching demonstration into a counterfactual one (every entity
+name in it replaced by another of the same type, one bijection per episode): the same
+actions, but facts that are false in the world, so SFT can reproduce its answer only by
+reading the observations, not by recalling the world.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
 import json
+import re
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from agentjax.data.world import RELATIONS, parse_question
+from agentjax.data.world import RELATIONS, Entity, parse_question
 from agentjax.envs.base import EpisodeLog, Task
 from agentjax.envs.parsers import parse_search_r1
 from agentjax.rewards.outcome import episode_answer, exact_match
@@ -242,6 +248,86 @@ class SuccessReport(NamedTuple):
     mean_turns: float
 
 
+class EntityRenamer:
+    """Counterfactual copies of searching demonstrations (module docstring).
+
+    Every canonical entity name in a demonstration's question, actions and observations
+    is replaced through a random permutation of the names of its type, drawn per episode;
+    the task (answers, chain, bridge entities) is renamed alike and marked
+    `metadata["renamed"]`. Only episodes whose every search queries a full entity name are
+    renamed (a fragment query would stay pointing at the old name).
+
+    Args:
+      entities: the world's entities.
+    """
+
+    def __init__(self, entities: Sequence[Entity]):
+        self._by_name = {e.name: e for e in entities}
+        self._names_of_type: dict[str, list[str]] = collections.defaultdict(list)
+        for e in entities:
+            self._names_of_type[e.type].append(e.name)
+        # Longest first, so a name is never matched by a shorter one inside it.
+        names = sorted(self._by_name, key=len, reverse=True)
+        self._pattern = re.compile(r"(?<!\w)(?:" + "|".join(map(re.escape, names)) + r")(?!\w)")
+
+    def renameable(self, demo: Demonstration) -> bool:
+        """Whether `demo` searches, and only for full entity names."""
+        queries = [a.query for a in (parse_search_r1(t.action) for t in demo.turns)
+                   if a.kind == "search"]
+        return bool(queries) and all(q in self._by_name for q in queries)
+
+    def draw(self, rng: np.random.Generator) -> dict[str, str]:
+        """A random renaming: a permutation of each type's names."""
+        renaming = {}
+        for names in self._names_of_type.values():
+            renaming.update(zip(names, rng.permutation(names).tolist()))
+        return renaming
+
+    def __call__(self, demo: Demonstration, renaming: Mapping[str, str]) -> Demonstration:
+        """`demo` renamed by `renaming` (from `draw`; `demo` must be `renameable`)."""
+        if not self.renameable(demo):
+            raise ValueError(f"demonstration of {demo.task.task_id!r} does not search for "
+                             "full entity names only: it cannot be renamed consistently")
+
+        def text(s: str) -> str:
+            return self._pattern.sub(lambda m: renaming[m.group(0)], s)
+
+        def entity(name: str) -> Entity:
+            return self._by_name[renaming[name]]
+
+        task = demo.task
+        answer = entity(task.answers[0])
+        chain = [{**hop, "subject": entity(hop["subject"]).name,
+                  "subject_id": entity(hop["subject"]).id,
+                  "object": entity(hop["object"]).name, "object_id": entity(hop["object"]).id}
+                 for hop in task.metadata.get("chain", ())]
+        metadata = {**task.metadata, "chain": chain, "renamed": True,
+                    "bridge_entities": [renaming[n] for n in
+                                        task.metadata.get("bridge_entities", ())]}
+        task = dataclasses.replace(task, question=text(task.question),
+                                   answers=(answer.name, *answer.aliases), metadata=metadata)
+        messages = [{**m, "content": text(m["content"])} for m in demo.messages]
+        turns = [DemoTurn(text(t.action), None if t.observation is None else text(t.observation),
+                          t.trainable) for t in demo.turns]
+        return Demonstration(task, messages, turns, None, demo.reward, demo.policy)
+
+
+def rename_some(demos: Sequence[Demonstration], entities: Sequence[Entity], fraction: float,
+                *, seed: int = 0) -> list[Demonstration]:
+    """`demos` with a `fraction` of the renameable ones replaced by renamed copies
+    (`EntityRenamer`); episode i draws from the random stream (seed, i, 1) — not from
+    (seed, i), the stream `run_demonstrations` played it with, whose first draw decided
+    whether it guesses (and so whether it searches)."""
+    renamer = EntityRenamer(entities)
+    out = []
+    for i, demo in enumerate(demos):
+        rng = np.random.default_rng([seed, i, 1])
+        if renamer.renameable(demo) and rng.random() < fraction:
+            demo = renamer(demo, renamer.draw(rng))
+        out.append(demo)
+    return out
+
+
 def run_demonstrations(searcher: ScriptedSearcher, env, tasks: Sequence[Task], *,
                        seed: int = 0, reward_fn=None) -> list[Demonstration]:
     """Plays every task once; episode i uses the random stream (seed, i).
@@ -278,9 +364,12 @@ def taught_facts(demos: Sequence[Demonstration]) -> set[tuple[str, str]]:
     early stop only the hops before it.
 
     Held-out success on questions whose every fact is taught can come from memory; on
-    the others the agent has to read the observation (`mark_taught`)."""
+    the others the agent has to read the observation (`mark_taught`). A renamed
+    demonstration (`EntityRenamer`) states false facts and teaches none."""
     facts = set()
     for d in demos:
+        if d.task.metadata.get("renamed"):
+            continue
         named = set()
         for turn in d.turns:
             if turn.trainable:

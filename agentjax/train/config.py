@@ -111,6 +111,10 @@ def default_config() -> ml_collections.ConfigDict:
     # than the demonstrations: keeps what pretraining taught (copying from the context)
     # while SFT fits the demonstrations.
     c.sft.corpus_mix = 0.0
+    # Fraction of the searching demonstrations (synthetic search worlds) replaced by
+    # counterfactual copies with every entity renamed (data.demonstrators.EntityRenamer):
+    # their facts are false in the world, so only reading the observation reproduces them.
+    c.sft.rename_frac = 0.0
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.engine = "jax"  # "jax" | "sglang"
@@ -257,6 +261,11 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         fail(f"sft.corpus_mix must be in [0, 1), got {config.sft.corpus_mix}")
     if config.sft.corpus_mix and config.pretrain.worlds < 1:
         fail("sft.corpus_mix > 0 needs pretrain.worlds >= 1 (the corpus)")
+    if not 0.0 <= config.sft.rename_frac <= 1.0:
+        fail(f"sft.rename_frac must be in [0, 1], got {config.sft.rename_frac}")
+    if config.sft.rename_frac and (config.env.name, config.data.source) != ("search", "synthetic"):
+        fail("sft.rename_frac > 0 renames the entities of a synthetic search world: it needs "
+             "env.name='search' and data.source='synthetic'")
 
     if (algo.advantage == "gae") != (algo.name == "ppo"):
         fail(f"algo.advantage='gae' goes with algo.name='ppo' (a critic); got "

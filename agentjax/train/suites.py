@@ -107,7 +107,7 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
     env_kwargs = dict(topk=config.env.topk, max_turns=config.env.max_turns,
                       max_observation_words=config.env.max_observation_words,
                       instruction=instruction)
-    baselines, demonstrations, pretrain_corpus = {}, [], None
+    baselines, demonstrations, demo_texts, pretrain_corpus = {}, [], [], None
     if config.data.source == "synthetic":
         world_config = WorldConfig(
             seed=config.data.world_seed, num_people=config.data.num_people,
@@ -127,6 +127,11 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
         world = dataset.world
         train_tasks, test_tasks = world.train_tasks, world.test_tasks
         demonstrations = demo_lib.read_demonstrations_jsonl(dataset.paths["demos"])
+        # The tokenizer learns the world's own texts, whatever SFT trains on.
+        demo_texts = _turn_texts(demonstrations)
+        if sft.rename_frac:
+            demonstrations = demo_lib.rename_some(demonstrations, world.entities,
+                                                  sft.rename_frac, seed=config.data.world_seed)
         taught = demo_lib.taught_facts(demonstrations)
         test_tasks = [demo_lib.mark_taught(t, taught) for t in test_tasks]
         if config.data.rl_excludes_demo_tasks:
@@ -157,12 +162,16 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
     def make_env():
         return SearchEnv(retriever, **env_kwargs)
 
-    texts += [instruction] + [t.question for t in train_tasks + test_tasks]
-    texts += [turn.action for d in demonstrations for turn in d.turns]
-    texts += [turn.observation for d in demonstrations for turn in d.turns if turn.observation]
+    texts += [instruction] + [t.question for t in train_tasks + test_tasks] + demo_texts
     return TaskSuite(train_tasks, test_tasks, make_env,
                      make_reward_fn(_reward_config(config)), OUTCOMES["search"]["em"],
                      None, demonstrations, texts, baselines, pretrain_corpus)
+
+
+def _turn_texts(demos) -> list[str]:
+    """The actions and observations of `demos` (tokenizer training texts)."""
+    return ([turn.action for d in demos for turn in d.turns]
+            + [turn.observation for d in demos for turn in d.turns if turn.observation])
 
 
 def _load_tasks(path: str) -> list[Task]:
@@ -215,8 +224,7 @@ def build_python_suite(config, data_dir: str) -> TaskSuite:
         demo.reward = reward_fn(task, demo.log)[0]
         demos.append(demo)
     texts = [PYTHON_INSTRUCTION] + [t.question for t in train_tasks + test_tasks]
-    texts += [turn.action for d in demos for turn in d.turns]
-    texts += [turn.observation for d in demos for turn in d.turns if turn.observation]
+    texts += _turn_texts(demos)
     success = float(np.mean([d.reward >= 1 for d in demos])) if demos else 0.0
     baselines = {"demonstrator": {"success": success, "by_hops": {}}} if demos else {}
     return TaskSuite(train_tasks, test_tasks, make_env, reward_fn, OUTCOMES["python"]["em"],

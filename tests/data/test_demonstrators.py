@@ -10,7 +10,9 @@ from agentjax.data.demonstrators import DemonstratorConfig, ScriptedSearcher, an
 from agentjax.data.hindsight import relabel
 from agentjax.rewards.outcome import episode_answer, exact_match
 from agentjax.rewards.tools import tool_call_counts
-from agentjax.data.world import WorldConfig, parse_question
+from agentjax.data.world import World, WorldConfig, parse_question
+from agentjax.envs.retrieval import BM25Retriever
+from agentjax.envs.search import SHORT_INSTRUCTION, SearchEnv
 from tests.data.worlds import env, world
 
 _ACTION = re.compile(r"<(search|answer)> [^<>]+ </\1>")
@@ -207,3 +209,64 @@ def test_mark_taught_needs_every_fact_of_the_chain():
     assert "taught" not in task.metadata  # a copy is marked, not the task
     plain = dataclasses.replace(task, metadata={})
     assert demo_lib.mark_taught(plain, set()) is plain
+
+
+def _renamed_world(w, renaming):
+    """`w` with every entity carrying its new name (and that name's aliases)."""
+    by_name = {e.name: e for e in w.entities}
+    entities = [dataclasses.replace(e, name=renaming[e.name],
+                                    aliases=by_name[renaming[e.name]].aliases)
+                for e in w.entities]
+    return World(w.config, entities, w.facts)
+
+
+def test_a_renamed_demonstration_is_the_episode_played_in_the_renamed_world():
+    w = world()
+    renamer = demo_lib.EntityRenamer(w.entities)
+    tasks = [t for t in w.train_tasks if t.metadata["hops"] in (1, 3)][:12]
+
+    def top1_env(world_):  # the runner-up documents' BM25 ranks depend on the names
+        return SearchEnv(BM25Retriever.from_corpus(world_.corpus_records()), topk=1,
+                         max_turns=5, instruction=SHORT_INSTRUCTION)
+
+    demos = demo_lib.run_demonstrations(ScriptedSearcher(), top1_env(w), tasks)
+    for i, demo in enumerate(demos):
+        renaming = renamer.draw(np.random.default_rng(i))
+        renamed = renamer(demo, renaming)
+        other = _renamed_world(w, renaming)
+        chain = demo.task.metadata["chain"]
+        task = other.make_task(chain[0]["subject_id"], [h["relation"] for h in chain], "t")
+        [played] = demo_lib.run_demonstrations(ScriptedSearcher(), top1_env(other), [task])
+        assert renamed.turns == played.turns and renamed.messages == played.messages
+        assert renamed.task.question == task.question and renamed.task.answers == task.answers
+        assert [(h["subject"], h["object"]) for h in renamed.task.metadata["chain"]] == [
+            (h["subject"], h["object"]) for h in task.metadata["chain"]]
+        assert renamed.task.metadata["renamed"] and renamed.reward == demo.reward == 1.0
+        assert renamed.task.task_id == demo.task.task_id and "renamed" not in demo.task.metadata
+        # Its facts are false in the world: it teaches none of them.
+        assert demo_lib.taught_facts([renamed]) == set()
+
+
+def test_rename_some_renames_a_fraction_of_the_searching_episodes():
+    w = world()
+    demos = _run(DemonstratorConfig("d", p_guess=0.5, p_poor_query=0.3), w.train_tasks)
+    renamer = demo_lib.EntityRenamer(w.entities)
+    renameable = [renamer.renameable(d) for d in demos]
+    # Guesses never search, fragment queries name no entity: neither can be renamed.
+    for d, ok in zip(demos, renameable):
+        searches = [t.action for t in d.turns if t.action.startswith("<search>")]
+        assert ok == (bool(searches) and all(
+            s[len("<search> "):-len(" </search>")] in {e.name for e in w.entities}
+            for s in searches))
+    assert 0 < sum(renameable) < len(demos)
+    assert demo_lib.rename_some(demos, w.entities, 0.0) == demos
+    everything = demo_lib.rename_some(demos, w.entities, 1.0)
+    assert [d.task.metadata.get("renamed", False) for d in everything] == renameable
+    assert [d for d, ok in zip(everything, renameable) if not ok] == [
+        d for d, ok in zip(demos, renameable) if not ok]
+    half = demo_lib.rename_some(demos, w.entities, 0.5, seed=1)
+    share = sum(d.task.metadata.get("renamed", False) for d in half) / sum(renameable)
+    assert 0.3 < share < 0.7
+    assert half == demo_lib.rename_some(demos, w.entities, 0.5, seed=1)
+    with pytest.raises(ValueError, match="cannot be renamed"):
+        renamer(demos[renameable.index(False)], renamer.draw(np.random.default_rng(0)))

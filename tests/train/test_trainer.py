@@ -13,6 +13,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from agentjax.data import demonstrators as demo_lib
 from agentjax.rewards.composite import make_reward_fn
 from agentjax.train import config as config_lib
 from agentjax.train import presets
@@ -169,6 +170,12 @@ def test_config_validation_names_the_problem():
     config.sft.corpus_mix = 1.0
     assert "sft.corpus_mix" in _error(config)
     config = config_lib.default_config()
+    config.sft.rename_frac = 1.5
+    assert "sft.rename_frac" in _error(config)
+    config = presets.python_config("grpo", "cpu")
+    config.sft.rename_frac = 0.5
+    assert "sft.rename_frac" in _error(config)
+    config = config_lib.default_config()
     config.reward.outcome = "bleu"
     assert "reward.outcome" in _error(config)
     config = presets.python_config("grpo", "cpu")
@@ -205,6 +212,25 @@ def test_reward_outcome_selects_the_rewarded_component():
         # Both outcomes are logged; success (exact_match) does not depend on the choice.
         assert parts["exact_match"] == 0.0 and parts["f1"] == pytest.approx(0.5)
         assert total == pytest.approx(total_expected)
+
+
+def test_renamed_demonstrations_change_sft_data_not_the_tokenizer_texts(tmp_path):
+    config = presets.search_config("grpo", "test")
+    config.data.train_questions = "1:40,2:40"
+    plain = suites.build_suite(config, str(tmp_path / "plain"))
+    config.sft.rename_frac = 1.0
+    renamed = suites.build_suite(config, str(tmp_path / "renamed"))
+    assert renamed.texts == plain.texts
+    flags = [d.task.metadata.get("renamed", False) for d in renamed.demonstrations]
+    assert 0 < sum(flags) < len(flags)
+    for was, now, flag in zip(plain.demonstrations, renamed.demonstrations, flags):
+        assert (now.turns != was.turns) == flag and now.task.task_id == was.task.task_id
+    # Renamed episodes teach no fact of the world: only the others mark questions taught.
+    kept = [d for d, flag in zip(plain.demonstrations, flags) if not flag]
+    facts = demo_lib.taught_facts(kept)
+    assert [t.metadata["taught"] for t in renamed.test_tasks] == [
+        demo_lib.mark_taught(t, facts).metadata["taught"] for t in plain.test_tasks]
+    assert [t.task_id for t in renamed.train_tasks] == [t.task_id for t in plain.train_tasks]
 
 
 def test_lr_schedule_spans_every_optimizer_update_of_the_run():
