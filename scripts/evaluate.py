@@ -27,13 +27,10 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     import numpy as np
 
-    from agentjax.train.config import default_config
+    from agentjax.train.config import load_saved
     from agentjax.train.trainer import Trainer
 
-    # Over the defaults, so a run saved before a config key existed still loads.
-    config = default_config()
-    with open(os.path.join(_WORKDIR.value, "config.json")) as f:
-        config.update(json.load(f))
+    config = load_saved(os.path.join(_WORKDIR.value, "config.json"))
     config.init_from = _MODEL.value or os.path.join(_WORKDIR.value, "hf")
     config.eval.samples = _SAMPLES.value
     out_dir = os.path.join(_WORKDIR.value, "evaluate")

@@ -6,7 +6,6 @@ that transformers and SGLang load.
 Runs already export their final policy to <workdir>/hf; this script exports any
 intermediate orbax checkpoint.
 """
-import json
 import os
 import sys
 
@@ -23,14 +22,13 @@ flags.mark_flags_as_required(["workdir", "out"])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    import ml_collections
     from flax import nnx
 
     from agentjax.models import save_hf
+    from agentjax.train.config import load_saved
     from agentjax.train.trainer import Trainer
 
-    with open(os.path.join(_WORKDIR.value, "config.json")) as f:
-        config = ml_collections.ConfigDict(json.load(f))
+    config = load_saved(os.path.join(_WORKDIR.value, "config.json"))
     trainer = Trainer(config, _WORKDIR.value)
     params = trainer.restore_params(_STEP.value)
     save_hf(nnx.merge(trainer.graphdef, params), trainer.model_config, _OUT.value,

@@ -223,6 +223,34 @@ def _get(config, dotted: str):
     return config
 
 
+def load_saved(path: str) -> ml_collections.ConfigDict:
+    """The config a run saved (`<workdir>/config.json`) over today's defaults: keys added
+    since take their defaults, keys removed since are dropped (with a printed warning
+    naming them)."""
+    with open(path) as f:
+        saved = json.load(f)
+    config = default_config()
+
+    def known(reference, values, prefix=""):
+        kept, dropped = {}, []
+        for key, value in values.items():
+            if key not in reference:
+                dropped.append(prefix + key)
+            elif isinstance(value, dict) and isinstance(reference[key], ml_collections.ConfigDict):
+                kept[key], more = known(reference[key], value, f"{prefix}{key}.")
+                dropped += more
+            else:
+                kept[key] = value
+        return kept, dropped
+
+    kept, dropped = known(config, saved)
+    if dropped:
+        print(f"warning: {path} has keys this version no longer has, ignored: "
+              f"{', '.join(dropped)}")
+    config.update(kept)
+    return config
+
+
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Checks keys, types and combinations; returns the config or raises ValueError."""
     for where, ref, val in _walk(default_config(), config):

@@ -119,7 +119,13 @@ def _script(name, *args):
 def test_evaluate_and_export_a_finished_run(tmp_path):
     run = tmp_path / "run"
     _train("grpo_search.py:test", run, "--config.total_steps=2", "--config.eval.every=0")
+    # A run saved by another version: a key since removed, a key added since.
+    saved = json.loads((run / "config.json").read_text())
+    saved["algo"]["value_coef"] = 0.5
+    del saved["sft"]["rename_frac"]
+    (run / "config.json").write_text(json.dumps(saved))
     out = _script("evaluate.py", f"--workdir={run}", "--num_tasks=4", "--samples=2")
+    assert "no longer has, ignored: algo.value_coef" in out
     evaluated = json.loads((run / "evaluate" / "test.json").read_text())
     assert "test/success_greedy" in evaluated and "test/success_sampled/pass@2" in evaluated
     assert any(k.startswith("test/success_sampled/taught=") for k in evaluated)
@@ -127,6 +133,18 @@ def test_evaluate_and_export_a_finished_run(tmp_path):
     _script("export_hf.py", f"--workdir={run}", f"--out={tmp_path / 'hf'}", "--step=1")
     assert (tmp_path / "hf" / "model.safetensors").exists()
     assert (tmp_path / "hf" / "tokenizer.json").exists()
+
+
+def test_load_saved_config_keeps_known_keys_and_names_the_dropped_ones(tmp_path, capsys):
+    config = presets.search_config("grpo", "test")
+    saved = config.to_dict()
+    saved["algo"]["value_coef"], saved["gone"] = 0.5, {"x": 1}
+    del saved["sft"]["rename_frac"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(saved))
+    loaded = config_lib.load_saved(str(path))
+    assert "no longer has, ignored: algo.value_coef, gone" in capsys.readouterr().out
+    assert loaded.to_dict() == config.to_dict()
 
 
 def _error(config) -> str:
