@@ -130,6 +130,7 @@ def python_config(algorithm: str, variant: str | None):
     config = search_config(algorithm, variant)
     config.env.name = "python"
     config.pretrain.steps = 0  # no text corpus for arithmetic
+    config.sft.rename_frac = 0.0  # no entities to rename
     config.env.max_turns = 3
     config.data.train_questions = "1:24" if variant == "test" else "1:2000"
     config.data.test_questions = "1:4" if variant == "test" else "1:200"

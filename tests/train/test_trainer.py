@@ -20,6 +20,7 @@ from agentjax.train import presets
 from agentjax.train import step as step_lib
 from agentjax.train import trainer as trainer_lib
 from agentjax.train import suites
+from agentjax.train import sweep as sweep_lib
 from agentjax.train.metrics import read_metrics
 from tests.rewards.episodes import TWO_HOP, episode
 
@@ -202,6 +203,14 @@ def test_config_validation_names_the_problem():
     config = config_lib.default_config()
     config.rollout.engine, config.rollout.sglang_urls = "sglang", "http://localhost:30000"
     assert "not implemented" in _error(config)
+
+
+@pytest.mark.parametrize("variant", sorted(presets.VARIANTS))
+def test_every_variant_of_every_config_file_is_valid(variant):
+    for name in sorted(os.listdir(os.path.join(ROOT, "configs"))):
+        if name.endswith(".py"):
+            module = sweep_lib.load_config_module(os.path.join(ROOT, "configs", name))
+            config_lib.validate(module.get_config(variant))
 
 
 def test_every_config_key_is_read_outside_the_config_module():
