@@ -2,8 +2,9 @@
 
 CPU default — builds the offline world, pretrains a tiny agent on the documents of
 other synthetic worlds (so it can copy names from its context), warm-starts it with SFT
-on an imperfect demonstrator's episodes, trains it with GRPO and prints held-out success
-of the demonstrator, the SFT agent and the GRPO agent:
+on an imperfect demonstrator's episodes (half of the searching ones with every entity
+renamed, so that only reading fits them), trains it with GRPO and prints held-out
+success of the demonstrator, the SFT agent and the GRPO agent (~22 minutes on 2 cores):
 
     python scripts/train.py --config configs/grpo_search.py
 
