@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -90,6 +91,7 @@ from agentjax.models.tokenizer import build_tokenizer  # noqa: E402
 from agentjax.rollout.agent_loop import EpisodeLimits  # noqa: E402
 from agentjax.rollout.engine import GenerateRequest, SamplingParams  # noqa: E402
 from agentjax.rollout.jax_engine import COMPILE_COUNTS, JaxEngine  # noqa: E402
+from agentjax.rollout.lanes import LanedEngine  # noqa: E402
 from agentjax.rollout.pool import RolloutPool  # noqa: E402
 
 MODEL = dict(hidden_size=256, intermediate_size=1024, num_layers=4, num_heads=4,
@@ -133,12 +135,12 @@ def bench_generate(folder: Path, tokenizer, model, batch=32, prompt_len=32, new_
             input=json.dumps(prompts), capture_output=True, text=True, check=True
         ).stdout.strip().splitlines()[-1])
 
-    def time_engine(**options):
+    def time_engine(make=JaxEngine.from_model, **options):
         """(warm-up s, [(run s, tokens)], compilations, greedy continuations of 2 prompts)
-        of a JaxEngine with `options` on the workload."""
-        engine = JaxEngine.from_model(model, tokenizer=tokenizer, max_slots=batch,
-                                      max_len=prompt_len + new_tokens, decode_steps=16,
-                                      eos_token_ids=(), **options)
+        of an engine `make(model, ...)` with `options` on the workload."""
+        engine = make(model, tokenizer=tokenizer, max_slots=batch,
+                      max_len=prompt_len + new_tokens, decode_steps=16, eos_token_ids=(),
+                      **options)
 
         def run(seed):
             requests = [GenerateRequest(p, dataclasses.replace(sampling, seed=seed + i))
@@ -160,8 +162,13 @@ def bench_generate(folder: Path, tokenizer, model, batch=32, prompt_len=32, new_
         engine.close()
         return warm, runs, compiles, continuations
 
+    lanes = max(n for n in (1, 2, 4) if n <= os.cpu_count())  # one per core, dividing 32
     engines = {"agentjax JaxEngine": time_engine(),
-               "agentjax JaxEngine (deterministic)": time_engine(deterministic=True)}
+               "agentjax JaxEngine (deterministic)": time_engine(deterministic=True),
+               f"agentjax LanedEngine ({lanes} lanes)": time_engine(
+                   functools.partial(LanedEngine.from_model, lanes=lanes)),
+               f"agentjax LanedEngine ({lanes} lanes, deterministic)": time_engine(
+                   functools.partial(LanedEngine.from_model, lanes=lanes), deterministic=True)}
     best_threads = min(hf_by_threads, key=lambda t: min(hf_by_threads[t]["runs_s"]))
     hf = hf_by_threads[best_threads]
     hf_time, hf_tokens = min(hf["runs_s"]), hf["tokens"]
@@ -172,7 +179,7 @@ def bench_generate(folder: Path, tokenizer, model, batch=32, prompt_len=32, new_
     print(f"\n## Generation: batch {batch}, prompt {prompt_len}, {new_tokens} new tokens, "
           f"temperature 1.0 (sampled); best of {repeats} runs")
     print(f"greedy agreement with torch (same weights), of 16 tokens: {agree}; "
-          f"JaxEngine compilations (both engines): {dict(COMPILE_COUNTS)}")
+          f"JaxEngine compilations (all engines): {dict(COMPILE_COUNTS)}")
     rows = []
     for threads, result in hf_by_threads.items():
         best = min(result["runs_s"])

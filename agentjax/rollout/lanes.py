@@ -1,0 +1,116 @@
+"""LanedEngine: several JaxEngines ("lanes") behind one Engine, to use more CPU cores.
+
+    engine = LanedEngine.from_model(model, lanes=2, tokenizer=tok, max_slots=32, max_len=160)
+
+XLA:CPU runs a decode program of a few dozen rows on about one core (a 32-row call takes
+twice a 16-row one), and programs dispatched from one thread run one after another; but
+programs launched from different threads overlap. Each lane is a JaxEngine with its own
+KV cache (max_slots / lanes rows), weights copy and scheduler thread, so the lanes'
+prefill and decode rounds run concurrently (2 lanes on 2 cores: 32-prompt generation
+1.24x faster than one 32-slot engine, scripts/bench/rollout.py).
+
+Routing: a request with a session id goes to the lane that holds the session (the first
+time: the least loaded lane), so its KV cache is reused; other requests go to the lane
+with the fewest requests in flight (ties: the lowest index). Every lane has the same
+settings and program shapes, so with `deterministic=True` a seeded request's output does
+not depend on the lane it lands in.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Sequence
+
+from flax import nnx
+
+from agentjax.rollout.engine import Completion, GenerateRequest
+from agentjax.rollout.jax_engine import JaxEngine
+
+
+class LanedEngine:
+    """Engine protocol over `lanes` JaxEngines (module docstring).
+
+    Args:
+      engines: the lanes (same model and settings).
+    """
+
+    def __init__(self, engines: Sequence[JaxEngine]):
+        if not engines:
+            raise ValueError("LanedEngine needs at least one lane")
+        self.lanes = list(engines)
+        self._in_flight = [0] * len(self.lanes)
+        self._session_lane: dict[str, int] = {}
+
+    @classmethod
+    def from_model(cls, model: nnx.Module, *, lanes: int = 2, max_slots: int,
+                   **kwargs) -> "LanedEngine":
+        """`lanes` JaxEngines of `max_slots // lanes` rows each; kwargs as JaxEngine's."""
+        if lanes < 1 or max_slots % lanes:
+            raise ValueError(f"max_slots={max_slots} must split evenly over lanes={lanes}")
+        return cls([JaxEngine.from_model(model, max_slots=max_slots // lanes, **kwargs)
+                    for _ in range(lanes)])
+
+    def _lane_of(self, request: GenerateRequest) -> int:
+        if request.session_id in self._session_lane:
+            return self._session_lane[request.session_id]
+        lane = min(range(len(self.lanes)), key=lambda i: (self._in_flight[i], i))
+        if request.session_id is not None:
+            self._session_lane[request.session_id] = lane
+        return lane
+
+    async def generate(self, requests: Sequence[GenerateRequest]) -> list[list[Completion]]:
+        """Samples every request; returns its `n` completions per request, in order."""
+        by_lane: dict[int, list[int]] = {}
+        for index, request in enumerate(requests):
+            lane = self._lane_of(request)
+            by_lane.setdefault(lane, []).append(index)
+            self._in_flight[lane] += 1
+
+        async def run(lane: int, indices: list[int]):
+            try:
+                return await self.lanes[lane].generate([requests[i] for i in indices])
+            finally:
+                self._in_flight[lane] -= len(indices)
+
+        results = await asyncio.gather(*(run(lane, idx) for lane, idx in by_lane.items()))
+        out: list[list[Completion] | None] = [None] * len(requests)
+        for indices, completions in zip(by_lane.values(), results):
+            for i, completion in zip(indices, completions):
+                out[i] = completion
+        return out
+
+    def generate_sync(self, requests: Sequence[GenerateRequest]) -> list[list[Completion]]:
+        """`generate` for callers without an event loop."""
+        return asyncio.run(self.generate(requests))
+
+    def update_weights(self, weights: Any, *, version: int | None = None) -> None:
+        """Swaps the weights of every lane (JaxEngine.update_weights); sessions end."""
+        for lane in self.lanes:
+            lane.update_weights(weights, version=version)
+        self._session_lane.clear()
+
+    def health(self) -> bool:
+        return all(lane.health() for lane in self.lanes)
+
+    def end_session(self, session_id: str) -> None:
+        lane = self._session_lane.pop(session_id, None)
+        if lane is not None:
+            self.lanes[lane].end_session(session_id)
+
+    def warmup(self) -> int:
+        """Compiles every lane's programs (shared by the lanes: same shapes); returns how
+        many programs one lane calls."""
+        return max(lane.warmup() for lane in self.lanes)
+
+    @property
+    def compile_counts(self) -> dict[str, int]:
+        return self.lanes[0].compile_counts
+
+    def close(self) -> None:
+        for lane in self.lanes:
+            lane.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
