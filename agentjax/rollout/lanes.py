@@ -41,13 +41,16 @@ class LanedEngine:
         self._session_lane: dict[str, int] = {}
 
     @classmethod
-    def from_model(cls, model: nnx.Module, *, lanes: int = 2, max_slots: int,
+    def from_model(cls, model: nnx.Module, *, lanes: int = 2, max_slots: int, seed: int = 0,
                    **kwargs) -> "LanedEngine":
-        """`lanes` JaxEngines of `max_slots // lanes` rows each; kwargs as JaxEngine's."""
+        """`lanes` JaxEngines of `max_slots // lanes` rows each; kwargs as JaxEngine's.
+        Lane i's stream for unseeded requests is seeded `seed * lanes + i` (distinct
+        lanes, distinct seeds: never the same noise twice)."""
         if lanes < 1 or max_slots % lanes:
             raise ValueError(f"max_slots={max_slots} must split evenly over lanes={lanes}")
-        return cls([JaxEngine.from_model(model, max_slots=max_slots // lanes, **kwargs)
-                    for _ in range(lanes)])
+        return cls([JaxEngine.from_model(model, max_slots=max_slots // lanes,
+                                         seed=seed * lanes + i, **kwargs)
+                    for i in range(lanes)])
 
     def _lane_of(self, request: GenerateRequest) -> int:
         if request.session_id in self._session_lane:

@@ -73,6 +73,15 @@ def test_sessions_stay_on_their_lane_and_weight_swaps_reach_every_lane(laned, ti
         c[0].output_ids for c in old]
 
 
+def test_unseeded_requests_draw_different_noise_in_each_lane(laned, tokenizer):
+    [request] = _requests(tokenizer, 1, max_new_tokens=12)
+    unseeded = GenerateRequest(request.input_ids, SamplingParams(temperature=2.0,
+                                                                 max_new_tokens=12))
+    # One call: the load routing puts the two copies in different lanes.
+    outputs = [c[0].output_ids for c in laned.generate_sync([unseeded, unseeded])]
+    assert outputs[0] != outputs[1]
+
+
 def test_lanes_must_split_the_slots_evenly(tiny_model, tokenizer):
     with pytest.raises(ValueError, match="split evenly"):
         LanedEngine.from_model(tiny_model, lanes=3, tokenizer=tokenizer, **LANE_KWARGS)
