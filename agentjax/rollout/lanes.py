@@ -9,9 +9,11 @@ KV cache (max_slots / lanes rows), weights copy and scheduler thread, so the lan
 prefill and decode rounds run concurrently (2 lanes on 2 cores: 32-prompt generation
 1.24x faster than one 32-slot engine, scripts/bench/rollout.py).
 
-Routing: a request with a session id goes to the lane that holds the session (the first
-time: the least loaded lane), so its KV cache is reused; other requests go to the lane
-with the fewest requests in flight (ties: the lowest index). Every lane has the same
+Routing: a request with a session id goes to the lane that holds the session, so its
+KV cache is reused; a new session or a request without one goes to the least loaded lane
+(sessions held plus session-less requests in flight; ties: the lowest index). A session
+holds its row until `end_session`, so balancing held sessions keeps every lane within its
+rows whenever the sessions open at once fit in max_slots. Every lane has the same
 settings and program shapes, so with `deterministic=True` a seeded request's output does
 not depend on the lane it lands in.
 """
@@ -37,7 +39,7 @@ class LanedEngine:
         if not engines:
             raise ValueError("LanedEngine needs at least one lane")
         self.lanes = list(engines)
-        self._in_flight = [0] * len(self.lanes)
+        self._load = [0] * len(self.lanes)  # sessions held + session-less requests running
         self._session_lane: dict[str, int] = {}
 
     @classmethod
@@ -53,9 +55,11 @@ class LanedEngine:
                     for i in range(lanes)])
 
     def _lane_of(self, request: GenerateRequest) -> int:
+        """The request's lane; counts a new session or a session-less request as load."""
         if request.session_id in self._session_lane:
             return self._session_lane[request.session_id]
-        lane = min(range(len(self.lanes)), key=lambda i: (self._in_flight[i], i))
+        lane = min(range(len(self.lanes)), key=lambda i: (self._load[i], i))
+        self._load[lane] += 1
         if request.session_id is not None:
             self._session_lane[request.session_id] = lane
         return lane
@@ -64,15 +68,13 @@ class LanedEngine:
         """Samples every request; returns its `n` completions per request, in order."""
         by_lane: dict[int, list[int]] = {}
         for index, request in enumerate(requests):
-            lane = self._lane_of(request)
-            by_lane.setdefault(lane, []).append(index)
-            self._in_flight[lane] += 1
+            by_lane.setdefault(self._lane_of(request), []).append(index)
 
         async def run(lane: int, indices: list[int]):
             try:
                 return await self.lanes[lane].generate([requests[i] for i in indices])
             finally:
-                self._in_flight[lane] -= len(indices)
+                self._load[lane] -= sum(requests[i].session_id is None for i in indices)
 
         results = await asyncio.gather(*(run(lane, idx) for lane, idx in by_lane.items()))
         out: list[list[Completion] | None] = [None] * len(requests)
@@ -89,6 +91,8 @@ class LanedEngine:
         """Swaps the weights of every lane (JaxEngine.update_weights); sessions end."""
         for lane in self.lanes:
             lane.update_weights(weights, version=version)
+        for lane in self._session_lane.values():
+            self._load[lane] -= 1
         self._session_lane.clear()
 
     def health(self) -> bool:
@@ -97,6 +101,7 @@ class LanedEngine:
     def end_session(self, session_id: str) -> None:
         lane = self._session_lane.pop(session_id, None)
         if lane is not None:
+            self._load[lane] -= 1
             self.lanes[lane].end_session(session_id)
 
     def warmup(self) -> int:

@@ -73,6 +73,19 @@ def test_sessions_stay_on_their_lane_and_weight_swaps_reach_every_lane(laned, ti
         c[0].output_ids for c in old]
 
 
+def test_sessions_opened_one_at_a_time_fill_the_lanes_evenly(laned, tokenizer):
+    # 4 sessions, 2 rows per lane: each session keeps its row until it ends, so a lane
+    # given a third one (routing by requests in flight alone) would have to abort it.
+    for i, request in enumerate(_requests(tokenizer, 4)):
+        [[completion]] = laned.generate_sync(
+            [GenerateRequest(request.input_ids, request.sampling, session_id=f"open{i}")])
+        assert completion.finish_reason != "abort", completion.meta
+    assert sorted(laned._session_lane.values()) == [0, 0, 1, 1]
+    for i in range(4):
+        laned.end_session(f"open{i}")
+    assert laned._load == [0, 0]
+
+
 def test_unseeded_requests_draw_different_noise_in_each_lane(laned, tokenizer):
     [request] = _requests(tokenizer, 1, max_new_tokens=12)
     unseeded = GenerateRequest(request.input_ids, SamplingParams(temperature=2.0,
