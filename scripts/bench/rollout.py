@@ -121,6 +121,11 @@ def table(headers, rows):
 
 # --------------------------------------------------------------------------- generate
 
+def _lanes() -> int:
+    """LanedEngine lanes: one per core, at most 4 (dividing the benches' batches)."""
+    return max(n for n in (1, 2, 4) if n <= os.cpu_count())
+
+
 def bench_generate(folder: Path, tokenizer, model, batch=32, prompt_len=32, new_tokens=128,
                    repeats=3):
     rng = np.random.default_rng(1)
@@ -162,7 +167,7 @@ def bench_generate(folder: Path, tokenizer, model, batch=32, prompt_len=32, new_
         engine.close()
         return warm, runs, compiles, continuations
 
-    lanes = max(n for n in (1, 2, 4) if n <= os.cpu_count())  # one per core, dividing 32
+    lanes = _lanes()
     engines = {"agentjax JaxEngine": time_engine(),
                "agentjax JaxEngine (deterministic)": time_engine(deterministic=True),
                f"agentjax LanedEngine ({lanes} lanes)": time_engine(
@@ -199,10 +204,10 @@ def bench_generate(folder: Path, tokenizer, model, batch=32, prompt_len=32, new_
 # --------------------------------------------------------------------------- multi-turn
 
 def bench_multiturn(tokenizer, model, sessions=16, turns=8, new_tokens=32, obs_tokens=32,
-                    prompt_len=64, repeats=3):
+                    prompt_len=64, repeats=3, make=JaxEngine.from_model, name="JaxEngine"):
     max_len = prompt_len + turns * (new_tokens + obs_tokens)
-    engine = JaxEngine.from_model(model, tokenizer=tokenizer, max_slots=sessions, max_len=max_len,
-                                  decode_steps=16, eos_token_ids=())
+    engine = make(model, tokenizer=tokenizer, max_slots=sessions, max_len=max_len,
+                  decode_steps=16, eos_token_ids=())
     rng = np.random.default_rng(2)
     vocab = len(tokenizer)
     prompts = rng.integers(10, vocab, size=(sessions, prompt_len)).tolist()
@@ -236,7 +241,7 @@ def bench_multiturn(tokenizer, model, sessions=16, turns=8, new_tokens=32, obs_t
     reuse = np.min([times for times, _ in reuse_runs], axis=0)
     scratch = np.min([times for times, _ in scratch_runs], axis=0)
     cached = reuse_runs[0][1]
-    print(f"\n## Multi-turn: {sessions} concurrent sessions, {new_tokens} new + {obs_tokens} "
+    print(f"\n## Multi-turn, {name}: {sessions} concurrent sessions, {new_tokens} new + {obs_tokens} "
           f"observation tokens per turn, prompt {prompt_len}; best of {repeats} episodes per "
           f"turn (warm-up: {programs} programs in {compile_s:.1f} s)")
     rows = []
@@ -339,6 +344,8 @@ def main():
             bench_generate(folder, tokenizer, model)
         if "multiturn" in chosen:
             bench_multiturn(tokenizer, model)
+            bench_multiturn(tokenizer, model, name=f"LanedEngine ({_lanes()} lanes)",
+                            make=functools.partial(LanedEngine.from_model, lanes=_lanes()))
         if "pool" in chosen:
             bench_pool(tokenizer, model)
 
