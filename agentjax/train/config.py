@@ -129,6 +129,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.rollout.max_tokens = 512
     c.rollout.concurrency = 64  # episodes in flight; <= engine_slots (no cache evictions)
     c.rollout.engine_slots = 64  # sequences decoded together by the JaxEngine
+    # JaxEngine lanes (rollout.lanes.LanedEngine): engine_slots split over this many
+    # engines run from their own threads; one per CPU core uses the cores XLA:CPU's
+    # single decode program leaves idle.
+    c.rollout.engine_lanes = 1
     c.rollout.decode_steps = 8  # tokens per device round trip of the JaxEngine
     # Batch-invariant sampling: an episode's tokens do not depend on which other episodes
     # share the engine's batches, so runs (and resumed runs) are exactly reproducible.
@@ -324,6 +328,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if algo.microbatch_size and minibatch % algo.microbatch_size:
         fail(f"minibatch size {minibatch} is not divisible by "
              f"algo.microbatch_size={algo.microbatch_size}")
+    if rollout.engine_lanes < 1 or rollout.engine_slots % rollout.engine_lanes:
+        fail(f"rollout.engine_slots={rollout.engine_slots} must split evenly over "
+             f"rollout.engine_lanes={rollout.engine_lanes} (>= 1)")
     if rollout.engine == "jax" and rollout.concurrency > rollout.engine_slots:
         fail(f"rollout.concurrency={rollout.concurrency} exceeds rollout.engine_slots="
              f"{rollout.engine_slots}: sessions would be evicted and re-prefilled")

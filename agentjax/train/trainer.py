@@ -37,7 +37,7 @@ from agentjax.models import Decoder, ModelConfig, ValueModel, load_hf, save_hf
 from agentjax.models.tokenizer import AGENT_TAGS, build_tokenizer, load_tokenizer
 from agentjax.rollout.agent_loop import EpisodeLimits
 from agentjax.rollout.engine import SamplingParams
-from agentjax.rollout.jax_engine import JaxEngine
+from agentjax.rollout.lanes import LanedEngine
 from agentjax.rollout.pool import RolloutPool
 from agentjax.rl.shaping import overlong_penalty
 from agentjax.rollout.trajectory import Trajectory, collate
@@ -150,10 +150,10 @@ class Trainer:
         self.buckets = length_buckets(r.max_tokens)
         self.batch_rows = r.prompts_per_step * r.group_size
         # The engine keeps its own copy: update steps donate (free) the trainer's buffers.
-        self.engine = JaxEngine(self.graphdef, _copy(params), tokenizer=self.tokenizer,
-                                max_slots=r.engine_slots, max_len=r.max_tokens,
-                                decode_steps=r.decode_steps, deterministic=r.deterministic,
-                                seed=config.seed)
+        self.engine = LanedEngine.from_model(
+            nnx.merge(self.graphdef, _copy(params)), lanes=r.engine_lanes,
+            tokenizer=self.tokenizer, max_slots=r.engine_slots, max_len=r.max_tokens,
+            decode_steps=r.decode_steps, deterministic=r.deterministic, seed=config.seed)
         self.pool = RolloutPool(
             self.engine, self.suite.make_env, self.tokenizer, sampling=self.sampling(0),
             limits=EpisodeLimits(max_turns=config.env.max_turns,

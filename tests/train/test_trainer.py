@@ -69,6 +69,19 @@ def test_every_config_runs_end_to_end(config, tmp_path):
         assert "sampled, taught=" in out
 
 
+def test_engine_lanes_give_the_same_run(tmp_path):
+    """Deterministic sampling does not depend on the lane a request lands in, and each
+    lane has the program shapes of a one-lane engine of its slots: same metrics."""
+    out = {}
+    for lanes, slots in ((1, 4), (2, 8)):
+        _train("grpo_search.py:test", tmp_path / f"lanes{lanes}",
+               f"--config.rollout.engine_lanes={lanes}",
+               f"--config.rollout.engine_slots={slots}", "--config.rollout.concurrency=4")
+        out[lanes] = [{k: v for k, v in r.items() if not k.startswith(TIMING)}
+                      for r in read_metrics(tmp_path / f"lanes{lanes}")]
+    assert out[1] == out[2]
+
+
 def test_sharded_run_matches_one_device(tmp_path):
     # 8 rows per RL step and per SFT step: divisible by the data x fsdp = 8 devices.
     common = ("--config.total_steps=1", "--config.eval.every=0",
@@ -188,6 +201,9 @@ def test_config_validation_names_the_problem():
     config = config_lib.default_config()
     config.sft.corpus_mix = 1.0
     assert "sft.corpus_mix" in _error(config)
+    config = config_lib.default_config()
+    config.rollout.engine_lanes = 3
+    assert "rollout.engine_lanes" in _error(config)
     config = config_lib.default_config()
     config.sft.rename_frac = 1.5
     assert "sft.rename_frac" in _error(config)
