@@ -7,7 +7,7 @@ twice a 16-row one), and programs dispatched from one thread run one after anoth
 programs launched from different threads overlap. Each lane is a JaxEngine with its own
 KV cache (max_slots / lanes rows), weights copy and scheduler thread, so the lanes'
 prefill and decode rounds run concurrently (2 lanes on 2 cores: 32-prompt generation
-1.24x faster than one 32-slot engine, scripts/bench/rollout.py).
+1.2-1.5x faster than one 32-slot engine, scripts/bench/rollout.py).
 
 Routing: a request with a session id goes to the lane that holds the session, so its
 KV cache is reused; a new session or a request without one goes to the least loaded lane
@@ -46,8 +46,8 @@ class LanedEngine:
     def from_model(cls, model: nnx.Module, *, lanes: int = 2, max_slots: int, seed: int = 0,
                    **kwargs) -> "LanedEngine":
         """`lanes` JaxEngines of `max_slots // lanes` rows each; kwargs as JaxEngine's.
-        Lane i's stream for unseeded requests is seeded `seed * lanes + i` (distinct
-        lanes, distinct seeds: never the same noise twice)."""
+        Lane i's stream for unseeded requests is seeded `seed * lanes + i`: the lanes of
+        one engine, and of engines built with other seeds, never share a stream."""
         if lanes < 1 or max_slots % lanes:
             raise ValueError(f"max_slots={max_slots} must split evenly over lanes={lanes}")
         return cls([JaxEngine.from_model(model, max_slots=max_slots // lanes,
