@@ -43,16 +43,20 @@ class LanedEngine:
         self._session_lane: dict[str, int] = {}
 
     @classmethod
-    def from_model(cls, model: nnx.Module, *, lanes: int = 2, max_slots: int, seed: int = 0,
-                   **kwargs) -> "LanedEngine":
-        """`lanes` JaxEngines of `max_slots // lanes` rows each; kwargs as JaxEngine's.
+    def build(cls, graphdef: nnx.GraphDef, params: Any, *, lanes: int = 2, max_slots: int,
+              seed: int = 0, **kwargs) -> "LanedEngine":
+        """`lanes` JaxEngines of `max_slots // lanes` rows each; args as JaxEngine's.
         Lane i's stream for unseeded requests is seeded `seed * lanes + i`: the lanes of
         one engine, and of engines built with other seeds, never share a stream."""
         if lanes < 1 or max_slots % lanes:
             raise ValueError(f"max_slots={max_slots} must split evenly over lanes={lanes}")
-        return cls([JaxEngine.from_model(model, max_slots=max_slots // lanes,
-                                         seed=seed * lanes + i, **kwargs)
-                    for i in range(lanes)])
+        return cls([JaxEngine(graphdef, params, max_slots=max_slots // lanes,
+                              seed=seed * lanes + i, **kwargs) for i in range(lanes)])
+
+    @classmethod
+    def from_model(cls, model: nnx.Module, **kwargs) -> "LanedEngine":
+        """`build` from a Decoder (`nnx.split` is applied)."""
+        return cls.build(*nnx.split(model), **kwargs)
 
     def _lane_of(self, request: GenerateRequest) -> int:
         """The request's lane; counts a new session or a session-less request as load."""

@@ -150,9 +150,9 @@ class Trainer:
         self.buckets = length_buckets(r.max_tokens)
         self.batch_rows = r.prompts_per_step * r.group_size
         # The engine keeps its own copy: update steps donate (free) the trainer's buffers.
-        self.engine = LanedEngine.from_model(
-            nnx.merge(self.graphdef, _copy(params)), lanes=r.engine_lanes,
-            tokenizer=self.tokenizer, max_slots=r.engine_slots, max_len=r.max_tokens,
+        self.engine = LanedEngine.build(
+            self.graphdef, _copy(params), lanes=r.engine_lanes, tokenizer=self.tokenizer,
+            max_slots=r.engine_slots, max_len=r.max_tokens,
             decode_steps=r.decode_steps, deterministic=r.deterministic, seed=config.seed)
         self.pool = RolloutPool(
             self.engine, self.suite.make_env, self.tokenizer, sampling=self.sampling(0),
