@@ -48,6 +48,7 @@ from agentjax.train.evaluate import evaluate, group_of, solved
 from agentjax.train.metrics import MetricsWriter
 from agentjax.train.packing import pack
 from agentjax.train.prepare import build_prepare
+from agentjax.train.preflight import check_runtime
 from agentjax.train.suites import build_suite
 
 HF_DIR = "hf"  # every stage exports its final policy here (init_from / SGLang / eval)
@@ -107,6 +108,7 @@ class Trainer:
     def __init__(self, config: ml_collections.ConfigDict, workdir: str):
         self.started = time.perf_counter()
         self.config = validate(config)
+        check_runtime(config)
         self.workdir = os.path.abspath(workdir)
         os.makedirs(self.workdir, exist_ok=True)
         if config.multihost.enabled:

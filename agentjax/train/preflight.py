@@ -1,0 +1,69 @@
+"""Checks, in a run's first seconds, that everything the run will need later is there.
+
+Some dependencies are only imported deep inside a run: transformers imports jinja2 the
+first time it renders a chat template (the first demonstration, after minutes of
+pretraining), tensorboardX when the first metrics row is written, pyarrow when a parquet
+file is read, bubblewrap when the first Python tool call runs. A missing one must fail
+before any work, with the command that installs it.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import shutil
+
+INSTALL = "pip install -e .  (from the agentjax checkout)"
+
+
+class MissingDependency(RuntimeError):
+    """A package or program the configured run needs is not installed."""
+
+
+def _distributions() -> list[str]:
+    """The runtime distributions agentjax declares (its install requirements)."""
+    try:
+        requires = importlib.metadata.requires("agentjax") or []
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return []
+    names = []
+    for requirement in requires:
+        if "extra ==" in requirement:
+            continue
+        name = requirement.split(";")[0]
+        for separator in "<>=!~[ ":
+            name = name.split(separator)[0]
+        names.append(name.strip())
+    return names
+
+
+def lazy_modules(config) -> dict[str, str]:
+    """{module: what needs it} for the modules this run imports only when it gets there."""
+    needed = {"jinja2": "chat templates (transformers renders them with jinja2)"}
+    if config.log.tensorboard:
+        needed["tensorboardX"] = "log.tensorboard=True"
+    if config.data.source == "files":
+        needed["pyarrow"] = "data.source='files' (parquet)"
+    if config.retrieval.kind == "http":
+        needed["httpx"] = "retrieval.kind='http'"
+    return needed
+
+
+def check_runtime(config) -> None:
+    """Raises MissingDependency naming what is missing and how to install it."""
+    missing = []
+    for name in _distributions():
+        try:
+            importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(f"package {name!r} (an agentjax requirement)")
+    for module, reason in lazy_modules(config).items():
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            missing.append(f"module {module!r}, needed by {reason} ({error})")
+    if missing:
+        raise MissingDependency("missing " + "; ".join(missing) + f". Install with: {INSTALL}")
+    if config.env.name == "python" and shutil.which("bwrap") is None:
+        raise MissingDependency(
+            "env.name='python' runs tool code under bubblewrap, which is not installed: "
+            "apt-get install -y bubblewrap")
