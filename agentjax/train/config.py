@@ -179,6 +179,12 @@ def default_config() -> ml_collections.ConfigDict:
     c.optim.b1 = 0.9
     c.optim.b2 = 0.99
     c.optim.grad_clip = 1.0
+    # An optimizer update whose loss, gradient or new parameters are not finite is
+    # never applied. Then "skip" goes on with the next batch; "rollback" also restores
+    # the policy of the last checkpoint. After `max_nonfinite_steps` consecutive steps
+    # with such an update the run saves a checkpoint and stops.
+    c.optim.on_nonfinite = "skip"
+    c.optim.max_nonfinite_steps = 3
 
     c.eval = ml_collections.ConfigDict()
     c.eval.every = 20  # also evaluates after the last step; 0: only then
@@ -186,7 +192,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.eval.samples = 4  # sampled attempts per task (pass@k and sampled success)
 
     c.checkpoint = ml_collections.ConfigDict({"every": 20, "keep": 2, "async_save": True})
-    c.log = ml_collections.ConfigDict({"every": 1, "tensorboard": True, "progress": True})
+    # samples: episodes written to <workdir>/samples/ per rollout step (0: none).
+    c.log = ml_collections.ConfigDict({"every": 1, "tensorboard": True, "progress": True,
+                                       "samples": 4})
     c.lock()
     return c
 
@@ -266,6 +274,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                          ("data.source", ("synthetic", "files")),
                          ("sft.guess", ("sample", "mode")),
                          ("optim.schedule", SCHEDULES), ("rollout.engine", ("jax", "sglang")),
+                         ("optim.on_nonfinite", ("skip", "rollback")),
                          ("retrieval.kind", ("bm25", "http")),
                          ("env.instruction", ("minimal", "short", "search_r1")),
                          ("model.dtype", ("float32", "bfloat16")),

@@ -81,7 +81,9 @@ def failure_warnings(metrics: dict[str, float], *, max_response_tokens: int,
         if metrics.get(key, 0.0) > kl_ceiling:
             warnings.append(f"KL blow-up: {key}={metrics[key]:.3f} > {kl_ceiling} "
                             "(lower the learning rate or raise kl_coef)")
-    if metrics.get("groups/zero_variance_frac", 0.0) >= 1.0:
+    # With every episode failed the variance is zero for that reason, reported apart.
+    if metrics.get("groups/zero_variance_frac", 0.0) >= 1.0 and \
+            metrics.get("stop/failed", 0.0) < 1.0:
         warnings.append("all groups have zero reward variance: no learning signal "
                         "(tasks too easy/hard; use dynamic sampling or a curriculum)")
     if metrics.get("length/response_mean", 0.0) > 0.8 * max_response_tokens or \

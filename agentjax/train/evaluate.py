@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -71,9 +71,13 @@ def success_table(tasks: Sequence[Task], groups: Sequence[Sequence[Trajectory]],
 
 
 def evaluate(pool: RolloutPool, tasks: Sequence[Task], *, success_key: str,
-             sampling: SamplingParams, samples: int, prefix: str = "eval") -> dict[str, float]:
+             sampling: SamplingParams, samples: int, prefix: str = "eval",
+             inspect: Callable[[list[Trajectory]], None] | None = None) -> dict[str, float]:
     """Greedy (temperature 0, one episode per task) and sampled (`samples` episodes per
     task with `sampling`) success of the pool's current policy on `tasks`.
+
+    `inspect`, when given, sees every episode before the metrics are computed (the
+    trainer records their errors there, and stops when all of them failed).
 
     Returns:
       `{prefix}/success_greedy[...]`, `{prefix}/success_sampled[...]` metrics (see
@@ -91,6 +95,8 @@ def evaluate(pool: RolloutPool, tasks: Sequence[Task], *, success_key: str,
     if sampled:
         metrics.update(success_table(tasks, sampled, success_key, f"{prefix}/success_sampled"))
     episodes = [t for g in list(greedy) + list(sampled) for t in g]
+    if inspect is not None:
+        inspect(episodes)
     metrics[f"{prefix}/mean_turns"] = float(np.mean([len(t.turns) for t in episodes]))
     metrics[f"{prefix}/failed"] = float(sum(bool(t.metadata.get("failed")) for t in episodes))
     return metrics

@@ -56,13 +56,16 @@ class MetricsWriter:
         for key, value in metrics.items():
             value = _scalar(value)
             if value is not None:
-                row[key] = value if math.isfinite(value) else str(value)
+                row[key] = value
         if self.enabled:
+            # Strict JSON has no NaN/inf: the file spells them as strings, the returned
+            # row keeps them as floats (the progress bar formats them).
+            line = {k: v if math.isfinite(v) else str(v) for k, v in row.items()}
             with open(self.path, "a") as f:
-                f.write(json.dumps(row) + "\n")
+                f.write(json.dumps(line) + "\n")
             if self._tb is not None:
                 for key, value in row.items():
-                    if key != "step" and isinstance(value, (int, float)):
+                    if key != "step" and math.isfinite(value):
                         self._tb.add_scalar(key, value, step)
         return row
 

@@ -212,7 +212,8 @@ def epoch_minibatch_steps(loss_fn: LossFn, optimizer: optax.GradientTransformati
 
     Returns:
       (params, opt_state, metrics) with metrics averaged over all optimizer steps,
-      plus `grad_norm` and `loss`.
+      plus `grad_norm`, `loss` and `nonfinite_updates` (the fraction of optimizer steps
+      not applied because their loss, gradient or new params were not finite).
     """
     rows = next(iter(batch.values())).shape[0]
 
@@ -221,9 +222,17 @@ def epoch_minibatch_steps(loss_fn: LossFn, optimizer: optax.GradientTransformati
         loss, grads, metrics = accumulate_grads(
             loss_fn, params, _rows(batch, index), micro_batches=micro_batches,
             norm_constant=norm_constant)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        grad_norm = optax.tree.norm(grads)
+        # A non-finite loss or gradient (or an update that overflows the weights) is
+        # never applied: one bad batch must not turn every weight into NaN.
+        finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+                  & jnp.isfinite(optax.tree.norm(new_params)))
+        params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                         (new_params, new_opt_state), (params, opt_state))
+        metrics = {**metrics, "loss": loss, "grad_norm": grad_norm,
+                   "nonfinite_updates": 1.0 - finite.astype(jnp.float32)}
         return (params, opt_state), metrics
 
     def order(key):

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from agentjax import parallel
 from agentjax.data.curriculum import make_sampler
 from agentjax.models import Decoder, ModelConfig, ValueModel, load_hf, save_hf
-from agentjax.models.tokenizer import AGENT_TAGS, build_tokenizer, load_tokenizer
+from agentjax.models.tokenizer import AGENT_TAGS, build_tokenizer, load_tokenizer, prompt_ids
 from agentjax.rollout.agent_loop import EpisodeLimits
 from agentjax.rollout.engine import SamplingParams
 from agentjax.rollout.lanes import LanedEngine
@@ -44,12 +44,17 @@ from agentjax.rollout.trajectory import Trajectory, collate
 from agentjax.train import diagnostics, step as step_lib
 from agentjax.train.checkpoint import Checkpointer
 from agentjax.train.config import validate
+from agentjax.train.episodes import EpisodeRecorder, check_failures
 from agentjax.train.evaluate import evaluate, group_of, solved
 from agentjax.train.metrics import MetricsWriter
 from agentjax.train.packing import pack
 from agentjax.train.prepare import build_prepare
 from agentjax.train.preflight import check_runtime
 from agentjax.train.suites import build_suite
+
+class TrainingDiverged(RuntimeError):
+    """Optimizer updates stayed non-finite for optim.max_nonfinite_steps steps."""
+
 
 HF_DIR = "hf"  # every stage exports its final policy here (init_from / SGLang / eval)
 
@@ -145,6 +150,7 @@ class Trainer:
                  f"{sum(x.size for x in jax.tree.leaves(params)) / 1e6:.2f}M params, "
                  f"vocab {self.model_config.vocab_size}")
         self.initial_params = params
+        self._check_lengths()
         # A fixed random subset, so every hop count is represented whatever the order.
         order = np.random.default_rng(0).permutation(len(self.suite.test_tasks))
         self.eval_tasks = [self.suite.test_tasks[i] for i in order[:config.eval.num_tasks]]
@@ -164,6 +170,8 @@ class Trainer:
             episode_timeout_s=r.episode_timeout_s)
         self.batch_sharding = parallel.batch_sharding(self.mesh, self.rules)
         self.row_sharding = parallel.batch_sharding(self.mesh, self.rules, ("batch",))
+        self.recorder = EpisodeRecorder(self.workdir, self.tokenizer,
+                                        samples=config.log.samples, enabled=self.is_main)
 
     # ------------------------------------------------------------------ setup helpers
 
@@ -188,6 +196,31 @@ class Trainer:
         model, model_config = load_hf(path, dtype=jnp.dtype(config.model.dtype),
                                       mesh=self.mesh, rules=self.rules, **overrides)
         return load_tokenizer(path), model, model_config
+
+    def _check_lengths(self) -> None:
+        """Setup errors for token budgets a run could never meet: a context longer than
+        the model's positions, a prompt that leaves no room to generate."""
+        r, model = self.config.rollout, self.model_config
+        if r.max_tokens > model.max_position_embeddings:
+            raise ValueError(
+                f"config key 'rollout.max_tokens' is {r.max_tokens}, beyond the model's "
+                f"max_position_embeddings={model.max_position_embeddings}; lower it")
+        env, lengths = self.suite.make_env(), {}
+        for task in list(self.suite.train_tasks) + list(self.suite.test_tasks):
+            messages = env.reset(task)
+            key = json.dumps(messages, sort_keys=True)
+            if key not in lengths:
+                lengths[key] = (len(prompt_ids(self.tokenizer, messages)), task.task_id)
+        longest, task_id = max(lengths.values())
+        if longest >= r.max_tokens:
+            raise ValueError(
+                f"config key 'rollout.max_tokens' is {r.max_tokens} but the prompt of task "
+                f"{task_id!r} alone has {longest} tokens: raise rollout.max_tokens (or "
+                "shorten env.instruction)")
+        if longest + r.max_new_tokens > r.max_tokens:
+            self.log(f"warning: the longest prompt ({longest} tokens, task {task_id!r}) "
+                     f"leaves less than rollout.max_new_tokens={r.max_new_tokens} of "
+                     f"rollout.max_tokens={r.max_tokens} for the first action")
 
     def _build_tiny_model(self, path: str) -> None:
         """A random-init decoder sized by config.model with a tokenizer trained on the
@@ -260,8 +293,16 @@ class Trainer:
         sampling = dataclasses.replace(self.sampling(0),
                                        temperature=self.config.rollout.temperature,
                                        seed=self.config.seed + 10_000)
+        def inspect(episodes):
+            for message in self.recorder.record(0, prefix, episodes):
+                self.log(f"{prefix} evaluation: new episode error: {message}")
+            warning = check_failures(episodes, where=f"{prefix} evaluation", fatal=True)
+            if warning:
+                self.log(f"warning: {warning}")
+
         return evaluate(self.pool, tasks, success_key=self.suite.success_key,
-                        sampling=sampling, samples=self.config.eval.samples, prefix=prefix)
+                        sampling=sampling, samples=self.config.eval.samples, prefix=prefix,
+                        inspect=inspect)
 
     # ------------------------------------------------------------------ SFT
 
@@ -416,6 +457,40 @@ class Trainer:
         groups = (kept + set_aside)[:r.prompts_per_step]
         return groups, {"rollout/rounds": rounds, "rollout/kept_groups": len(kept)}
 
+    def _guard_nonfinite(self, state, metrics, step: int, bad_steps: int, checkpointer,
+                         host: dict):
+        """Reacts to optimizer updates the jitted update refused (non-finite loss,
+        gradient or params; `step_lib.epoch_minibatch_steps`): warns, rolls the policy
+        back to the last checkpoint when optim.on_nonfinite='rollback', and after
+        optim.max_nonfinite_steps consecutive such steps saves a checkpoint and stops.
+        Returns (state, consecutive bad steps)."""
+        optim = self.config.optim
+        refused = metrics.get("nonfinite_updates", 0.0) + metrics.get(
+            "critic/nonfinite_updates", 0.0)
+        if not refused:
+            return state, 0
+        bad_steps += 1
+        where = (f"RL step {step}: {metrics.get('nonfinite_updates', 0.0):.0%} of the policy's "
+                 f"optimizer updates had a non-finite loss, gradient or result (loss "
+                 f"{metrics.get('loss')}, grad_norm {metrics.get('grad_norm')}) and were "
+                 "not applied")
+        if bad_steps >= optim.max_nonfinite_steps:
+            checkpointer.save(step, state, host, force=True)
+            checkpointer.wait()
+            raise TrainingDiverged(
+                f"{where}; {bad_steps} consecutive steps like it (optim.max_nonfinite_steps="
+                f"{optim.max_nonfinite_steps}): stopping. The last finite state is saved at "
+                f"step {step}; lower optim.lr, check the rewards (reward/* metrics) or set "
+                "optim.on_nonfinite='rollback'")
+        if optim.on_nonfinite == "rollback" and checkpointer.latest_step is not None:
+            checkpointer.wait()
+            restored, _ = checkpointer.restore(state)
+            self.log(f"warning: {where}; rolled the policy back to checkpoint "
+                     f"{checkpointer.latest_step}")
+            return restored, bad_steps
+        self.log(f"warning: {where}; skipped")
+        return state, bad_steps
+
     def restore_params(self, step: int | None = None):
         """Policy params of RL checkpoint `step` (default: the latest) of this workdir."""
         state = self._init_rl_state(self.initial_params)[0]
@@ -459,6 +534,11 @@ class Trainer:
         self.engine.update_weights(state.params)
         bar = tqdm(range(start, config.total_steps), desc=config.algo.name,
                    disable=not (self.is_main and config.log.progress))
+        bad_steps = 0
+
+        def host_state(step):
+            return {"step": step + 1, "sampler": sampler.state_dict(), "last_eval": last_eval}
+
         for step in bar:
             t0 = time.perf_counter()
             groups, rollout_info = self._rollout(sampler, step)
@@ -468,6 +548,10 @@ class Trainer:
                     traj.group_id = group_index
                     trajectories.append(traj)
             t1 = time.perf_counter()
+            for message in self.recorder.record(step + 1, "rl", trajectories):
+                self.log(f"step {step + 1}: new episode error: {message}")
+            failure_warning = check_failures(trajectories, where=f"RL step {step + 1}",
+                                             fatal=step == start)
             batch = collate(trajectories, buckets=self.buckets,
                             pad_id=self.tokenizer.pad_token_id, batch_size=self.batch_rows)
             metrics = diagnostics.rollout_metrics(groups, batch)
@@ -479,9 +563,11 @@ class Trainer:
             state, update_metrics = update(state, device_batch)
             jax.block_until_ready(state.params)
             t2 = time.perf_counter()
-            self.engine.update_weights(state.params)
             metrics.update(jax.device_get(prep_metrics))
             metrics.update(jax.device_get(update_metrics))
+            state, bad_steps = self._guard_nonfinite(state, metrics, step + 1, bad_steps,
+                                                     checkpointer, host_state(step))
+            self.engine.update_weights(state.params)
             tokens = sum(t.num_action_tokens for t in trajectories)
             metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
                             "time/step_s": t2 - t0, "rollout/tokens_per_s": tokens / (t1 - t0),
@@ -498,11 +584,11 @@ class Trainer:
                 bar.set_postfix(reward=f"{row['reward/mean']:.2f}",
                                 success=f"{row['success/train']:.2f}",
                                 ent=f"{row.get('entropy', 0):.2f}")
-                for warning in diagnostics.failure_warnings(
-                        row, max_response_tokens=config.rollout.max_tokens):
+                warnings = diagnostics.failure_warnings(
+                    row, max_response_tokens=config.rollout.max_tokens)
+                for warning in ([failure_warning] if failure_warning else []) + warnings:
                     self.log(f"step {step + 1}: warning: {warning}")
-            host = {"step": step + 1, "sampler": sampler.state_dict(), "last_eval": last_eval}
-            checkpointer.save(step + 1, state, host,
+            checkpointer.save(step + 1, state, host_state(step),
                               force=step + 1 == config.total_steps)
         checkpointer.wait()
         writer.close()
@@ -514,6 +600,12 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         """Pretraining and SFT (if configured), RL (unless stage == "sft"), then the
         final report."""
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> dict[str, Any]:
         config = self.config
         params = self.initial_params
         results: dict[str, Any] = {f"demonstrator/{k}": v["success"]
@@ -544,7 +636,6 @@ class Trainer:
             with open(os.path.join(self.workdir, "final.json"), "w") as f:
                 json.dump(results, f, indent=1)
             print(report_table(results))
-        self.close()
         return results
 
     def close(self):

@@ -118,3 +118,31 @@ def test_no_gradient_reaches_masked_tokens(setup):
     loss_b, grads_b, _ = grads_of(params, changed)
     np.testing.assert_allclose(loss_a, loss_b, rtol=1e-6)
     assert _max_diff(grads_a, grads_b) < 1e-7
+
+
+def test_nonfinite_updates_are_refused_per_optimizer_step():
+    """A minibatch with a NaN loss leaves params and optimizer state as they were; the
+    other minibatch of the same update still applies (metric: the refused fraction)."""
+    params = {"w": jnp.ones((3,))}
+
+    def loss_fn(params, batch, norm):
+        loss = jnp.sum(params["w"] * batch["x"].sum(0)) * batch["scale"][0]
+        return loss, {}
+
+    optimizer = optax.adam(0.1)
+    state = step_lib.TrainState(step=jnp.int32(0), params=params,
+                                opt_state=optimizer.init(params), rng=jax.random.key(0))
+    update = jax.jit(step_lib.build_update(loss_fn, optimizer, epochs=1, minibatches=2,
+                                           micro_batches=1, shuffle=False))
+    batch = {"x": jnp.ones((2, 3)), "loss_mask": jnp.ones((2, 1)),
+             "scale": jnp.array([jnp.nan, 1.0])}
+    new_state, metrics = update(state, batch)
+    assert float(metrics["nonfinite_updates"]) == 0.5
+    # Only the second (finite) minibatch moved the weights: one Adam step of size lr.
+    np.testing.assert_allclose(new_state.params["w"], 0.9, rtol=1e-6)
+    assert int(new_state.opt_state[0].count) == 1
+
+    all_nan = {**batch, "scale": jnp.array([jnp.nan, jnp.inf])}
+    new_state, metrics = update(state, all_nan)
+    assert float(metrics["nonfinite_updates"]) == 1.0
+    np.testing.assert_array_equal(new_state.params["w"], params["w"])

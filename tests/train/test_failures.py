@@ -1,0 +1,106 @@
+"""Runs that cannot learn say so: failed episodes, non-finite updates, impossible token
+budgets (in-process runs of the tiny search config)."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from agentjax.train import presets
+from agentjax.train import trainer as trainer_lib
+from agentjax.train.checkpoint import Checkpointer
+from agentjax.train.episodes import EpisodesFailed
+from agentjax.train.metrics import read_metrics
+
+
+def _config(**overrides):
+    config = presets.search_config("grpo", "test")
+    config.pretrain.steps = config.sft.steps = 0
+    config.eval.every = 0
+    config.checkpoint.async_save = False
+    config.rollout.prompts_per_step = 4  # 8 rows: one per device of the 8-device tests
+    for dotted, value in overrides.items():
+        section, key = dotted.split("__")
+        config[section][key] = value
+    return config
+
+
+def _poison_rewards(trainer, steps):
+    """Rollouts of the given RL steps (0-based) get NaN rewards."""
+    rollout = trainer._rollout
+
+    def poisoned(sampler, step):
+        groups, info = rollout(sampler, step)
+        if step in steps:
+            for group in groups:
+                for traj in group:
+                    traj.final_reward = math.nan
+        return groups, info
+
+    trainer._rollout = poisoned
+
+
+def test_every_episode_failing_stops_the_first_step_with_the_error(tmp_path):
+    trainer = trainer_lib.Trainer(_config(), str(tmp_path))
+
+    def broken_reward(task, log):
+        raise KeyError("chain")
+
+    trainer.pool.reward_fn = broken_reward
+    with pytest.raises(EpisodesFailed, match=r"RL step 1: all 8 episodes failed.*KeyError"):
+        trainer.run()
+    [error] = [json.loads(line) for line in open(tmp_path / "errors.jsonl")]
+    assert "KeyError" in error["error"] and "#### prompt" in error["episode"]
+    sample = (tmp_path / "samples" / "rl_000001.md").read_text()
+    assert "FAILED: reward_fn failed: KeyError" in sample and "trained" in sample
+
+
+def test_a_nonfinite_step_is_skipped_and_training_goes_on(tmp_path):
+    trainer = trainer_lib.Trainer(_config(), str(tmp_path))
+    _poison_rewards(trainer, steps={0})
+    trainer.run()
+    first, second = read_metrics(tmp_path)
+    assert first["nonfinite_updates"] == 1.0 and first["reward/mean"] == "nan"
+    assert second["nonfinite_updates"] == 0.0 and np.isfinite(second["loss"])
+
+
+def test_consecutive_nonfinite_steps_roll_back_then_stop_with_a_checkpoint(tmp_path):
+    config = _config(optim__on_nonfinite="rollback", optim__max_nonfinite_steps=2,
+                     checkpoint__every=1, checkpoint__keep=5)
+    config.total_steps = 4
+    trainer = trainer_lib.Trainer(config, str(tmp_path))
+    _poison_rewards(trainer, steps={1, 2})
+    with pytest.raises(trainer_lib.TrainingDiverged,
+                       match=r"RL step 3: .*2 consecutive steps.*saved at step 3"):
+        trainer.run()
+    checkpoints = Checkpointer(tmp_path / "checkpoints", every=0)
+    assert checkpoints._manager.all_steps() == [1, 2, 3]
+    state = trainer._init_rl_state(trainer.initial_params)[0]
+    after_one, _ = checkpoints.restore(state, 1)
+    at_stop, _ = checkpoints.restore(state, 3)
+    # Step 2 was rolled back to checkpoint 1, step 3 was refused: the saved policy is
+    # checkpoint 1's, finite.
+    for a, b in zip(*(jax_leaves(s.params) for s in (after_one, at_stop)), strict=True):
+        np.testing.assert_array_equal(a, b)
+        assert np.isfinite(a).all()
+
+
+def jax_leaves(tree):
+    import jax
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def test_a_prompt_longer_than_the_token_budget_is_a_setup_error(tmp_path):
+    with pytest.raises(ValueError, match=r"'rollout.max_tokens' is 64 but the prompt of task"):
+        trainer_lib.Trainer(_config(rollout__max_tokens=64), str(tmp_path))
+
+
+def test_a_token_budget_beyond_the_model_positions_is_a_setup_error(tmp_path):
+    trainer_lib.Trainer(_config(), str(tmp_path)).close()
+    model_config = tmp_path / "init_model" / "config.json"
+    fields = json.loads(model_config.read_text())
+    fields["max_position_embeddings"] = 256
+    model_config.write_text(json.dumps(fields))
+    with pytest.raises(ValueError, match=r"'rollout.max_tokens' is 384, beyond the model's "
+                                         r"max_position_embeddings=256"):
+        trainer_lib.Trainer(_config(), str(tmp_path))
