@@ -213,6 +213,16 @@ def _global_norm(tree: Any) -> jax.Array:
                         for x in jax.tree.leaves(tree)))
 
 
+def _as_stored(x: jax.Array) -> jax.Array:
+    """x's value as its dtype stores it, in (at least) float32. XLA may drop a
+    float32 -> bfloat16 -> float32 conversion pair inside one program (excess precision
+    is allowed by default), which would hide the rounding this measures; reduce_precision
+    rounds explicitly (a no-op for float32)."""
+    info = jnp.finfo(x.dtype)
+    wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    return jax.lax.reduce_precision(wide, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+
+
 def update_size_metrics(old: Any, new: Any, updates: Any) -> dict[str, jax.Array]:
     """How far one optimizer step moved the stored params, relative to their size.
 
@@ -226,7 +236,7 @@ def update_size_metrics(old: Any, new: Any, updates: Any) -> dict[str, jax.Array
     reductions over the params, fused into the step.
     """
     size = jnp.maximum(_global_norm(old), jnp.finfo(jnp.float32).tiny)
-    moved = jax.tree.map(lambda n, o: n.astype(jnp.float32) - o.astype(jnp.float32), new, old)
+    moved = jax.tree.map(lambda n, o: _as_stored(n) - _as_stored(o), new, old)
     return {"update/rel_size": _global_norm(moved) / size,
             "update/intended_rel_size": _global_norm(updates) / size}
 

@@ -58,6 +58,12 @@ def _copy(tree):
     return jax.tree.map(jnp.copy, tree)
 
 
+def model_precision(config: ml_collections.ConfigDict) -> dict[str, str]:
+    """ModelConfig fields of the trainer's policy: float32 params (the master weights
+    the optimizer updates), computed in config.model.dtype."""
+    return dict(param_dtype="float32", dtype=config.model.dtype, remat=config.model.remat)
+
+
 def _master_copy(params):
     """Fresh float32 copies of `params` on their shardings: the master weights a
     TrainState owns (every update donates them), whatever dtype the model was loaded in
@@ -196,8 +202,7 @@ class Trainer:
             path = os.path.join(self.workdir, "init_model")
             if not os.path.exists(os.path.join(path, "config.json")):
                 self._build_tiny_model(path)
-        precision = dict(param_dtype="float32", dtype=config.model.dtype,
-                         remat=config.model.remat)
+        precision = model_precision(config)
         with open(os.path.join(path, "config.json")) as f:
             plan = memory_plan(config, ModelConfig.from_hf(json.load(f), **precision),
                                self.mesh)
