@@ -131,7 +131,7 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
       config: the training config (rollout, algo, rules).
       model_config: the policy's ModelConfig (compute dtype `dtype`).
       mesh: the trainer's mesh.
-      device_bytes: one device's memory; None asks the mesh's first device.
+      device_bytes: one device's memory; None asks a device of the mesh.
     """
     rules = parallel.resolve_rules(json.loads(config.rules) if config.rules else None)
     abstract = nnx.state(nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0))))
@@ -173,7 +173,8 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
         r.engine_lanes * cache_bytes,
         "lower rollout.engine_slots (with rollout.concurrency) or rollout.max_tokens, or "
         "spread the slots over more data-parallel devices (mesh.data, mesh.fsdp)"))
-    device = mesh.devices.flat[0]
+    # A device of this process: memory_stats of another host's device is not readable.
+    device = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
     if device_bytes is None:
         device_bytes = device_memory(device)
     return MemoryPlan(rows=tuple(rows), device_bytes=device_bytes, device=device.device_kind)
