@@ -31,8 +31,9 @@ def main(argv):
     config = load_saved(os.path.join(_WORKDIR.value, "config.json"))
     trainer = Trainer(config, _WORKDIR.value)
     params = trainer.restore_params(_STEP.value)
+    # In the compute dtype, as the run's own exports (not the float32 training masters).
     save_hf(nnx.merge(trainer.graphdef, params), trainer.model_config, _OUT.value,
-            tokenizer=trainer.tokenizer)
+            dtype=trainer.model_config.dtype, tokenizer=trainer.tokenizer)
     trainer.close()
     print(f"wrote {_OUT.value}")
 

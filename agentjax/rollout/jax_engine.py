@@ -49,8 +49,9 @@ Design (static shapes, so XLA compiles a bounded set of programs once):
   same noise whatever shares its batch or which row it lands in, and the turns of a
   seeded episode (later positions) get fresh randomness.
 - Weights: `update_weights` copies the new params into the engine (same structure,
-  shapes, dtypes and shardings as before — checked), so nothing recompiles and the
-  trainer may donate its own buffers afterwards.
+  shapes, dtypes and shardings as before — checked), cast to the model's compute dtype
+  (`config.dtype`: float32 master weights become a bfloat16 copy), so nothing
+  recompiles and the trainer may donate its own buffers afterwards.
 - Sharding: params may live on a mesh (e.g. `parallel.shard_model`); the cache is then
   placed by `LayerKVCache.logical_axes` and the same rules, and jit propagates the rest.
 
@@ -119,9 +120,11 @@ jax.monitoring.register_event_duration_secs_listener(_count_compilations)
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
 def _layerwise_weights(graphdef: nnx.GraphDef, params: Any) -> LayerwiseWeights:
-    """The engine's copy of the weights: the layer stack split per layer, in the compute
-    dtype (`Decoder.layerwise_weights`)."""
-    return nnx.merge(graphdef, params).layerwise_weights()
+    """The engine's copy of the weights: the layer stack split per layer, cast to the
+    compute dtype (`Decoder.layerwise_weights`; float32 master params make a bfloat16
+    copy, half their size). Every leaf is a fresh buffer, even one the program would
+    pass through unchanged, so the caller may donate `params` afterwards."""
+    return jax.tree.map(jnp.copy, nnx.merge(graphdef, params).layerwise_weights())
 
 
 @functools.partial(jax.jit, static_argnames=("gather",), donate_argnames=("cache",))
@@ -362,11 +365,13 @@ class JaxEngine:
         self._thread.start()
 
     def _engine_weights(self, leaves: Sequence[jax.Array]) -> LayerwiseWeights:
-        """The engine's own weights from param leaves already on their shardings: a copy
-        (the caller may donate or mutate its buffers afterwards), split per layer."""
-        copied = [jax.device_put(x, sharding, may_alias=False)
+        """The engine's own weights from param leaves: placed on the construction
+        shardings (a no-op when they are already there: no second full-precision copy),
+        then split per layer and cast to the compute dtype into fresh buffers (the
+        caller may donate or mutate its own afterwards)."""
+        placed = [jax.device_put(x, sharding, may_alias=True)
                   for x, (_, _, sharding) in zip(leaves, self._param_specs)]
-        return _layerwise_weights(self._graphdef, jax.tree.unflatten(self._params_tree, copied))
+        return _layerwise_weights(self._graphdef, jax.tree.unflatten(self._params_tree, placed))
 
     @classmethod
     def from_model(cls, model: nnx.Module, **kwargs) -> "JaxEngine":

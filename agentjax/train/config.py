@@ -49,8 +49,11 @@ def default_config() -> ml_collections.ConfigDict:
     c.model.num_heads = 4
     c.model.num_kv_heads = 2
     c.model.intermediate_size = 384
+    # Compute dtype of the policy, critic and reference forwards, of the rollout engine's
+    # weights and KV cache, and of HF exports. The trainer's params and optimizer state
+    # are float32 master weights whatever it is (no param-dtype key: a bfloat16 weight
+    # ignores any update under 2^-9 of itself, so lr 1e-6 would train nothing).
     c.model.dtype = "float32"
-    c.model.param_dtype = "float32"
     c.model.remat = "none"
     c.model.logprob_chunk = 1024
 
@@ -277,8 +280,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                          ("optim.on_nonfinite", ("skip", "rollback")),
                          ("retrieval.kind", ("bm25", "http")),
                          ("env.instruction", ("minimal", "short", "search_r1")),
-                         ("model.dtype", ("float32", "bfloat16")),
-                         ("model.param_dtype", ("float32", "bfloat16"))]:
+                         ("model.dtype", ("float32", "bfloat16"))]:
         if _get(config, key) not in choices:
             raise ValueError(f"config key {key!r} is {_get(config, key)!r}; choose one of "
                              f"{list(choices)}")

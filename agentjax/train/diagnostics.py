@@ -70,10 +70,44 @@ def rollout_metrics(groups: Sequence[Sequence[Trajectory]], batch: dict) -> dict
     return {k: float(v) for k, v in m.items()}
 
 
+# An update counts as rounded away when the params moved by less than this fraction of
+# what the optimizer asked for (`step.update_size_metrics`).
+ROUNDED_AWAY_FRACTION = 0.5
+
+
+def rounding_warnings(metrics: dict[str, float]) -> list[str]:
+    """Warnings for optimizer steps that rounded away in the params' storage dtype.
+
+    Adding an update u to a weight w stores round(w + u): every element whose |u| is
+    under half an ulp of w (2^-24 |w| in float32, 2^-9 |w| in bfloat16) keeps its old
+    value. With float32 master weights the applied relative update (`update/rel_size`)
+    equals the intended one (`update/intended_rel_size`, ~lr / rms(w) for Adam: ~5e-5
+    at lr 1e-6, three decades above float32's 6e-8) to within ~2^-24 / intended; at lr
+    1e-6 bfloat16 weights keep ~99.8% of their values and the applied size drops to a
+    few percent of the intended one. The rule compares the two rather than rel_size with
+    a fixed floor, so zero-lr steps (warmup start, the end of a cosine decay) and a
+    frozen policy (critic warmup), which ask for no change, never warn.
+    """
+    warnings = []
+    for prefix, who in (("", "policy"), ("critic/", "critic")):
+        applied = metrics.get(f"{prefix}update/rel_size")
+        intended = metrics.get(f"{prefix}update/intended_rel_size", 0.0)
+        if applied is None or not metrics.get(f"{prefix}grad_norm", 0.0) > 0:
+            continue
+        if intended > 0 and applied < ROUNDED_AWAY_FRACTION * intended:
+            warnings.append(
+                f"{who} update rounded away: the params moved by {applied:.2e} of their "
+                f"norm, the optimizer asked for {intended:.2e} (gradient norm "
+                f"{metrics[f'{prefix}grad_norm']:.2e} > 0): the learning rate is below the "
+                "params' storage precision (keep float32 params or raise the lr)")
+    return warnings
+
+
 def failure_warnings(metrics: dict[str, float], *, max_response_tokens: int,
                      entropy_floor: float = 0.05, kl_ceiling: float = 1.0) -> list[str]:
-    """Warnings for the §9.1 failure modes visible in one step's metrics."""
-    warnings = []
+    """Warnings for the §9.1 failure modes visible in one step's metrics (and updates
+    lost to rounding, `rounding_warnings`)."""
+    warnings = rounding_warnings(metrics)
     if metrics.get("entropy", 1.0) < entropy_floor:
         warnings.append(f"entropy collapse: mean entropy {metrics['entropy']:.3f} < "
                         f"{entropy_floor} (raise entropy_coef or temperature)")

@@ -62,7 +62,7 @@ def _cpu(c):
 
 def _hf(c):
     c.model.path = ""  # required: --config.model.path=/path/to/hf/checkpoint
-    c.model.dtype = c.model.param_dtype = "bfloat16"
+    c.model.dtype = "bfloat16"  # compute; master weights and Adam state stay float32
     c.model.remat = "full"
     c.model.logprob_chunk = 512
     c.tokenizer.vocab_size = 0

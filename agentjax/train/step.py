@@ -39,8 +39,10 @@ class TrainState:
 
     Attributes:
       step: number of updates applied.
-      params: policy params (`nnx.split(model)[1]`).
-      opt_state: optax state of the policy optimizer.
+      params: policy params (`nnx.split(model)[1]`): the float32 master weights,
+        whatever the model's compute dtype (the decoder casts them to `config.dtype`
+        at use, as MaxText and levanter keep float32 masters under bfloat16 compute).
+      opt_state: optax state of the policy optimizer (float32, like the params).
       rng: PRNG key for shuffling minibatches (and anything else stochastic).
       critic_params / critic_opt_state: the PPO critic (None for critic-free methods).
       ref_params: the frozen reference policy of the KL term (None without KL); kept in
@@ -204,6 +206,41 @@ def accumulate_grads(loss_fn: LossFn, params: Any, batch: dict, *, micro_batches
                          for k, v in metrics.items()}
 
 
+def _global_norm(tree: Any) -> jax.Array:
+    """sqrt of the sum of squares of every leaf, accumulated in float32 (a bfloat16 sum
+    of squares would round away the small leaves)."""
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32)))
+                        for x in jax.tree.leaves(tree)))
+
+
+def _as_stored(x: jax.Array) -> jax.Array:
+    """x's value as its dtype stores it, in (at least) float32. XLA may drop a
+    float32 -> bfloat16 -> float32 conversion pair inside one program (excess precision
+    is allowed by default), which would hide the rounding this measures; reduce_precision
+    rounds explicitly (a no-op for float32)."""
+    info = jnp.finfo(x.dtype)
+    wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    return jax.lax.reduce_precision(wide, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+
+
+def update_size_metrics(old: Any, new: Any, updates: Any) -> dict[str, jax.Array]:
+    """How far one optimizer step moved the stored params, relative to their size.
+
+    `update/rel_size` = ||new - old|| / ||old|| is what the step actually changed after
+    the update was added to (and rounded into) the params' storage dtype;
+    `update/intended_rel_size` = ||updates|| / ||old|| is what the optimizer asked for.
+    The two agree while the update is well above the storage precision (half an ulp:
+    2^-24 of a float32 weight, 2^-9 of a bfloat16 one); when the update rounds away
+    (bfloat16 weights at lr 1e-6) rel_size drops far below the intended size, which
+    `diagnostics.failure_warnings` reports. Global norms, so the cost is three
+    reductions over the params, fused into the step.
+    """
+    size = jnp.maximum(_global_norm(old), jnp.finfo(jnp.float32).tiny)
+    moved = jax.tree.map(lambda n, o: _as_stored(n) - _as_stored(o), new, old)
+    return {"update/rel_size": _global_norm(moved) / size,
+            "update/intended_rel_size": _global_norm(updates) / size}
+
+
 def epoch_minibatch_steps(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                           params: Any, opt_state: Any, batch: dict, rng: jax.Array, *,
                           epochs: int, minibatches: int, micro_batches: int,
@@ -212,8 +249,9 @@ def epoch_minibatch_steps(loss_fn: LossFn, optimizer: optax.GradientTransformati
 
     Returns:
       (params, opt_state, metrics) with metrics averaged over all optimizer steps,
-      plus `grad_norm`, `loss` and `nonfinite_updates` (the fraction of optimizer steps
-      not applied because their loss, gradient or new params were not finite).
+      plus `grad_norm`, `loss`, the relative update sizes of `update_size_metrics` and
+      `nonfinite_updates` (the fraction of optimizer steps not applied because their
+      loss, gradient or new params were not finite).
     """
     rows = next(iter(batch.values())).shape[0]
 
@@ -229,11 +267,13 @@ def epoch_minibatch_steps(loss_fn: LossFn, optimizer: optax.GradientTransformati
         # never applied: one bad batch must not turn every weight into NaN.
         finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
                   & jnp.isfinite(optax.tree.norm(new_params)))
-        params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                                         (new_params, new_opt_state), (params, opt_state))
+        new_params, new_opt_state = jax.tree.map(
+            lambda new, old: jnp.where(finite, new, old),
+            (new_params, new_opt_state), (params, opt_state))
         metrics = {**metrics, "loss": loss, "grad_norm": grad_norm,
-                   "nonfinite_updates": 1.0 - finite.astype(jnp.float32)}
-        return (params, opt_state), metrics
+                   "nonfinite_updates": 1.0 - finite.astype(jnp.float32),
+                   **update_size_metrics(params, new_params, updates)}
+        return (new_params, new_opt_state), metrics
 
     def order(key):
         return jax.random.permutation(key, rows) if shuffle else jnp.arange(rows)
@@ -253,6 +293,8 @@ def build_update(policy_loss_fn: LossFn, optimizer: optax.GradientTransformation
 
     With a critic, the critic is updated on the same minibatch schedule; during the
     first `critic_warmup_steps` updates only the critic learns (the policy is frozen).
+    Metrics: the policy's (loss terms, `grad_norm`, `update/rel_size`,
+    `update/intended_rel_size`) and the critic's under `critic/`.
     """
     steps = functools.partial(epoch_minibatch_steps, epochs=epochs, minibatches=minibatches,
                               micro_batches=micro_batches, norm_constant=norm_constant,
@@ -277,6 +319,9 @@ def build_update(policy_loss_fn: LossFn, optimizer: optax.GradientTransformation
                                   params, state.params)
             opt_state = jax.tree.map(lambda new, old: jnp.where(frozen, old, new),
                                      opt_state, state.opt_state)
+            # A frozen policy neither moved nor was asked to.
+            for key in ("update/rel_size", "update/intended_rel_size"):
+                policy_metrics[key] = jnp.where(frozen, 0.0, policy_metrics[key])
         metrics.update(policy_metrics)
         return new_state.replace(params=params, opt_state=opt_state), metrics
 

@@ -46,6 +46,7 @@ from agentjax.train.checkpoint import Checkpointer
 from agentjax.train.config import validate
 from agentjax.train.episodes import EpisodeRecorder, check_failures
 from agentjax.train.evaluate import evaluate, group_of, solved
+from agentjax.train.memory import memory_plan
 from agentjax.train.metrics import MetricsWriter
 from agentjax.train.packing import pack
 from agentjax.train.prepare import build_prepare
@@ -61,6 +62,19 @@ HF_DIR = "hf"  # every stage exports its final policy here (init_from / SGLang /
 
 def _copy(tree):
     return jax.tree.map(jnp.copy, tree)
+
+
+def model_precision(config: ml_collections.ConfigDict) -> dict[str, str]:
+    """ModelConfig fields of the trainer's policy: float32 params (the master weights
+    the optimizer updates), computed in config.model.dtype."""
+    return dict(param_dtype="float32", dtype=config.model.dtype, remat=config.model.remat)
+
+
+def _master_copy(params):
+    """Fresh float32 copies of `params` on their shardings: the master weights a
+    TrainState owns (every update donates them), whatever dtype the model was loaded in
+    — the model computes in its `config.dtype` either way."""
+    return jax.tree.map(lambda x: jnp.array(x, dtype=jnp.float32, copy=True), params)
 
 
 def length_buckets(max_tokens: int, count: int = 4, multiple: int = 32) -> tuple[int, ...]:
@@ -157,9 +171,10 @@ class Trainer:
         r = config.rollout
         self.buckets = length_buckets(r.max_tokens)
         self.batch_rows = r.prompts_per_step * r.group_size
-        # The engine keeps its own copy: update steps donate (free) the trainer's buffers.
+        # Each lane keeps its own copy in the compute dtype (JaxEngine copies and casts), so
+        # update steps may donate (free) the trainer's buffers.
         self.engine = LanedEngine.build(
-            self.graphdef, _copy(params), lanes=r.engine_lanes, tokenizer=self.tokenizer,
+            self.graphdef, params, lanes=r.engine_lanes, tokenizer=self.tokenizer,
             max_slots=r.engine_slots, max_len=r.max_tokens,
             decode_steps=r.decode_steps, deterministic=r.deterministic, seed=config.seed)
         self.pool = RolloutPool(
@@ -180,9 +195,13 @@ class Trainer:
             tqdm.write(f"[agentjax] {message}")
 
     def _load_model(self):
-        """(tokenizer, model, ModelConfig) from init_from, model.path, or built tiny."""
+        """(tokenizer, model, ModelConfig) from init_from, model.path, or built tiny.
+
+        Params load as float32 (the master weights; exact for a bfloat16 checkpoint), the
+        model computes in config.model.dtype. The memory plan is logged and checked
+        before any weight is read.
+        """
         config = self.config
-        overrides = dict(param_dtype=config.model.param_dtype, remat=config.model.remat)
         if config.init_from:
             path = os.path.join(config.init_from, HF_DIR)
             if not os.path.exists(path):
@@ -193,8 +212,13 @@ class Trainer:
             path = os.path.join(self.workdir, "init_model")
             if not os.path.exists(os.path.join(path, "config.json")):
                 self._build_tiny_model(path)
-        model, model_config = load_hf(path, dtype=jnp.dtype(config.model.dtype),
-                                      mesh=self.mesh, rules=self.rules, **overrides)
+        precision = model_precision(config)
+        with open(os.path.join(path, "config.json")) as f:
+            plan = memory_plan(config, ModelConfig.from_hf(json.load(f), **precision),
+                               self.mesh)
+        self.log(f"memory plan per device (before activations):\n{plan.table()}")
+        plan.check()
+        model, model_config = load_hf(path, mesh=self.mesh, rules=self.rules, **precision)
         return load_tokenizer(path), model, model_config
 
     def _check_lengths(self) -> None:
@@ -280,8 +304,10 @@ class Trainer:
     def _export(self, params, stage: str) -> None:
         path = os.path.join(self.workdir, stage, HF_DIR) if stage else \
             os.path.join(self.workdir, HF_DIR)
+        # In the compute dtype, what inference runs: a bfloat16 model exports bfloat16
+        # (as it was published), not its float32 training masters.
         save_hf(nnx.merge(self.graphdef, params), self.model_config, path,
-                tokenizer=self.tokenizer)
+                dtype=self.model_config.dtype, tokenizer=self.tokenizer)
 
     # ------------------------------------------------------------------ evaluation
 
@@ -353,7 +379,7 @@ class Trainer:
         optimizer = step_lib.make_optimizer(section.lr, total_steps=section.steps,
                                             warmup_steps=min(20, section.steps // 10),
                                             schedule="cosine", grad_clip=config.optim.grad_clip)
-        params = _copy(params)
+        params = _master_copy(params)
         state = step_lib.TrainState(step=jnp.int32(0), params=params,
                                     opt_state=optimizer.init(params),
                                     rng=jax.random.key(config.seed))
@@ -407,7 +433,7 @@ class Trainer:
             weight_decay=config.optim.weight_decay, b1=config.optim.b1, b2=config.optim.b2,
             grad_clip=config.optim.grad_clip)
         critic_graphdef = critic_optimizer = critic_params = critic_opt_state = None
-        params = _copy(params)
+        params = _master_copy(params)
         if algo.advantage == "gae":
             critic = ValueModel(nnx.merge(self.graphdef, _copy(params)))
             critic_graphdef, critic_params = nnx.split(critic)

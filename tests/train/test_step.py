@@ -146,3 +146,59 @@ def test_nonfinite_updates_are_refused_per_optimizer_step():
     new_state, metrics = update(state, all_nan)
     assert float(metrics["nonfinite_updates"]) == 1.0
     np.testing.assert_array_equal(new_state.params["w"], params["w"])
+
+
+def _norm64(tree) -> float:
+    return float(np.sqrt(sum(np.sum(np.asarray(x, np.float64) ** 2)
+                             for x in jax.tree.leaves(tree))))
+
+
+def test_update_size_metrics_measure_the_stored_params():
+    """Against float64 numpy on what the params store, bfloat16 leaves included: XLA
+    may keep a bfloat16 sum in float32 inside the program, the metric must not."""
+    rng = np.random.default_rng(0)
+    old = {"w": jnp.asarray(0.02 * rng.standard_normal((64, 32)), jnp.bfloat16),
+           "b": jnp.asarray(rng.standard_normal(32), jnp.float32)}
+    updates = jax.tree.map(lambda x: jnp.full(x.shape, 1e-6, x.dtype), old)
+
+    @jax.jit
+    def step(old, updates):
+        new = optax.apply_updates(old, updates)
+        return new, step_lib.update_size_metrics(old, new, updates)
+
+    new, metrics = step(old, updates)
+    moved = jax.tree.map(lambda n, o: np.asarray(n, np.float64) - np.asarray(o, np.float64),
+                         new, old)
+    assert float(metrics["update/rel_size"]) == pytest.approx(
+        _norm64(moved) / _norm64(old), rel=1e-5)
+    assert float(metrics["update/intended_rel_size"]) == pytest.approx(
+        _norm64(updates) / _norm64(old), rel=1e-5)
+    # 1e-6 is under half a bfloat16 ulp of all but the smallest w: almost none moved.
+    assert (moved["w"] != 0).mean() < 0.05 and (moved["b"] != 0).all()
+
+
+def _linear_loss(coef):
+    def loss_fn(params, batch, norm):
+        return sum(jnp.sum(x * coef) for x in jax.tree.leaves(params)), {}
+    return loss_fn
+
+
+def test_update_reports_its_relative_size_and_a_frozen_policy_none():
+    params = {"w": jnp.ones((4, 4)), "b": jnp.full((4,), 2.0)}
+    critic = {"v": jnp.ones((4,))}
+    optimizer = optax.sgd(0.1)
+    update = jax.jit(step_lib.build_update(
+        _linear_loss(1.0), optimizer, epochs=1, minibatches=1, micro_batches=1,
+        critic_loss_fn=_linear_loss(0.5), critic_optimizer=optimizer,
+        critic_warmup_steps=1))
+    state = step_lib.TrainState(step=jnp.int32(0), params=params,
+                                opt_state=optimizer.init(params), rng=jax.random.key(0),
+                                critic_params=critic, critic_opt_state=optimizer.init(critic))
+    state, frozen = update(state, {"loss_mask": np.ones((2, 2), np.float32)})
+    assert float(frozen["update/rel_size"]) == float(frozen["update/intended_rel_size"]) == 0
+    # Every weight moves by lr x gradient = 0.1 (critic: 0.05).
+    assert float(frozen["critic/update/rel_size"]) == pytest.approx(0.05 * 2 / 2, rel=1e-6)
+    state, thawed = update(state, {"loss_mask": np.ones((2, 2), np.float32)})
+    expected = 0.1 * np.sqrt(20) / np.sqrt(16 + 4 * 4)
+    assert float(thawed["update/rel_size"]) == pytest.approx(expected, rel=1e-6)
+    assert float(thawed["update/intended_rel_size"]) == pytest.approx(expected, rel=1e-6)
