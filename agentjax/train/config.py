@@ -584,6 +584,11 @@ def _get(config, dotted: str):
     return config
 
 
+def is_run_folder(workdir: str) -> bool:
+    """Whether `workdir` holds a run: the config.json every run saves first."""
+    return os.path.isfile(os.path.join(workdir, "config.json"))
+
+
 def load_saved(path: str) -> ml_collections.ConfigDict:
     """The config a run saved (`<workdir>/config.json`) over today's defaults: keys added
     since take their defaults, keys removed since are dropped (with a printed warning
