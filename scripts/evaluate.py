@@ -21,8 +21,11 @@ _MODEL = flags.DEFINE_string("model", None, "HF folder of the policy (default <w
 _SPLIT = flags.DEFINE_enum("split", "test", ["test", "train"], "which tasks")
 _NUM_TASKS = flags.DEFINE_integer("num_tasks", 200, "tasks to evaluate (a fixed subset)")
 _SAMPLES = flags.DEFINE_integer("samples", 4, "sampled episodes per task (pass@k)")
-flags.register_validator("model", lambda model: model is None or os.path.isdir(model),
-                         "must be an existing HF folder")
+flags.register_multi_flags_validator(
+    ["workdir", "model"],
+    lambda given: given["workdir"] is None or not is_run_folder(given["workdir"])
+    or os.path.isdir(given["model"] or os.path.join(given["workdir"], "hf")),
+    "--model (default: <workdir>/hf, a finished run's export) must be an existing HF folder")
 flags.register_validator("workdir", lambda workdir: workdir is None or is_run_folder(workdir),
                          "must be a run folder (one with config.json)")
 flags.mark_flags_as_required(["workdir"])
