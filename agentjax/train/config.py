@@ -3,8 +3,10 @@
 Config files (`configs/*.py`) call `default_config()` and change values; the returned
 ConfigDict is locked, so a misspelled key in a config file or a `--config.a.b=value`
 override fails at once naming the key. `validate(config)` runs before anything is
-built or compiled and rejects wrong types and impossible combinations with a message
-that names the offending key.
+built or compiled: it checks every key against its entry in RULES (type, range,
+choices or format; NaN and infinities never pass) and then the combinations of keys,
+and raises ConfigError, whose one-line message names the key, its value and what is
+allowed.
 """
 from __future__ import annotations
 

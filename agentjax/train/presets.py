@@ -73,8 +73,9 @@ def _hf(c):
     # The synthetic search world, four times the default: a world of n people (with n/3
     # companies and cities, n/7.5 countries) has 4.27 n one-hop questions and about twice
     # as many of each further hop, so 1600 one-hop questions need n >= 375. 5000 training
-    # questions are about 13 epochs of the run's 64k prompts; building the world and its
-    # scripted baselines takes seconds. A Search-R1 dataset instead:
+    # questions are about 13 epochs of the run's 64k prompts; building the world and
+    # measuring its scripted baselines takes well under a minute. A Search-R1 dataset
+    # instead:
     # data.source='files' with data.train_path, data.test_path and data.corpus_path.
     c.data.num_people, c.data.num_companies = 480, 160
     c.data.num_cities, c.data.num_countries = 160, 64
