@@ -75,8 +75,7 @@ def _hf(c):
     # as many of each further hop, so 1600 one-hop questions need n >= 375. 5000 training
     # questions are about 13 epochs of the run's 64k prompts; building the world and
     # measuring its scripted baselines takes well under a minute. A Search-R1 dataset
-    # instead:
-    # data.source='files' with data.train_path, data.test_path and data.corpus_path.
+    # instead: data.source='files' with data.train_path, data.test_path, data.corpus_path.
     c.data.num_people, c.data.num_companies = 480, 160
     c.data.num_cities, c.data.num_countries = 160, 64
     c.data.train_questions = "1:1500,2:1500,3:1000,4:1000"
