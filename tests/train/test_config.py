@@ -142,25 +142,22 @@ def test_unknown_keys_and_wrong_types_name_the_key():
     assert "'algo'" in _error(_with("algo", 3))
 
 
-def _search(**overrides):
-    config = presets.search_config("grpo", "test")
+def _overridden(config, overrides):
     for key, value in overrides.items():
         sweep_lib.set_dotted(config, key.replace("__", "."), value)
     return config
+
+
+def _search(**overrides):
+    return _overridden(presets.search_config("grpo", "test"), overrides)
 
 
 def _python(**overrides):
-    config = presets.python_config("grpo", "test")
-    for key, value in overrides.items():
-        sweep_lib.set_dotted(config, key.replace("__", "."), value)
-    return config
+    return _overridden(presets.python_config("grpo", "test"), overrides)
 
 
 def _ppo(**overrides):
-    config = config_lib.apply_algorithm(presets.search_config("grpo", "test"), "ppo")
-    for key, value in overrides.items():
-        sweep_lib.set_dotted(config, key.replace("__", "."), value)
-    return config
+    return _overridden(presets.search_config("ppo", "test"), overrides)
 
 
 # Combinations of in-range values that cannot work: (config, the key the error names,
