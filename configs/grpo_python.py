@@ -12,7 +12,10 @@ from agentjax.train import presets
 
 
 def get_config(arg=None):
-    return presets.python_config("grpo", arg)
+    config = presets.python_config("grpo", arg)
+    # As many held-out questions as an evaluation uses (the hf variant evaluates 400).
+    config.data.test_questions = f"1:{config.eval.num_tasks}"
+    return config
 
 
 def sweep(name):

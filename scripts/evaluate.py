@@ -14,14 +14,24 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags, logging  # noqa: E402
 
+from agentjax.train.config import exit_on_config_error, is_run_folder  # noqa: E402
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "the run folder (has config.json)")
 _MODEL = flags.DEFINE_string("model", None, "HF folder of the policy (default <workdir>/hf)")
 _SPLIT = flags.DEFINE_enum("split", "test", ["test", "train"], "which tasks")
 _NUM_TASKS = flags.DEFINE_integer("num_tasks", 200, "tasks to evaluate (a fixed subset)")
 _SAMPLES = flags.DEFINE_integer("samples", 4, "sampled episodes per task (pass@k)")
+flags.register_multi_flags_validator(
+    ["workdir", "model"],
+    lambda given: given["workdir"] is None or not is_run_folder(given["workdir"])
+    or os.path.isdir(given["model"] or os.path.join(given["workdir"], "hf")),
+    "--model (default: <workdir>/hf, a finished run's export) must be an existing HF folder")
+flags.register_validator("workdir", lambda workdir: workdir is None or is_run_folder(workdir),
+                         "must be a run folder (one with config.json)")
 flags.mark_flags_as_required(["workdir"])
 
 
+@exit_on_config_error
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)

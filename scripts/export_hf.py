@@ -13,12 +13,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags, logging  # noqa: E402
 
+from agentjax.train.config import exit_on_config_error, is_run_folder  # noqa: E402
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "the run folder (has config.json)")
 _OUT = flags.DEFINE_string("out", None, "output HF folder")
 _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
+flags.register_validator("workdir", lambda workdir: workdir is None or is_run_folder(workdir),
+                         "must be a run folder (one with config.json)")
 flags.mark_flags_as_required(["workdir", "out"])
 
 
+@exit_on_config_error
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)

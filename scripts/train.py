@@ -6,7 +6,8 @@
 
 `--config file.py[:variant]` loads `get_config(variant)`; `--config.a.b=value` overrides
 one key (unknown keys fail at once). `--workdir` defaults to runs/<config>-<variant>;
-rerunning with the same workdir resumes the run exactly.
+rerunning with the same workdir resumes the run exactly. A value no run can use stops
+the script at once with `error: <the key, its value, what is allowed>` (exit status 2).
 """
 import os
 import sys
@@ -15,6 +16,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from agentjax.train.config import exit_on_config_error, validate  # noqa: E402
+from agentjax.train.preflight import MissingDependency, check_runtime  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "config file[:variant]",
                                           lock_config=True)
@@ -35,14 +39,29 @@ def enable_compilation_cache() -> None:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 
+@exit_on_config_error
 def main(argv):
     del argv
+    validate(_CONFIG.value)  # before the trainer's imports and the task suite
+    try:
+        check_runtime(_CONFIG.value)
+    except MissingDependency as error:
+        fail(error, status=2)
     logging.set_verbosity(logging.WARNING)
     enable_compilation_cache()
-    from agentjax.train.trainer import Trainer
+    from agentjax.train.episodes import EpisodesFailed
+    from agentjax.train.trainer import Trainer, TrainingDiverged
 
     workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
-    Trainer(_CONFIG.value, workdir).run()
+    try:
+        Trainer(_CONFIG.value, workdir).run()
+    except (EpisodesFailed, TrainingDiverged) as error:  # the run says why it stopped
+        fail(error, status=1)
+
+
+def fail(error: Exception, *, status: int):
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(status)
 
 
 if __name__ == "__main__":

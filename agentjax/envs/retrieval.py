@@ -208,9 +208,10 @@ class BM25Retriever:
                                 show_progress=False)
         k = min(topk, len(self.documents))
         # numpy top-k: bm25s would otherwise pick jax when installed and compile a new
-        # top_k for every distinct k and batch size.
+        # top_k for every distinct k and batch size. n_threads=0 scores in this thread
+        # (any other value starts and joins a thread pool on every call).
         indices, scores = self.model.retrieve(tokens, k=k, show_progress=False,
-                                              n_threads=1, backend_selection="numpy")
+                                              n_threads=0, backend_selection="numpy")
         return [
             [dataclasses.replace(self.documents[i], score=float(s))
              for i, s in zip(row_idx, row_scores) if s > 0]

@@ -3,12 +3,21 @@
 Config files (`configs/*.py`) call `default_config()` and change values; the returned
 ConfigDict is locked, so a misspelled key in a config file or a `--config.a.b=value`
 override fails at once naming the key. `validate(config)` runs before anything is
-built or compiled and rejects wrong types and impossible combinations with a message
-that names the offending key.
+built or compiled: it checks every key against its entry in RULES (type, range,
+choices or format; NaN and infinities never pass) and then the combinations of keys,
+and raises ConfigError, whose one-line message names the key, its value and what is
+allowed.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
+import math
+import os
+import re
+import sys
+from typing import Callable
 
 import ml_collections
 
@@ -202,17 +211,369 @@ def default_config() -> ml_collections.ConfigDict:
     return c
 
 
+class ConfigError(ValueError):
+    """A config value no run can use. The message is one line naming the key, the value
+    and what is allowed; the scripts print it as `error: <message>` and exit with
+    status 2, without a traceback."""
+
+
+def exit_on_config_error(main: Callable) -> Callable:
+    """Wraps a script's `main(argv)`: a ConfigError prints `error: <message>` on stderr
+    (one line, no traceback) and exits with status 2, before anything is built."""
+
+    @functools.wraps(main)
+    def guarded(argv):
+        try:
+            return main(argv)
+        except ConfigError as error:
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
+
+    return guarded
+
+
+def _reject(key: str, value, requirement: str):
+    raise ConfigError(f"config key {key!r} is {value!r}; {requirement}")
+
+
+# ------------------------------------------------------------- what each key allows
+
+
+@dataclasses.dataclass(frozen=True)
+class Integer:
+    """An integer >= low (and <= high unless None), or one of `special`: (value, what it
+    means) pairs."""
+
+    low: int
+    high: int | None = None
+    special: tuple[tuple[int, str], ...] = ()
+
+    def allows(self, value) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return False
+        in_range = value >= self.low and (self.high is None or value <= self.high)
+        return in_range or value in dict(self.special)
+
+    @property
+    def allowed(self) -> str:
+        bounds = (f"an integer >= {self.low}" if self.high is None
+                  else f"an integer in [{self.low}, {self.high}]")
+        return ", or ".join([bounds] + [f"{v} ({meaning})" for v, meaning in self.special])
+
+
+@dataclasses.dataclass(frozen=True)
+class Real:
+    """A finite number in `interval`, written "[0, 1)" / "(0, inf)" (a bracket includes
+    its bound, a parenthesis excludes it; inf is never included), or one of `special`.
+    NaN and infinities are never allowed."""
+
+    interval: str
+    special: tuple[tuple[float, str], ...] = ()
+
+    def __post_init__(self):
+        if not re.fullmatch(r"[\[(][^,]+, [^,]+[\])]", self.interval):
+            raise ValueError(f"Real interval {self.interval!r} is not like '[0, 1)'")
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        low, high = self.interval[1:-1].split(", ")
+        return float(low), float(high)
+
+    @property
+    def closed(self) -> tuple[bool, bool]:
+        return self.interval[0] == "[", self.interval[-1] == "]"
+
+    def allows(self, value) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if not math.isfinite(value):
+            return False
+        if value in dict(self.special):
+            return True
+        (low, high), (low_closed, high_closed) = self.bounds, self.closed
+        above = value >= low if low_closed else value > low
+        below = value <= high if high_closed else value < high
+        return above and below
+
+    @property
+    def allowed(self) -> str:
+        return ", or ".join([f"a finite number in {self.interval}"]
+                            + [f"{v} ({meaning})" for v, meaning in self.special])
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    options: tuple[str, ...]
+
+    def allows(self, value) -> bool:
+        return value in self.options
+
+    @property
+    def allowed(self) -> str:
+        return f"one of {list(self.options)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    def allows(self, value) -> bool:
+        return isinstance(value, bool)
+
+    allowed = "True or False"
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+    """A string `check` accepts; `allowed` says which in words."""
+
+    allowed: str
+    check: Callable[[str], bool]
+
+    def allows(self, value) -> bool:
+        return isinstance(value, str) and self.check(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Path:
+    """"" (none) or an existing `kind` ("folder" or "file") on this machine."""
+
+    kind: str
+    what: str
+
+    def allows(self, value) -> bool:
+        exists = os.path.isdir if self.kind == "folder" else os.path.isfile
+        return isinstance(value, str) and (value == "" or exists(value))
+
+    @property
+    def allowed(self) -> str:
+        return f"'' or an existing {self.kind} ({self.what})"
+
+
+def _entries(text: str) -> list[tuple[str, str]] | None:
+    """"1:400, 2:0.5" -> [("1", "400"), ("2", "0.5")]; None when an entry lacks its ':'."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(":" in p for p in parts):
+        return None
+    return [tuple(s.strip() for s in p.split(":", 1)) for p in parts]
+
+
+def _hop_counts(text: str) -> bool:
+    entries = _entries(text)
+    return bool(entries) and all(
+        hops in ("1", "2", "3", "4") and count.isdigit() for hops, count in entries
+    ) and sum(int(count) for _, count in entries) > 0
+
+
+def _hop_fractions(text: str) -> bool:
+    if text == "":
+        return True
+    entries = _entries(text)
+
+    def fraction(value: str) -> bool:
+        try:
+            return 0.0 <= float(value) <= 1.0
+        except ValueError:
+            return False
+
+    return bool(entries) and all(hops in ("1", "2", "3", "4") and fraction(value)
+                                 for hops, value in entries)
+
+
+def _json_object(text: str) -> bool:
+    if text == "":
+        return True
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _url(text: str) -> bool:
+    return re.fullmatch(r"https?://[^\s,]+", text) is not None
+
+
+def _host_port(text: str) -> bool:
+    return text == "" or re.fullmatch(r"[^\s:]+:\d+", text) is not None
+
+
+HOP_COUNTS = Text("comma-separated 'hops:count' entries (hops 1..4, counts >= 0, "
+                  "at least one question), e.g. '1:400,2:400'", _hop_counts)
+HOP_FRACTIONS = Text("'' (demonstrate every training question) or comma-separated "
+                     "'hops:fraction' entries (hops 1..4, fractions in [0, 1]), e.g. "
+                     "'1:0.85,2:0.85'", _hop_fractions)
+JSON_OBJECT = Text("'' or a JSON object of logical axis -> mesh axes, e.g. "
+                   "'{\"embed\": null}'", _json_object)
+URL = Text("'' or an http(s):// URL", lambda text: text == "" or _url(text))
+URLS = Text("'' or comma-separated http(s):// URLs",
+            lambda text: text == "" or all(_url(u.strip()) for u in text.split(",")))
+HOST_PORT = Text("'' or 'host:port'", _host_port)
+
+# The byte alphabet (256), the chat control tokens and the agent tags of a tokenizer
+# built for a tiny model (models.tokenizer.build_tokenizer) need this many ids.
+MIN_TINY_VOCAB = 269
+# Mirrors of models.config.SUPPORTED_ARCHS and REMAT_POLICIES (that module imports jax;
+# validation runs before anything heavy is imported). A test keeps them equal.
+ARCHS = ("llama", "qwen2", "qwen3")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+DTYPES = ("float32", "bfloat16")
+
+POSITIVE = Integer(1)
+COUNT = Integer(0)
+PROBABILITY = Real("[0, 1]")
+NON_NEGATIVE = Real("[0, inf)")
+POSITIVE_REAL = Real("(0, inf)")
+
+# What every key of default_config() allows. validate() checks each key against its
+# entry (a key without one is a bug that tests/train/test_config.py catches), then the
+# combinations of keys.
+RULES = {
+    "seed": COUNT,
+    "total_steps": POSITIVE,
+    "stage": Choice(("rl", "sft")),
+    "init_from": Path("folder", "a run's workdir, checkpoint folder or HF folder"),
+    **{f"mesh.{axis}": Integer(1, special=((-1, "the remaining devices"),))
+       for axis in ("data", "fsdp", "tensor")},
+    "rules": JSON_OBJECT,
+    "multihost.enabled": Flag(),
+    "multihost.coordinator": HOST_PORT,
+    "multihost.num_processes": POSITIVE,
+    "multihost.process_id": Integer(0, special=((-1, "from the cluster environment"),)),
+    "model.path": Path("folder", "a local HF checkpoint"),
+    "model.arch": Choice(ARCHS),
+    "model.hidden_size": POSITIVE,
+    "model.num_layers": POSITIVE,
+    "model.num_heads": POSITIVE,
+    "model.num_kv_heads": POSITIVE,
+    "model.intermediate_size": POSITIVE,
+    "model.dtype": Choice(DTYPES),
+    "model.remat": Choice(REMAT_POLICIES),
+    "model.logprob_chunk": POSITIVE,
+    "tokenizer.path": Path("folder", "a tokenizer"),
+    "tokenizer.vocab_size": Integer(MIN_TINY_VOCAB, special=((0, "the loaded model's"),)),
+    "data.source": Choice(("synthetic", "files")),
+    "data.train_path": Path("file", "Search-R1 parquet or jsonl"),
+    "data.test_path": Path("file", "Search-R1 parquet or jsonl"),
+    "data.corpus_path": Path("file", "Search-R1 corpus jsonl"),
+    "data.world_seed": COUNT,
+    # A world needs two entities of each type (data.world.WorldConfig).
+    "data.num_people": Integer(2),
+    "data.num_companies": Integer(2),
+    "data.num_cities": Integer(2),
+    "data.num_countries": Integer(2),
+    "data.train_questions": HOP_COUNTS,
+    "data.test_questions": HOP_COUNTS,
+    "data.demo_hops": HOP_FRACTIONS,
+    "data.rl_excludes_demo_tasks": Flag(),
+    "data.curriculum": Choice(CURRICULA),
+    "env.name": Choice(tuple(OUTCOMES)),
+    "env.topk": POSITIVE,
+    "env.max_turns": POSITIVE,
+    "env.max_observation_words": POSITIVE,
+    "env.instruction": Choice(("minimal", "short", "search_r1")),
+    "env.mask_observations": Flag(),
+    "retrieval.kind": Choice(("bm25", "http")),
+    "retrieval.url": URL,
+    "retrieval.timeout_s": POSITIVE_REAL,
+    "reward.outcome": Choice(tuple(dict.fromkeys(o for by_env in OUTCOMES.values()
+                                                 for o in by_env))),
+    "reward.format_weight": NON_NEGATIVE,
+    "reward.tool_weight": NON_NEGATIVE,
+    "reward.process_weight": NON_NEGATIVE,
+    "reward.length_weight": NON_NEGATIVE,
+    "pretrain.steps": COUNT,
+    "pretrain.worlds": COUNT,
+    "pretrain.batch_size": POSITIVE,
+    "pretrain.lr": POSITIVE_REAL,
+    "sft.steps": COUNT,
+    "sft.batch_size": POSITIVE,
+    "sft.lr": POSITIVE_REAL,
+    "sft.num_demos": POSITIVE,
+    "sft.guess_prob": PROBABILITY,
+    "sft.guess": Choice(("sample", "mode")),
+    "sft.repeat_prob": PROBABILITY,
+    "sft.early_stop_prob": PROBABILITY,
+    "sft.poor_query_prob": PROBABILITY,
+    "sft.negative_frac": PROBABILITY,
+    "sft.corpus_mix": Real("[0, 1)"),
+    "sft.rename_frac": PROBABILITY,
+    "rollout.engine": Choice(("jax", "sglang")),
+    "rollout.sglang_urls": URLS,
+    "rollout.prompts_per_step": POSITIVE,
+    "rollout.group_size": POSITIVE,
+    "rollout.temperature": NON_NEGATIVE,
+    "rollout.final_temperature": NON_NEGATIVE,
+    "rollout.top_p": Real("(0, 1]"),
+    "rollout.top_k": Integer(1, special=((-1, "no top-k cut"),)),
+    "rollout.max_new_tokens": POSITIVE,
+    "rollout.max_tokens": Integer(2),
+    "rollout.concurrency": POSITIVE,
+    "rollout.engine_slots": POSITIVE,
+    "rollout.engine_lanes": POSITIVE,
+    "rollout.decode_steps": POSITIVE,
+    "rollout.deterministic": Flag(),
+    "rollout.episode_timeout_s": POSITIVE_REAL,
+    "algo.name": Choice(ALGORITHMS),
+    "algo.advantage": Choice(ADVANTAGES),
+    "algo.loss": Choice(POLICY_LOSSES),
+    "algo.clip_low": PROBABILITY,
+    "algo.clip_high": NON_NEGATIVE,
+    "algo.dual_clip": Real("(1, inf)", special=((0, "off"),)),
+    "algo.agg": Choice(AGGREGATIONS),
+    "algo.agg_constant": Real("(0, inf)", special=((0, "the bucket length"),)),
+    "algo.kl_coef": NON_NEGATIVE,
+    "algo.kl_kind": Choice(KL_KINDS),
+    "algo.kl_in_reward": Flag(),
+    "algo.entropy_coef": NON_NEGATIVE,
+    "algo.gamma": PROBABILITY,
+    "algo.lam": PROBABILITY,
+    "algo.ppo_epochs": POSITIVE,
+    "algo.minibatches": POSITIVE,
+    "algo.microbatch_size": Integer(1, special=((0, "the whole minibatch"),)),
+    "algo.old_logp": Choice(OLD_LOGP),
+    "algo.tis_cap": Real("(0, inf)", special=((0, "off"),)),
+    "algo.dynamic_sampling": Flag(),
+    "algo.max_resample_rounds": COUNT,
+    "algo.overlong_buffer": Integer(1, special=((0, "off"),)),
+    "algo.overlong_max_len": POSITIVE,
+    "algo.overlong_factor": NON_NEGATIVE,
+    "algo.critic_lr": NON_NEGATIVE,
+    "algo.value_clip": Real("(0, inf)", special=((0, "off"),)),
+    "algo.critic_warmup_steps": COUNT,
+    "optim.lr": POSITIVE_REAL,
+    "optim.schedule": Choice(SCHEDULES),
+    "optim.warmup_steps": COUNT,
+    "optim.weight_decay": NON_NEGATIVE,
+    "optim.b1": Real("[0, 1)"),
+    "optim.b2": Real("[0, 1)"),
+    "optim.grad_clip": Real("(0, inf)", special=((0, "off"),)),
+    "optim.on_nonfinite": Choice(("skip", "rollback")),
+    "optim.max_nonfinite_steps": POSITIVE,
+    "eval.every": Integer(1, special=((0, "only after the last step"),)),
+    "eval.num_tasks": POSITIVE,
+    "eval.samples": Integer(1, special=((0, "greedy only"),)),
+    "checkpoint.every": Integer(1, special=((0, "only after the last step"),)),
+    "checkpoint.keep": POSITIVE,
+    "checkpoint.async_save": Flag(),
+    "log.every": POSITIVE,
+    "log.tensorboard": Flag(),
+    "log.progress": Flag(),
+    "log.samples": COUNT,
+}
+
+
+# ------------------------------------------------------------------------ validation
+
+
 def _walk(reference, config, path=""):
     """Yields (path, reference_value, value) for every leaf; unknown keys raise."""
     for key in config.keys():
         where = f"{path}{key}"
         if key not in reference:
-            raise ValueError(f"unknown config key {where!r}; known keys under "
-                             f"{path or 'the root'}: {sorted(reference.keys())}")
+            raise ConfigError(f"unknown config key {where!r}; known keys under "
+                              f"{path or 'the root'}: {sorted(reference.keys())}")
         ref, val = reference[key], config[key]
         if isinstance(ref, ml_collections.ConfigDict):
             if not isinstance(val, (ml_collections.ConfigDict, dict)):
-                raise ValueError(f"config key {where!r} must be a section, got {val!r}")
+                _reject(where, val, "it must be a section")
             yield from _walk(ref, val, where + ".")
         else:
             yield where, ref, val
@@ -228,14 +589,19 @@ def _check_type(where, ref, val):
     else:
         ok = isinstance(val, type(ref))
     if not ok:
-        raise ValueError(f"config key {where!r} must be of type {type(ref).__name__}, "
-                         f"got {type(val).__name__} {val!r}")
+        _reject(where, val, f"it must be of type {type(ref).__name__}, not "
+                            f"{type(val).__name__}")
 
 
 def _get(config, dotted: str):
     for name in dotted.split("."):
         config = config[name]
     return config
+
+
+def is_run_folder(workdir: str) -> bool:
+    """Whether `workdir` holds a run: the config.json every run saves first."""
+    return os.path.isfile(os.path.join(workdir, "config.json"))
 
 
 def load_saved(path: str) -> ml_collections.ConfigDict:
@@ -267,113 +633,120 @@ def load_saved(path: str) -> ml_collections.ConfigDict:
 
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Checks keys, types and combinations; returns the config or raises ValueError."""
+    """Checks every key against RULES, then the combinations of keys; returns the config.
+
+    Raises:
+      ConfigError: an unknown key, a wrong type, a value outside its key's range, or an
+        impossible combination; the message names the key.
+      LookupError: a key of default_config() has no entry in RULES (a bug).
+    """
     for where, ref, val in _walk(default_config(), config):
         _check_type(where, ref, val)
-    for key, choices in [("stage", ("rl", "sft")), ("algo.name", ALGORITHMS),
-                         ("algo.advantage", ADVANTAGES), ("algo.loss", POLICY_LOSSES),
-                         ("algo.agg", AGGREGATIONS), ("algo.kl_kind", KL_KINDS),
-                         ("algo.old_logp", OLD_LOGP), ("data.curriculum", CURRICULA),
-                         ("data.source", ("synthetic", "files")),
-                         ("sft.guess", ("sample", "mode")),
-                         ("optim.schedule", SCHEDULES), ("rollout.engine", ("jax", "sglang")),
-                         ("optim.on_nonfinite", ("skip", "rollback")),
-                         ("retrieval.kind", ("bm25", "http")),
-                         ("env.instruction", ("minimal", "short", "search_r1")),
-                         ("model.dtype", ("float32", "bfloat16"))]:
-        if _get(config, key) not in choices:
-            raise ValueError(f"config key {key!r} is {_get(config, key)!r}; choose one of "
-                             f"{list(choices)}")
+        if where not in RULES:
+            raise LookupError(f"config key {where!r} has no entry in config.RULES")
+        if not RULES[where].allows(val):
+            _reject(where, val, f"allowed: {RULES[where].allowed}")
+    _check_combinations(config)
+    return config
 
-    algo, rollout = config.algo, config.rollout
-    def fail(msg):
-        raise ValueError(f"invalid config: {msg}")
 
-    if config.env.name not in OUTCOMES:
-        fail(f"env.name {config.env.name!r} is not one of {sorted(OUTCOMES)}")
+def _check_combinations(config) -> None:
+    """The checks that involve several keys (each key is already in its range)."""
+    algo, rollout, data = config.algo, config.rollout, config.data
     if config.reward.outcome not in OUTCOMES[config.env.name]:
-        fail(f"reward.outcome {config.reward.outcome!r} does not apply to the "
-             f"{config.env.name!r} env; choose one of {sorted(OUTCOMES[config.env.name])}")
+        _reject("reward.outcome", config.reward.outcome,
+                f"with env.name={config.env.name!r} choose one of "
+                f"{sorted(OUTCOMES[config.env.name])}")
+    searches_synthetic_world = (config.env.name, data.source) == ("search", "synthetic")
+    for key in ("pretrain.steps", "sft.corpus_mix"):
+        if _get(config, key) and not searches_synthetic_world:
+            _reject(key, _get(config, key), "> 0 needs the text corpus of a synthetic "
+                    "search world (env.name='search', data.source='synthetic')")
+        if _get(config, key) and config.pretrain.worlds < 1:
+            _reject(key, _get(config, key), "> 0 needs pretrain.worlds >= 1 (the corpus)")
+    if config.sft.rename_frac and not searches_synthetic_world:
+        _reject("sft.rename_frac", config.sft.rename_frac,
+                "> 0 renames the entities of a synthetic search world: it needs "
+                "env.name='search' and data.source='synthetic'")
+    if config.stage == "sft" and config.sft.steps == 0:
+        _reject("sft.steps", 0, "stage='sft' needs sft.steps > 0")
 
-    for section in ("pretrain", "sft"):
-        if config[section].steps < 0 or config[section].batch_size < 1:
-            fail(f"{section}.steps must be >= 0 and {section}.batch_size >= 1")
-    if config.pretrain.steps and config.pretrain.worlds < 1:
-        fail("pretrain.steps > 0 needs pretrain.worlds >= 1 (the corpus)")
-    if not 0.0 <= config.sft.corpus_mix < 1.0:
-        fail(f"sft.corpus_mix must be in [0, 1), got {config.sft.corpus_mix}")
-    if config.sft.corpus_mix and config.pretrain.worlds < 1:
-        fail("sft.corpus_mix > 0 needs pretrain.worlds >= 1 (the corpus)")
-    if not 0.0 <= config.sft.rename_frac <= 1.0:
-        fail(f"sft.rename_frac must be in [0, 1], got {config.sft.rename_frac}")
-    if config.sft.rename_frac and (config.env.name, config.data.source) != ("search", "synthetic"):
-        fail("sft.rename_frac > 0 renames the entities of a synthetic search world: it needs "
-             "env.name='search' and data.source='synthetic'")
+    if searches_synthetic_world and data.num_cities < data.num_countries:
+        _reject("data.num_cities", data.num_cities,
+                f"every country needs a capital among its cities: it must be >= "
+                f"data.num_countries={data.num_countries}")
+    if data.source == "files" and not data.train_path:
+        _reject("data.train_path", "", "data.source='files' needs it")
+    if (config.env.name, data.source, config.retrieval.kind) == ("search", "files", "bm25") \
+            and not data.corpus_path:
+        _reject("data.corpus_path", "", "data.source='files' with retrieval.kind='bm25' "
+                "needs the Search-R1 corpus jsonl to index")
+    if config.retrieval.kind == "http" and not config.retrieval.url:
+        _reject("retrieval.url", "", "retrieval.kind='http' needs it")
+
+    builds_tiny_model = not (config.init_from or config.model.path)
+    if builds_tiny_model and config.tokenizer.vocab_size == 0:
+        _reject("model.path", "", "this config loads a pretrained model "
+                "(tokenizer.vocab_size=0): pass --config.model.path=/path/to/hf/folder")
+    model = config.model
+    if builds_tiny_model and model.hidden_size % model.num_heads:
+        _reject("model.num_heads", model.num_heads,
+                f"it must divide model.hidden_size={model.hidden_size}")
+    if builds_tiny_model and model.num_heads % model.num_kv_heads:
+        _reject("model.num_kv_heads", model.num_kv_heads,
+                f"it must divide model.num_heads={model.num_heads}")
 
     if (algo.advantage == "gae") != (algo.name == "ppo"):
-        fail(f"algo.advantage='gae' goes with algo.name='ppo' (a critic); got "
-             f"algo.name={algo.name!r}, algo.advantage={algo.advantage!r}")
-    if algo.name == "ppo" and not algo.critic_lr > 0:
-        fail("algo.name='ppo' needs a critic: algo.critic_lr > 0")
+        _reject("algo.advantage", algo.advantage, f"'gae' goes with algo.name='ppo' (a "
+                f"critic), and only with it; algo.name is {algo.name!r}")
+    if algo.name == "ppo" and algo.critic_lr == 0:
+        _reject("algo.critic_lr", algo.critic_lr, "algo.name='ppo' needs a critic: > 0")
     group_based = algo.advantage in ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
     if group_based and rollout.group_size < 2:
-        fail(f"algo.advantage={algo.advantage!r} compares samples within a group: "
-             f"rollout.group_size must be >= 2, got {rollout.group_size}")
+        _reject("rollout.group_size", rollout.group_size,
+                f"algo.advantage={algo.advantage!r} compares samples within a group: "
+                "it must be >= 2")
     if algo.dynamic_sampling and not group_based:
-        fail("algo.dynamic_sampling filters zero-variance groups: it needs a "
-             "group-based advantage")
-    if not (0 <= algo.clip_low <= 1 and algo.clip_high >= 0):
-        fail(f"clip range must satisfy 0 <= algo.clip_low <= 1 and algo.clip_high >= 0; "
-             f"got {algo.clip_low}, {algo.clip_high}")
-    if algo.dual_clip and algo.dual_clip <= 1:
-        fail(f"algo.dual_clip must be > 1 (or 0 to disable), got {algo.dual_clip}")
-    if algo.kl_coef < 0 or algo.entropy_coef < 0:
-        fail("algo.kl_coef and algo.entropy_coef must be >= 0")
-    if not (0 <= algo.gamma <= 1 and 0 <= algo.lam <= 1):
-        fail("algo.gamma and algo.lam must lie in [0, 1]")
+        _reject("algo.dynamic_sampling", True, "it filters zero-variance groups: it needs "
+                "a group-based algo.advantage")
+    if algo.overlong_buffer > algo.overlong_max_len:
+        _reject("algo.overlong_buffer", algo.overlong_buffer,
+                f"it must not exceed algo.overlong_max_len={algo.overlong_max_len}")
+
     batch = rollout.prompts_per_step * rollout.group_size
     if batch % algo.minibatches:
-        fail(f"rollout batch {batch} (prompts_per_step x group_size) is not divisible "
-             f"by algo.minibatches={algo.minibatches}")
+        _reject("algo.minibatches", algo.minibatches, f"it must divide the rollout batch "
+                f"rollout.prompts_per_step x rollout.group_size = {batch}")
     minibatch = batch // algo.minibatches
     if algo.microbatch_size and minibatch % algo.microbatch_size:
-        fail(f"minibatch size {minibatch} is not divisible by "
-             f"algo.microbatch_size={algo.microbatch_size}")
-    if rollout.engine_lanes < 1 or rollout.engine_slots % rollout.engine_lanes:
-        fail(f"rollout.engine_slots={rollout.engine_slots} must split evenly over "
-             f"rollout.engine_lanes={rollout.engine_lanes} (>= 1)")
+        _reject("algo.microbatch_size", algo.microbatch_size,
+                f"it must divide the minibatch size {minibatch}")
+    if rollout.engine_slots % rollout.engine_lanes:
+        _reject("rollout.engine_lanes", rollout.engine_lanes,
+                f"rollout.engine_slots={rollout.engine_slots} must split evenly over it")
     if rollout.engine == "jax" and rollout.concurrency > rollout.engine_slots:
-        fail(f"rollout.concurrency={rollout.concurrency} exceeds rollout.engine_slots="
-             f"{rollout.engine_slots}: sessions would be evicted and re-prefilled")
-    if rollout.temperature < 0 or rollout.final_temperature < 0:
-        fail("rollout temperatures must be >= 0")
-    if not 0 < rollout.top_p <= 1:
-        fail(f"rollout.top_p must lie in (0, 1], got {rollout.top_p}")
+        _reject("rollout.concurrency", rollout.concurrency,
+                f"it exceeds rollout.engine_slots={rollout.engine_slots}: sessions would "
+                "be evicted and re-prefilled")
+    if rollout.max_new_tokens >= rollout.max_tokens:
+        _reject("rollout.max_new_tokens", rollout.max_new_tokens,
+                f"it must be < rollout.max_tokens={rollout.max_tokens} (the context "
+                "holds the prompt too)")
     if rollout.engine == "sglang":
         # The config keys are reserved for the SGLang server pool; until its Engine lands a
         # run must not silently fall back to the in-process sampler.
-        fail("rollout.engine='sglang' is not implemented yet; use rollout.engine='jax'")
-    if config.retrieval.kind == "http" and not config.retrieval.url:
-        fail("retrieval.kind='http' needs retrieval.url")
-    if config.data.source == "files" and not config.data.train_path:
-        fail("data.source='files' needs data.train_path")
+        _reject("rollout.engine", "sglang", "it is not implemented yet; use 'jax'")
+
+    mesh_sizes = dict(config.mesh)
+    if list(mesh_sizes.values()).count(-1) > 1:
+        _reject("mesh", mesh_sizes, "at most one axis may be -1 (the remaining devices)")
     if config.multihost.enabled and not (config.multihost.coordinator
                                          and config.multihost.num_processes > 1):
-        fail("multihost.enabled needs multihost.coordinator and num_processes > 1")
-    if algo.overlong_buffer and algo.overlong_buffer > algo.overlong_max_len:
-        fail("algo.overlong_buffer must not exceed algo.overlong_max_len")
-    if config.rules:
-        try:
-            rules = json.loads(config.rules)
-        except json.JSONDecodeError as error:
-            fail(f"rules must be a JSON object of logical axis -> mesh axes: {error}")
-        if not isinstance(rules, dict):
-            fail(f"rules must be a JSON object, got {config.rules!r}")
-    if config.optim.lr <= 0:
-        fail(f"optim.lr must be > 0, got {config.optim.lr}")
-    if config.stage == "sft" and config.sft.steps <= 0:
-        fail("stage='sft' needs sft.steps > 0")
-    return config
+        _reject("multihost.enabled", True,
+                "it needs multihost.coordinator and multihost.num_processes > 1")
+    if config.multihost.process_id >= config.multihost.num_processes:
+        _reject("multihost.process_id", config.multihost.process_id,
+                f"it must be < multihost.num_processes={config.multihost.num_processes}")
 
 
 # What each algorithm changes from the defaults (the defaults are GRPO's).

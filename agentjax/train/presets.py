@@ -4,8 +4,9 @@ Variants of every search config:
   cpu   the embedded default on CPU: tiny model, offline synthetic world, pretraining
         on other worlds' documents, SFT, then RL, sized to finish in under 30 minutes
         on 2 cores.
-  hf    a real local HF checkpoint (`--config.model.path=...`) on GPU/TPU, with the
-        Search-R1 settings (instruction, lr 1e-6, group 5, KL 0.001 k3, temperature 1).
+  hf    a real local HF checkpoint (`--config.model.path=...`, required) on GPU/TPU,
+        with the Search-R1 settings (instruction, lr 1e-6, group 5, KL 0.001 k3,
+        temperature 1) on a synthetic world sized for its question counts.
   test  a few seconds of everything, for CI end-to-end tests.
 """
 from __future__ import annotations
@@ -69,7 +70,15 @@ def _hf(c):
     c.env.instruction = "search_r1"
     c.env.max_observation_words = 400
     c.env.max_turns = 4
-    c.data.train_questions = "1:4000,2:4000,3:2000,4:2000"
+    # The synthetic search world, four times the default: a world of n people (with n/3
+    # companies and cities, n/7.5 countries) has 4.27 n one-hop questions and about twice
+    # as many of each further hop, so 1600 one-hop questions need n >= 375. 5000 training
+    # questions are about 13 epochs of the run's 64k prompts; building the world and
+    # measuring its scripted baselines takes well under a minute. A Search-R1 dataset
+    # instead: data.source='files' with data.train_path, data.test_path, data.corpus_path.
+    c.data.num_people, c.data.num_companies = 480, 160
+    c.data.num_cities, c.data.num_countries = 160, 64
+    c.data.train_questions = "1:1500,2:1500,3:1000,4:1000"
     c.data.test_questions = "1:100,2:100,3:100,4:100"
     c.sft.steps = 0
     c.total_steps = 1000

@@ -43,7 +43,7 @@ from agentjax.rl.shaping import overlong_penalty
 from agentjax.rollout.trajectory import Trajectory, collate
 from agentjax.train import diagnostics, step as step_lib
 from agentjax.train.checkpoint import Checkpointer
-from agentjax.train.config import validate
+from agentjax.train.config import ConfigError, validate
 from agentjax.train.episodes import EpisodeRecorder, check_failures
 from agentjax.train.evaluate import evaluate, group_of, solved
 from agentjax.train.memory import memory_plan
@@ -148,7 +148,7 @@ class Trainer:
             row_counts["pretrain.batch_size"] = config.pretrain.batch_size
         for key, rows in row_counts.items():
             if rows % data_parallel:
-                raise ValueError(f"{key} = {rows} rows must be divisible by the data-parallel "
+                raise ConfigError(f"{key} = {rows} rows must be divisible by the data-parallel "
                                  f"mesh size data x fsdp = {data_parallel}")
         self.rules = parallel.resolve_rules(json.loads(config.rules) if config.rules else None)
         self.log(f"mesh {dict(self.mesh.shape)} on {jax.device_count()} "
@@ -226,7 +226,7 @@ class Trainer:
         the model's positions, a prompt that leaves no room to generate."""
         r, model = self.config.rollout, self.model_config
         if r.max_tokens > model.max_position_embeddings:
-            raise ValueError(
+            raise ConfigError(
                 f"config key 'rollout.max_tokens' is {r.max_tokens}, beyond the model's "
                 f"max_position_embeddings={model.max_position_embeddings}; lower it")
         env, lengths = self.suite.make_env(), {}
@@ -237,7 +237,7 @@ class Trainer:
                 lengths[key] = (len(prompt_ids(self.tokenizer, messages)), task.task_id)
         longest, task_id = max(lengths.values())
         if longest >= r.max_tokens:
-            raise ValueError(
+            raise ConfigError(
                 f"config key 'rollout.max_tokens' is {r.max_tokens} but the prompt of task "
                 f"{task_id!r} alone has {longest} tokens: raise rollout.max_tokens (or "
                 "shorten env.instruction)")

@@ -1,0 +1,36 @@
+"""scripts/train.py stops a config no run can use within seconds, before building
+anything: one line `error: config key ...` on stderr, exit status 2, no traceback."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_script(name, *args):
+    """(exit status, stdout, stderr, seconds) of `python scripts/<name> args`."""
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name), *args],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return result.returncode, result.stdout, result.stderr, time.perf_counter() - started
+
+
+@pytest.mark.parametrize("config,override,key", [
+    ("grpo_search.py", "--config.algo.minibatches=0", "algo.minibatches"),
+    ("grpo_search.py", "--config.optim.lr=nan", "optim.lr"),
+    ("grpo_search.py", "--config.log.every=0", "log.every"),
+    ("grpo_search.py", "--config.init_from=/nonexistent/run", "init_from"),
+    ("grpo_search.py:hf", "--config.total_steps=10", "model.path"),
+])
+def test_a_bad_config_is_one_error_line_naming_the_key(config, override, key, tmp_path):
+    workdir = tmp_path / "run"
+    status, stdout, stderr, seconds = run_script(
+        "train.py", f"--config=configs/{config}", override, f"--workdir={workdir}")
+    assert status == 2, stdout[-2000:] + stderr[-2000:]
+    assert stderr.startswith(f"error: config key {key!r} is ") and stderr.count("\n") == 1, \
+        stderr[-2000:]
+    assert not workdir.exists()  # nothing was built
+    assert seconds < 60
