@@ -1,6 +1,7 @@
 """Retrieval: corpus reading, BM25 against a float64 reference, save/load, the HTTP
 server (as a subprocess) with concurrent HttpRetriever clients, and failure handling."""
 import concurrent.futures
+import http.client
 import json
 import math
 import pathlib
@@ -128,13 +129,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Limits small enough to test (the 2,560-query request fits under max_queries).
+SERVER_FLAGS = ["--max_queries", "4096", "--batch_size", "1000", "--max_body_mb", "1"]
+
+
 @pytest.fixture(scope="module")
 def server_url(corpus_path, tmp_path_factory):
     port = free_port()
     index_dir = tmp_path_factory.mktemp("served-index")
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "scripts" / "serve_retrieval.py"), "--corpus",
-         str(corpus_path), "--index_dir", str(index_dir), "--port", str(port)],
+         str(corpus_path), "--index_dir", str(index_dir), "--port", str(port), *SERVER_FLAGS],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -169,6 +174,104 @@ def test_server_speaks_search_r1_api(server_url):
     bad = httpx.post(server_url + "/retrieve", json={"queries": ["x"], "topk": 0})
     assert bad.status_code == 422
     assert httpx.post(server_url + "/retrieve", json={"topk": 3}).status_code == 422
+
+
+def test_server_answers_search_r1s_grpo_batch_in_one_request(server_url, bm25):
+    """Search-R1's client sends every search of a step in one request (GRPO recipe: 512
+    prompts x 5 = 2,560); the server answers them in batches, in order."""
+    queries = [f"{name} born" for name in ("Alvarez", "Dumont", "Jessop", "zyzzyva")] * 640
+    body = httpx.post(server_url + "/retrieve", timeout=120, json={
+        "queries": queries, "topk": 3, "return_scores": True}).json()
+    assert len(body["result"]) == 2560
+    expected = bm25.search(queries[:4], 3)
+    for i, hits in enumerate(body["result"]):
+        assert [h["document"]["id"] for h in hits] == [d.id for d in expected[i % 4]]
+    # An empty batch is answered empty, as Search-R1's server does.
+    assert httpx.post(server_url + "/retrieve", json={"queries": []}).json() == {"result": []}
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+# (what is wrong, body, content type, expected status)
+MALFORMED = [
+    ("not JSON", b"{not json", "application/json", 400),
+    ("empty body", b"", "application/json", 400),
+    ("topk 1e400", b'{"queries": ["x"], "topk": 1e400}', "application/json", 400),
+    ("topk -1e400", b'{"queries": ["x"], "topk": -1e400}', "application/json", 400),
+    ("topk NaN", b'{"queries": ["x"], "topk": NaN}', "application/json", 400),
+    ("topk Infinity", b'{"queries": ["x"], "topk": Infinity}', "application/json", 400),
+    ("a query 1e400", b'{"queries": [1e400]}', "application/json", 400),
+    ("a 5000-digit number", b'{"queries": ["x"], "topk": ' + b"9" * 5000 + b"}",
+     "application/json", 400),
+    ("nested 100k deep", DEEP, "application/json", 400),
+    ("not UTF-8", b'{"queries": ["caf\xe9"]}', "application/json", 400),
+    ("huge topk", b'{"queries": ["x"], "topk": 1' + b"0" * 300 + b"}", "application/json", 422),
+    ("topk 0", b'{"queries": ["x"], "topk": 0}', "application/json", 422),
+    ("topk -3", b'{"queries": ["x"], "topk": -3}', "application/json", 422),
+    ("topk 101", b'{"queries": ["x"], "topk": 101}', "application/json", 422),
+    ("topk a string", b'{"queries": ["x"], "topk": "3"}', "application/json", 422),
+    ("topk a float", b'{"queries": ["x"], "topk": 2.5}', "application/json", 422),
+    ("topk true", b'{"queries": ["x"], "topk": true}', "application/json", 422),
+    ("no queries", b'{"topk": 3}', "application/json", 422),
+    ("queries a string", b'{"queries": "x"}', "application/json", 422),
+    ("queries null", b'{"queries": null}', "application/json", 422),
+    ("a query a number", b'{"queries": ["x", 3]}', "application/json", 422),
+    ("a query a list", b'{"queries": [["x"]]}', "application/json", 422),
+    ("return_scores a string", b'{"queries": ["x"], "return_scores": "yes"}',
+     "application/json", 422),
+    ("a list body", b'["x"]', "application/json", 422),
+    ("a null body", b"null", "application/json", 422),
+    ("a number body", b"3", "application/json", 422),
+    ("too many queries", json.dumps({"queries": ["x"] * 4097}).encode(), "application/json",
+     413),
+    ("plain text", b'{"queries": ["x"]}', "text/plain", 415),
+    ("a form", b"queries=x", "application/x-www-form-urlencoded", 415),
+]
+
+
+def test_every_malformed_request_gets_a_4xx_and_the_connection_lives_on(server_url):
+    """Raw bytes over one kept-alive HTTP/1.1 connection: each malformed request gets
+    its 4xx and a JSON message, and a valid request right after it on the same
+    connection is answered."""
+    port = int(server_url.rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def send(body, content_type="application/json", method="POST", path="/retrieve"):
+        conn.request(method, path, body=body,
+                     headers={"Content-Type": content_type} if content_type else {})
+        response = conn.getresponse()
+        return response.status, response.read()
+
+    valid = b'{"queries": ["Dumont born"], "topk": 1}'
+    assert send(valid)[0] == 200
+    sock = conn.sock
+    for what, body, content_type, status in MALFORMED:
+        got, text = send(body, content_type)
+        assert got == status, (what, got, text[:300])
+        assert json.loads(text)["detail"], what
+        got, text = send(valid)
+        assert got == 200 and json.loads(text)["result"][0][0]["id"] == "person-3"
+        assert conn.sock is sock, f"{what}: the connection was closed"
+    # No content type (curl --data-binary): read as JSON. GET is not the API.
+    assert send(valid, content_type=None)[0] == 200
+    assert send(None, method="GET")[0] == 405
+    # A chunked body (no Content-Length) is read like any other.
+    conn.putrequest("POST", "/retrieve")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()
+    for part in (valid[:10], valid[10:]):
+        conn.send(b"%x\r\n%s\r\n" % (len(part), part))
+    conn.send(b"0\r\n\r\n")
+    response = conn.getresponse()
+    assert response.status == 200 and json.loads(response.read())["result"]
+    assert conn.sock is sock
+    conn.close()
+    # A body past --max_body_mb is refused before it is read whole; the server then
+    # closes that connection, and answers the next one.
+    too_large = httpx.post(server_url + "/retrieve", content=b" " * (2 << 20),
+                           headers={"Content-Type": "application/json"})
+    assert too_large.status_code == 413 and "max_body_mb" in too_large.json()["detail"]
+    assert httpx.post(server_url + "/retrieve", content=valid).status_code == 200
 
 
 def test_http_retriever_matches_in_process_under_concurrency(server_url, bm25):
