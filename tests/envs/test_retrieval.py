@@ -16,9 +16,11 @@ import httpx
 import numpy as np
 import pytest
 
+from agentjax.envs.base import Task
 from agentjax.envs.retrieval import (BM25Retriever, Document, HttpRetriever,
                                      RetrievalError, format_docs, make_retriever,
                                      read_corpus)
+from agentjax.envs.search import SearchEnv
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -338,14 +340,80 @@ def test_slow_server_times_out():
         listener.close()
 
 
-def test_malformed_responses_are_retrieval_errors(monkeypatch):
-    client = HttpRetriever("http://127.0.0.1:9/retrieve", retries=0)
-    for body in ({"oops": 1}, {"result": []}, {"result": [[{"document": {"id": "1"}}]]},
-                 {"result": [[7]]}):
-        response = httpx.Response(200, json=body,
-                                  request=httpx.Request("POST", client.url))
-        monkeypatch.setattr(httpx.Client, "post", lambda self, *a, r=response, **k: r)
-        with pytest.raises(RetrievalError, match="malformed response"):
-            client.search(["q"], 3)
+def _respond(status=200, content=None, **kwargs):
+    """A MockTransport handler answering every request alike."""
+    return lambda request: httpx.Response(status, content=content, **kwargs)
+
+
+def _raise(error):
+    def handler(request):
+        raise error("boom", request=request)
+    return handler
+
+
+GOOD_HIT = {"document": {"id": "1", "contents": '"T"\nbody'}, "score": 1.5}
+# What a broken or hostile server can send back: (what, MockTransport handler, error).
+BAD_SERVERS = [
+    ("HTTP 500", _respond(500, b"Internal Server Error"), "3 attempts failed; last: HTTP 500"),
+    ("HTTP 404", _respond(404, b"no such route"), "HTTP 404: no such route"),
+    ("a redirect", _respond(307, headers={"location": "/elsewhere"}), "HTTP 307"),
+    ("connection refused", _raise(httpx.ConnectError), "ConnectError: boom"),
+    ("a read timeout", _raise(httpx.ReadTimeout), "ReadTimeout: boom"),
+    ("HTML", _respond(200, b"<html>busy</html>"), "not JSON"),
+    ("not UTF-8", _respond(200, b'{"result": [["\xff"]]}'), "not JSON"),
+    ("nested 100k deep", _respond(200, b"[" * 100_000 + b"]" * 100_000), "not JSON"),
+    ("no result", _respond(200, json={"oops": 1}), 'expected {"result"'),
+    ("result a string", _respond(200, json={"result": "x"}), 'expected {"result"'),
+    ("too few results", _respond(200, json={"result": []}), "0 results for 1 queries"),
+    ("hits a dict", _respond(200, json={"result": [GOOD_HIT]}), "result[0] is not a list"),
+    ("hits a string", _respond(200, json={"result": ["contents"]}), "not a list of hits"),
+    ("a hit a number", _respond(200, json={"result": [[7]]}), "result[0][0] is not a doc"),
+    ("no contents", _respond(200, json={"result": [[{"document": {"id": "1"}}]]}),
+     'string "contents"'),
+    ("contents a number", _respond(200, json={"result": [[{"contents": 3}]]}),
+     'string "contents"'),
+    ("an id a list", _respond(200, json={"result": [[{"id": [1], "contents": "x"}]]}),
+     "id that is not"),
+    ("a score a string", _respond(200, json={"result": [[{**GOOD_HIT, "score": "high"}]]}),
+     "score that is not"),
+    ("a score NaN", _respond(200, content=b'{"result": [[{"document": {"contents": "x"}, '
+                                          b'"score": NaN}]]}'), "score that is not"),
+    ("more hits than topk", _respond(200, json={"result": [[GOOD_HIT] * 4]}),
+     "4 hits for topk=3"),
+]
+
+
+@pytest.mark.parametrize("what, handler, error", BAD_SERVERS, ids=[c[0] for c in BAD_SERVERS])
+def test_a_bad_server_is_a_retrieval_error_and_an_error_observation(what, handler, error):
+    calls = []
+
+    def counted(request):
+        calls.append(request)
+        return handler(request)
+
+    client = HttpRetriever("http://search.test/retrieve", retries=2, backoff_s=0.001,
+                           transport=httpx.MockTransport(counted))
+    with pytest.raises(RetrievalError, match="search.test") as info:
+        client.search(["q"], 3)
+    assert error in str(info.value)
+    # A client error is final; anything else is retried.
+    assert len(calls) == (1 if what in ("HTTP 404", "a redirect") else 3)
+    # Through the env: an error observation, and the episode goes on.
+    env = SearchEnv(client, max_turns=3)
+    env.reset(Task("t", "q?", ("a",)))
+    observation, done, _, info = env.step("<search> q </search>")
+    assert not done and "Search failed" in observation and error in info["error"]
+    assert env.step("<answer> a </answer>").done
+
+
+def test_good_responses_parse_with_or_without_scores_and_ids():
+    bare = {"result": [[{"title": "T", "text": "body", "contents": '"T"\nbody'}], []]}
+    client = HttpRetriever("http://search.test/retrieve",
+                           transport=httpx.MockTransport(_respond(200, json=bare)))
+    assert client.search(["q1", "q2"], 3) == [[Document("", '"T"', "body")], []]
+    replies = iter([httpx.Response(503), httpx.Response(200, json={"result": [[GOOD_HIT]]})])
+    client = HttpRetriever("http://search.test/retrieve", backoff_s=0.001,
+                           transport=httpx.MockTransport(lambda request: next(replies)))
+    assert client.search(["q"], 3) == [[Document("1", '"T"', "body", 1.5)]]  # retried
     with pytest.raises(ValueError, match="url"):
         HttpRetriever("localhost:8000")
