@@ -19,7 +19,8 @@ Task ids: an own `task_id` (column or `extra_info.task_id`) is used as it is; a 
 neither is `{file stem}-{row index}`. A repeated id is a RowError, never a silent drop.
 
 Writers produce the same formats (and the Search-R1 corpus jsonl), so a world built here
-can train Search-R1/verl directly and comes back identically through the readers.
+can train Search-R1/verl directly and comes back through the readers as the same tasks,
+each with the prompt it was written with.
 """
 from __future__ import annotations
 

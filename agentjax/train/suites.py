@@ -82,6 +82,8 @@ def _reward_config(config) -> dict:
                   for key, name in OUTCOMES[config.env.name].items()}
     components.update({"format": weights.format_weight, "tool_shaping": weights.tool_weight})
     if config.env.name == "search":
+        # Scores (and is logged for) the multi-hop tasks of the synthetic world only: a
+        # dataset question has no subgoals (Term.applies in rewards.composite).
         components["process"] = weights.process_weight
     if weights.length_weight:
         components["length"] = {"weight": weights.length_weight, "penalty": "linear",

@@ -227,6 +227,7 @@ MALFORMED = [
      413),
     ("plain text", b'{"queries": ["x"]}', "text/plain", 415),
     ("a form", b"queries=x", "application/x-www-form-urlencoded", 415),
+    ("a large plain-text body", b"x" * 500_000, "text/plain", 415),
 ]
 
 
