@@ -7,12 +7,20 @@ the result, next to the tasks that loaded. Accepted rows:
   `reward_model.ground_truth.target` (list or string), `extra_info` {"split", "index",
   ...}; the question is the `question` column when present (Search-R1 keeps the
   source columns), else the text after the last "Question:" of the last user message.
+  The `prompt` messages are kept as `metadata["prompt"]`: the search env shows the
+  agent exactly the prompt the file was made with.
 * jsonl, one object a line, as FlashRAG / Search-R1 raw data (`question`,
   `golden_answers`), HotpotQA (`question`, `answer`) or this package's own
   (`task_id`, `question`, `answers`, `data_source`, `metadata`).
 
+Task ids: an own `task_id` (column or `extra_info.task_id`) is used as it is; a FlashRAG
+`id` is unique only within its dataset (Search-R1's merged NQ + HotpotQA file has
+`train_0` in both), so it is qualified by the data source: `nq/train_0`; a row with
+neither is `{file stem}-{row index}`. A repeated id is a RowError, never a silent drop.
+
 Writers produce the same formats (and the Search-R1 corpus jsonl), so a world built here
-can train Search-R1/verl directly and comes back identically through the readers.
+can train Search-R1/verl directly and comes back through the readers as the same tasks,
+each with the prompt it was written with.
 """
 from __future__ import annotations
 
@@ -51,14 +59,32 @@ def _strings(value: Any, field: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value)
 
 
-def _question_from_prompt(prompt: Any) -> str:
+PROMPT_ROLES = ("system", "user", "assistant")
+
+
+def prompt_messages(prompt: Any) -> list[dict[str, str]]:
+    """A dataset's `prompt` column as chat messages: a non-empty list of
+    `{"role": "system" | "user" | "assistant", "content": str}` ending with a user turn.
+
+    Raises:
+      ValueError: naming what is wrong.
+    """
     if not isinstance(prompt, (list, tuple)) or not prompt:
         raise ValueError(f"prompt must be a non-empty list of messages, got {prompt!r}")
-    users = [m for m in prompt if isinstance(m, Mapping) and m.get("role") == "user"]
-    if not users or not isinstance(users[-1].get("content"), str):
-        raise ValueError("prompt has no user message with string content")
-    content = users[-1]["content"]
-    return content.rsplit("Question:", 1)[-1].strip()
+    messages = []
+    for i, message in enumerate(prompt):
+        if (not isinstance(message, Mapping) or message.get("role") not in PROMPT_ROLES
+                or not isinstance(message.get("content"), str)):
+            raise ValueError(f"prompt message {i} must be {{'role': one of {PROMPT_ROLES}, "
+                             f"'content': str}}, got {message!r}")
+        messages.append({"role": message["role"], "content": message["content"]})
+    if messages[-1]["role"] != "user":
+        raise ValueError(f"prompt must end with a user message, got {messages[-1]['role']!r}")
+    return messages
+
+
+def _question_from_prompt(messages: list[dict[str, str]]) -> str:
+    return messages[-1]["content"].rsplit("Question:", 1)[-1].strip()
 
 
 def task_from_record(record: Mapping[str, Any], index: int, *, default_id: str,
@@ -77,9 +103,10 @@ def task_from_record(record: Mapping[str, Any], index: int, *, default_id: str,
     extra = record.get("extra_info") or {}
     if not isinstance(extra, Mapping):
         raise ValueError(f"extra_info must be a mapping, got {type(extra).__name__}")
+    prompt = None if record.get("prompt") is None else prompt_messages(record["prompt"])
     question = record.get("question")
-    if question is None and "prompt" in record:
-        question = _question_from_prompt(record["prompt"])
+    if question is None and prompt is not None:
+        question = _question_from_prompt(prompt)
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"no question: need a non-empty 'question' or 'prompt', "
                          f"got {question!r}")
@@ -104,11 +131,16 @@ def task_from_record(record: Mapping[str, Any], index: int, *, default_id: str,
             raise ValueError(f"metadata is not valid JSON: {err}") from err
     if not isinstance(metadata, Mapping):
         raise ValueError(f"metadata must be a mapping, got {type(metadata).__name__}")
-    task_id = record.get("task_id") or extra.get("task_id") or record.get("id")
+    metadata = dict(metadata)
+    if prompt is not None:
+        metadata["prompt"] = prompt
+    data_source = str(record.get("data_source") or default_source)
+    task_id = record.get("task_id") or extra.get("task_id")
+    if task_id is None and record.get("id") is not None:
+        task_id = f"{data_source}/{record['id']}"
     return Task(task_id=str(task_id) if task_id is not None else f"{default_id}-{index}",
-                question=question.strip(), answers=answers,
-                data_source=str(record.get("data_source") or default_source),
-                metadata=dict(metadata))
+                question=question.strip(), answers=answers, data_source=data_source,
+                metadata=metadata)
 
 
 def _load_rows(rows: Iterable[tuple[int, Any]], path: str) -> LoadResult:
@@ -181,19 +213,25 @@ def write_search_r1_parquet(path: str, tasks: Sequence[Task], *, split: str,
       tasks: the tasks (at least one).
       split: value of extra_info.split ("train", "test").
       template: user prompt with a `{question}` slot (default: Search-R1's, verbatim,
-        as the search env uses it).
+        as the search env uses it), for tasks without a `metadata["prompt"]` of their
+        own (a task read from a file keeps the prompt it was read with).
       ability: the `ability` column.
     """
     if not tasks:
         raise ValueError(f"write_search_r1_parquet({path!r}): no tasks to write")
     check_instruction(template, "template")
+
+    def prompt(task):
+        if "prompt" in task.metadata:
+            return prompt_messages(task.metadata["prompt"])
+        return [{"role": "user", "content": fill_question(template, task.question)}]
+
     rows = [{"id": t.task_id, "question": t.question, "golden_answers": list(t.answers),
-             "data_source": t.data_source,
-             "prompt": [{"role": "user", "content": fill_question(template, t.question)}],
-             "ability": ability,
+             "data_source": t.data_source, "prompt": prompt(t), "ability": ability,
              "reward_model": {"style": "rule", "ground_truth": {"target": list(t.answers)}},
              "extra_info": {"split": split, "index": i, "task_id": t.task_id,
-                            "metadata": json.dumps(dict(t.metadata), sort_keys=True)}}
+                            "metadata": json.dumps({k: v for k, v in t.metadata.items()
+                                                    if k != "prompt"}, sort_keys=True)}}
             for i, t in enumerate(tasks)]
     pq.write_table(pa.Table.from_pylist(rows), path)
 

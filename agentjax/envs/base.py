@@ -24,7 +24,9 @@ class Task:
       answers: acceptable final answers (aliases); empty when a verifier decides.
       data_source: dataset name (Search-R1's `data_source`), e.g. "synthetic_multihop".
       metadata: task-specific extras, e.g. {"hops": 2, "bridge_entities": [...],
-        "tests": [...]} — never shown to the policy.
+        "tests": [...]} — never shown to the policy, except "prompt": the chat messages
+        a dataset prescribes (a Search-R1 parquet's `prompt` column), which the search
+        env shows instead of its instruction.
     """
 
     task_id: str

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import time
@@ -229,13 +230,17 @@ class HttpRetriever:
       retries: extra attempts after a failed request (connection error, timeout, HTTP 5xx
         or malformed body), with exponential backoff starting at `backoff_s`.
       backoff_s: first retry delay in seconds.
+      transport: an httpx transport to send requests through (default: TCP), e.g. a
+        Unix-socket transport.
 
-    Raises `RetrievalError` when every attempt failed; the env turns that into an error
-    observation. Safe to use from many threads (they share one connection pool).
+    Raises `RetrievalError` when every attempt failed, at once on an HTTP status other
+    than 200 and 5xx (a client error does not heal on retry), and for a response of the
+    wrong shape (module `_parse_response`); the env turns it into an error observation.
+    Safe to use from many threads (they share one connection pool).
     """
 
     def __init__(self, url: str, *, timeout_s: float = 10.0, retries: int = 2,
-                 backoff_s: float = 0.2):
+                 backoff_s: float = 0.2, transport: httpx.BaseTransport | None = None):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
         if httpx.URL(url).path in ("", "/"):
@@ -247,7 +252,7 @@ class HttpRetriever:
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
-        self._client = httpx.Client(timeout=timeout_s)
+        self._client = httpx.Client(timeout=timeout_s, transport=transport)
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[Document]]:
         if not queries:
@@ -259,15 +264,21 @@ class HttpRetriever:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
                 response = self._client.post(self.url, json=payload)
-                if response.status_code >= 500:
-                    raise RetrievalError(f"HTTP {response.status_code}")
-                if response.status_code != 200:  # a client error will not heal on retry
-                    raise _Fatal(f"HTTP {response.status_code}: {response.text[:200]}")
-                return _parse_response(response.json(), len(queries))
-            except _Fatal as e:
-                raise RetrievalError(f"{self.url}: {e}") from None
-            except (httpx.HTTPError, RetrievalError, ValueError) as e:
+            except httpx.HTTPError as e:
                 errors.append(f"{type(e).__name__}: {e}")
+                continue
+            if response.status_code >= 500:
+                errors.append(f"HTTP {response.status_code}: {response.text[:200]}")
+                continue
+            if response.status_code != 200:
+                raise RetrievalError(f"{self.url}: HTTP {response.status_code}: "
+                                     f"{response.text[:200]}")
+            try:
+                return _parse_response(response.json(), len(queries), int(topk))
+            except (ValueError, RecursionError) as e:  # not JSON (or nested past parsing)
+                errors.append(f"malformed response: not JSON ({type(e).__name__})")
+            except RetrievalError as e:
+                errors.append(str(e))
         raise RetrievalError(
             f"{self.url}: {self.retries + 1} attempts failed; last: {errors[-1]}")
 
@@ -276,20 +287,15 @@ class HttpRetriever:
         self._client.close()
 
 
-class _Fatal(Exception):
-    pass
+def _parse_response(body: Any, num_queries: int, topk: int) -> list[list[Document]]:
+    """Reads `{"result": [[{"document": {"id", "contents"}, "score": s}, ...], ...]}`:
+    one list of at most `topk` hits per query. Also accepts bare documents (what
+    Search-R1 returns when return_scores is false) and documents without an id (its BM25
+    server sends `{"title", "text", "contents"}`).
 
-
-def _parse_response(body: Any, num_queries: int) -> list[list[Document]]:
-    """Reads `{"result": [[{"document": {"id", "contents"}, "score": s}, ...], ...]}`;
-    also accepts bare documents (what Search-R1 returns when return_scores is false)."""
-    try:
-        return _parse_result(body, num_queries)
-    except (KeyError, TypeError, AttributeError) as e:
-        raise RetrievalError(f"malformed response ({type(e).__name__}: {e})") from None
-
-
-def _parse_result(body: Any, num_queries: int) -> list[list[Document]]:
+    Raises:
+      RetrievalError: "malformed response: ..." naming the first thing out of shape.
+    """
     if not isinstance(body, dict) or not isinstance(body.get("result"), list):
         raise RetrievalError('malformed response: expected {"result": [...]}')
     result = body["result"]
@@ -297,16 +303,31 @@ def _parse_result(body: Any, num_queries: int) -> list[list[Document]]:
         raise RetrievalError(f"malformed response: {len(result)} results for "
                              f"{num_queries} queries")
     out = []
-    for hits in result:
-        docs = []
-        for hit in hits:
-            doc, score = (hit["document"], hit.get("score")) if "document" in hit else (hit, None)
-            if "contents" not in doc:
-                raise RetrievalError('malformed response: a document without "contents"')
-            docs.append(Document.from_contents(doc.get("id", ""), doc["contents"],
-                                               None if score is None else float(score)))
-        out.append(docs)
+    for i, hits in enumerate(result):
+        if not isinstance(hits, list):
+            raise RetrievalError(f"malformed response: result[{i}] is not a list of hits")
+        if len(hits) > topk:
+            raise RetrievalError(f"malformed response: {len(hits)} hits for topk={topk}")
+        out.append([_parse_hit(hit, f"result[{i}][{j}]") for j, hit in enumerate(hits)])
     return out
+
+
+def _parse_hit(hit: Any, where: str) -> Document:
+    doc, score = ((hit["document"], hit.get("score"))
+                  if isinstance(hit, dict) and "document" in hit else (hit, None))
+    if not isinstance(doc, dict) or not isinstance(doc.get("contents"), str):
+        raise RetrievalError(f'malformed response: {where} is not a document with string '
+                             '"contents"')
+    doc_id = doc.get("id", "")
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
+        raise RetrievalError(f"malformed response: {where} has an id that is not a string "
+                             f"or integer")
+    if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))
+                              or not math.isfinite(score)):
+        raise RetrievalError(f"malformed response: {where} has a score that is not a "
+                             f"finite number")
+    return Document.from_contents(doc_id, doc["contents"],
+                                  None if score is None else float(score))
 
 
 def make_retriever(spec: "Retriever | str") -> Retriever:

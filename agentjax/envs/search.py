@@ -83,6 +83,10 @@ class SearchEnv(TurnEnv):
         SHORT_INSTRUCTION suits tiny models.
       action_format: "tags" (Search-R1) or "tool_call" (hermes JSON calls).
 
+    A task that brings its own prompt (`task.metadata["prompt"]`, the chat messages of a
+    Search-R1 parquet's `prompt` column) is shown exactly that, not the instruction: a
+    checkpoint trained on the file sees the text it was trained on.
+
     The log records per turn: `tool_args={"query": q}`, `retrieved` (document ids in rank
     order), `error` for malformed actions and failed retrievals.
     """
@@ -113,10 +117,18 @@ class SearchEnv(TurnEnv):
         self._tools = {_SearchTool.name: _SearchTool()}
 
     def initial_messages(self, task: Task) -> list[dict[str, str]]:
-        user = {"role": "user", "content": fill_question(self.instruction, task.question)}
+        if "prompt" in task.metadata:
+            prompt = [dict(m) for m in task.metadata["prompt"]]
+        else:
+            prompt = [{"role": "user",
+                       "content": fill_question(self.instruction, task.question)}]
         if self.action_format == "tags":
-            return [user]  # Search-R1 has no system message
-        return [{"role": "system", "content": tools_system_prompt(self._tools)}, user]
+            return prompt  # Search-R1 has no system message
+        tools = tools_system_prompt(self._tools)
+        if prompt[0]["role"] == "system":  # one system message: the tools, then the file's
+            return [{"role": "system", "content": f"{tools}\n\n{prompt[0]['content']}"},
+                    *prompt[1:]]
+        return [{"role": "system", "content": tools}, *prompt]
 
     def parse(self, action_text: str) -> Action:
         if self.action_format == "tags":

@@ -18,13 +18,16 @@ seed §7.5) of the total's range: sum over outcome components of |w| * (high - l
 be at least that share of the sum over all components. Hence a policy that maxes every
 process and shaping term but fails the task can never out-score one that succeeds.
 Components that need objects (a sandbox, a judge) receive them as keyword resources:
-`make_reward_fn(config, sandbox=..., judge=...)`.
+`make_reward_fn(config, sandbox=..., judge=...)`. A component scores only the tasks it
+applies to (the process reward needs a multi-hop task's subgoals): on any other task it
+is left out of the total and of the components dict, so one reward config serves the
+synthetic world and a Search-R1 dataset alike.
 
 Registered components (options in parentheses):
   outcome  exact_match, f1, math_match — on the last `<answer>` vs Task.answers;
            tests_pass (timeout_s, memory_mb, max_workers; resource sandbox);
            judge (resource judge: an LLMJudge)
-  process  process (include_answer) — subgoal_reward
+  process  process (include_answer) — subgoal_reward, on tasks with subgoals only
   shaping  format (action_tags, terminal_tags, think_tag); tool_shaping (valid_bonus,
            max_bonus_calls, duplicate_penalty, invalid_penalty, cap); length (penalty:
            overlong|linear|sigmoid, unit: turns|tokens, and length_reward's max_len,
@@ -52,12 +55,14 @@ class Term:
       fn: (task, log) -> float within [low, high].
       low, high: bounds of fn.
       afn: optional async version (judges); used by `RewardFn.ascore`.
+      applies: task -> whether fn can score it; None: every task.
     """
 
     fn: ScoreFn
     low: float
     high: float
     afn: Callable[[Task, EpisodeLog], Awaitable[float]] | None = None
+    applies: Callable[[Task], bool] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +72,9 @@ class Component:
     name: str
     kind: str
     term: Term
+
+    def applies(self, task: Task) -> bool:
+        return self.term.applies is None or self.term.applies(task)
 
     @property
     def low(self) -> float:
@@ -195,11 +203,12 @@ def _length(*, penalty: str = "overlong", unit: str = "turns", tokenizer=None, *
 @register_reward("process", "process")
 def _process(*, include_answer: bool = True):
     return Term(lambda task, log: process.subgoal_reward(
-        task, log, include_answer=include_answer), 0.0, 1.0)
+        task, log, include_answer=include_answer), 0.0, 1.0, applies=process.has_subgoals)
 
 
 class RewardFn:
-    """`reward_fn(task, log) -> (total, {component name: unweighted value})`.
+    """`reward_fn(task, log) -> (total, {component name: unweighted value})`; components
+    that do not apply to the task are absent from both.
 
     Attributes:
       components: the configured Components, in config order.
@@ -212,18 +221,21 @@ class RewardFn:
 
     def _total(self, values: dict[str, float]) -> tuple[float, dict[str, float]]:
         for c in self.components:
-            if not c.low - 1e-9 <= values[c.name] <= c.high + 1e-9:
+            if c.name in values and not c.low - 1e-9 <= values[c.name] <= c.high + 1e-9:
                 raise AssertionError(f"reward component {c.name!r} returned {values[c.name]}, "
                                      f"outside its bounds [{c.low}, {c.high}]")
         return sum(self.weights[n] * v for n, v in values.items()), values
 
     def __call__(self, task: Task, log: EpisodeLog) -> tuple[float, dict[str, float]]:
-        return self._total({c.name: float(c.term.fn(task, log)) for c in self.components})
+        return self._total({c.name: float(c.term.fn(task, log)) for c in self.components
+                            if c.applies(task)})
 
     async def ascore(self, task: Task, log: EpisodeLog) -> tuple[float, dict[str, float]]:
         """Same as calling, awaiting async components (judges) on the running loop."""
         values = {}
         for c in self.components:
+            if not c.applies(task):
+                continue
             term = c.term
             values[c.name] = float(await term.afn(task, log) if term.afn
                                    else term.fn(task, log))

@@ -18,9 +18,15 @@ from agentjax.rewards.outcome import normalize_answer
 _TAG_RE = re.compile(r"</?[A-Za-z_]+>")
 
 
+def has_subgoals(task: Task) -> bool:
+    """Whether `task` is a multi-hop task with subgoals (a question of the synthetic
+    world); a dataset question (NQ, HotpotQA) has none."""
+    return "bridge_entities" in task.metadata
+
+
 def subgoals(task: Task, *, include_answer: bool = True) -> list[str]:
     """The entity names whose retrieval marks each hop as reached."""
-    if "bridge_entities" not in task.metadata:
+    if not has_subgoals(task):
         raise ValueError(f"task {task.task_id!r} has no metadata['bridge_entities']; the "
                          "process reward needs multi-hop tasks (agentjax.data.world)")
     goals = list(task.metadata["bridge_entities"])

@@ -73,6 +73,13 @@ def default_config() -> ml_collections.ConfigDict:
     c.data.train_path = ""  # Search-R1 parquet/jsonl (source="files")
     c.data.test_path = ""
     c.data.corpus_path = ""
+    # A Search-R1 parquet's `prompt` column is what the agent sees (env.instruction then
+    # applies only to tasks without one); False rebuilds every prompt from the question
+    # with env.instruction (e.g. "minimal" for a tiny model trained from scratch).
+    c.data.file_prompt = True
+    # Rows of data.train_path/test_path that do not load (no answer, a repeated id, ...)
+    # are an error naming them; True skips them with a warning instead.
+    c.data.skip_bad_rows = False
     c.data.world_seed = 0
     c.data.num_people = 120
     c.data.num_companies = 40

@@ -26,6 +26,7 @@ from agentjax.envs.python_env import DEFAULT_INSTRUCTION as PYTHON_INSTRUCTION
 from agentjax.envs.python_env import PythonEnv
 from agentjax.envs.retrieval import BM25Retriever, HttpRetriever
 from agentjax.envs.search import DEFAULT_INSTRUCTION, SHORT_INSTRUCTION, SearchEnv
+from agentjax.rewards import process
 from agentjax.rewards.composite import make_reward_fn
 from agentjax.train.config import OUTCOMES
 
@@ -81,6 +82,8 @@ def _reward_config(config) -> dict:
                   for key, name in OUTCOMES[config.env.name].items()}
     components.update({"format": weights.format_weight, "tool_shaping": weights.tool_weight})
     if config.env.name == "search":
+        # Scores (and is logged for) the multi-hop tasks of the synthetic world only: a
+        # dataset question has no subgoals (Term.applies in rewards.composite).
         components["process"] = weights.process_weight
     if weights.length_weight:
         components["length"] = {"weight": weights.length_weight, "penalty": "linear",
@@ -145,10 +148,18 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
         pretrain_corpus = functools.partial(other_worlds_documents, world_config,
                                             config.pretrain.worlds)
     else:
-        train_tasks = _load_tasks(config.data.train_path)
-        test_tasks = _load_tasks(config.data.test_path) if config.data.test_path else []
+        load = functools.partial(_load_tasks, skip_bad_rows=config.data.skip_bad_rows,
+                                 file_prompt=config.data.file_prompt)
+        train_tasks = load(config.data.train_path)
+        test_tasks = load(config.data.test_path) if config.data.test_path else []
+        if config.reward.process_weight and not any(
+                process.has_subgoals(t) for t in train_tasks):
+            raise ValueError(f"reward.process_weight={config.reward.process_weight} rewards "
+                             "the subgoals of multi-hop tasks, and no task of "
+                             f"{config.data.train_path} has any; set it to 0")
         index = os.path.join(data_dir, "index")
-        texts = []
+        texts = [m["content"] for t in train_tasks + test_tasks
+                 for m in t.metadata.get("prompt", ())]
         if config.retrieval.kind == "bm25":
             if not config.data.corpus_path:
                 raise ValueError("data.source='files' with retrieval.kind='bm25' needs "
@@ -174,14 +185,23 @@ def _turn_texts(demos) -> list[str]:
             + [turn.observation for d in demos for turn in d.turns if turn.observation])
 
 
-def _load_tasks(path: str) -> list[Task]:
+def _load_tasks(path: str, *, skip_bad_rows: bool, file_prompt: bool) -> list[Task]:
+    """The tasks of a Search-R1 parquet / jsonl file; rows that do not load are an error
+    unless `skip_bad_rows` (data.skip_bad_rows); without `file_prompt`
+    (data.file_prompt) the file's prompts are dropped, so env.instruction builds them."""
     loaded = load_search_r1_parquet(path) if path.endswith(".parquet") else load_jsonl(path)
     if loaded.errors:
-        shown = "; ".join(f"row {e.index}: {e.message}" for e in loaded.errors[:5])
-        print(f"warning: {len(loaded.errors)} bad rows in {path} skipped ({shown})")
+        shown = "; ".join(e.message for e in loaded.errors[:5])
+        message = f"{len(loaded.errors)} of the rows of {path} do not load ({shown})"
+        if not skip_bad_rows:
+            raise ValueError(f"{message}; fix them, or set data.skip_bad_rows=True to skip them")
+        print(f"warning: {message}; skipped (data.skip_bad_rows)")
     if not loaded.tasks:
         raise ValueError(f"no usable task in {path}")
-    return list(loaded.tasks)
+    if file_prompt:
+        return list(loaded.tasks)
+    return [dataclasses.replace(t, metadata={k: v for k, v in t.metadata.items()
+                                             if k != "prompt"}) for t in loaded.tasks]
 
 
 def _arith_demonstration(task: Task, rng: np.random.Generator, guess_prob: float,

@@ -1,6 +1,7 @@
 """Retrieval: corpus reading, BM25 against a float64 reference, save/load, the HTTP
 server (as a subprocess) with concurrent HttpRetriever clients, and failure handling."""
 import concurrent.futures
+import http.client
 import json
 import math
 import pathlib
@@ -15,9 +16,11 @@ import httpx
 import numpy as np
 import pytest
 
+from agentjax.envs.base import Task
 from agentjax.envs.retrieval import (BM25Retriever, Document, HttpRetriever,
                                      RetrievalError, format_docs, make_retriever,
                                      read_corpus)
+from agentjax.envs.search import SearchEnv
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -128,13 +131,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Limits small enough to test (the 2,560-query request fits under max_queries).
+SERVER_FLAGS = ["--max_queries", "4096", "--batch_size", "1000", "--max_body_mb", "1"]
+
+
 @pytest.fixture(scope="module")
 def server_url(corpus_path, tmp_path_factory):
     port = free_port()
     index_dir = tmp_path_factory.mktemp("served-index")
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "scripts" / "serve_retrieval.py"), "--corpus",
-         str(corpus_path), "--index_dir", str(index_dir), "--port", str(port)],
+         str(corpus_path), "--index_dir", str(index_dir), "--port", str(port), *SERVER_FLAGS],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -169,6 +176,105 @@ def test_server_speaks_search_r1_api(server_url):
     bad = httpx.post(server_url + "/retrieve", json={"queries": ["x"], "topk": 0})
     assert bad.status_code == 422
     assert httpx.post(server_url + "/retrieve", json={"topk": 3}).status_code == 422
+
+
+def test_server_answers_search_r1s_grpo_batch_in_one_request(server_url, bm25):
+    """Search-R1's client sends every search of a step in one request (GRPO recipe: 512
+    prompts x 5 = 2,560); the server answers them in batches, in order."""
+    queries = [f"{name} born" for name in ("Alvarez", "Dumont", "Jessop", "zyzzyva")] * 640
+    body = httpx.post(server_url + "/retrieve", timeout=120, json={
+        "queries": queries, "topk": 3, "return_scores": True}).json()
+    assert len(body["result"]) == 2560
+    expected = bm25.search(queries[:4], 3)
+    for i, hits in enumerate(body["result"]):
+        assert [h["document"]["id"] for h in hits] == [d.id for d in expected[i % 4]]
+    # An empty batch is answered empty, as Search-R1's server does.
+    assert httpx.post(server_url + "/retrieve", json={"queries": []}).json() == {"result": []}
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+# (what is wrong, body, content type, expected status)
+MALFORMED = [
+    ("not JSON", b"{not json", "application/json", 400),
+    ("empty body", b"", "application/json", 400),
+    ("topk 1e400", b'{"queries": ["x"], "topk": 1e400}', "application/json", 400),
+    ("topk -1e400", b'{"queries": ["x"], "topk": -1e400}', "application/json", 400),
+    ("topk NaN", b'{"queries": ["x"], "topk": NaN}', "application/json", 400),
+    ("topk Infinity", b'{"queries": ["x"], "topk": Infinity}', "application/json", 400),
+    ("a query 1e400", b'{"queries": [1e400]}', "application/json", 400),
+    ("a 5000-digit number", b'{"queries": ["x"], "topk": ' + b"9" * 5000 + b"}",
+     "application/json", 400),
+    ("nested 100k deep", DEEP, "application/json", 400),
+    ("not UTF-8", b'{"queries": ["caf\xe9"]}', "application/json", 400),
+    ("huge topk", b'{"queries": ["x"], "topk": 1' + b"0" * 300 + b"}", "application/json", 422),
+    ("topk 0", b'{"queries": ["x"], "topk": 0}', "application/json", 422),
+    ("topk -3", b'{"queries": ["x"], "topk": -3}', "application/json", 422),
+    ("topk 101", b'{"queries": ["x"], "topk": 101}', "application/json", 422),
+    ("topk a string", b'{"queries": ["x"], "topk": "3"}', "application/json", 422),
+    ("topk a float", b'{"queries": ["x"], "topk": 2.5}', "application/json", 422),
+    ("topk true", b'{"queries": ["x"], "topk": true}', "application/json", 422),
+    ("no queries", b'{"topk": 3}', "application/json", 422),
+    ("queries a string", b'{"queries": "x"}', "application/json", 422),
+    ("queries null", b'{"queries": null}', "application/json", 422),
+    ("a query a number", b'{"queries": ["x", 3]}', "application/json", 422),
+    ("a query a list", b'{"queries": [["x"]]}', "application/json", 422),
+    ("return_scores a string", b'{"queries": ["x"], "return_scores": "yes"}',
+     "application/json", 422),
+    ("a list body", b'["x"]', "application/json", 422),
+    ("a null body", b"null", "application/json", 422),
+    ("a number body", b"3", "application/json", 422),
+    ("too many queries", json.dumps({"queries": ["x"] * 4097}).encode(), "application/json",
+     413),
+    ("plain text", b'{"queries": ["x"]}', "text/plain", 415),
+    ("a form", b"queries=x", "application/x-www-form-urlencoded", 415),
+    ("a large plain-text body", b"x" * 500_000, "text/plain", 415),
+]
+
+
+def test_every_malformed_request_gets_a_4xx_and_the_connection_lives_on(server_url):
+    """Raw bytes over one kept-alive HTTP/1.1 connection: each malformed request gets
+    its 4xx and a JSON message, and a valid request right after it on the same
+    connection is answered."""
+    port = int(server_url.rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def send(body, content_type="application/json", method="POST", path="/retrieve"):
+        conn.request(method, path, body=body,
+                     headers={"Content-Type": content_type} if content_type else {})
+        response = conn.getresponse()
+        return response.status, response.read()
+
+    valid = b'{"queries": ["Dumont born"], "topk": 1}'
+    assert send(valid)[0] == 200
+    sock = conn.sock
+    for what, body, content_type, status in MALFORMED:
+        got, text = send(body, content_type)
+        assert got == status, (what, got, text[:300])
+        assert json.loads(text)["detail"], what
+        got, text = send(valid)
+        assert got == 200 and json.loads(text)["result"][0][0]["id"] == "person-3"
+        assert conn.sock is sock, f"{what}: the connection was closed"
+    # No content type (curl --data-binary): read as JSON. GET is not the API.
+    assert send(valid, content_type=None)[0] == 200
+    assert send(None, method="GET")[0] == 405
+    # A chunked body (no Content-Length) is read like any other.
+    conn.putrequest("POST", "/retrieve")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()
+    for part in (valid[:10], valid[10:]):
+        conn.send(b"%x\r\n%s\r\n" % (len(part), part))
+    conn.send(b"0\r\n\r\n")
+    response = conn.getresponse()
+    assert response.status == 200 and json.loads(response.read())["result"]
+    assert conn.sock is sock
+    conn.close()
+    # A body past --max_body_mb is refused before it is read whole; the server then
+    # closes that connection, and answers the next one.
+    too_large = httpx.post(server_url + "/retrieve", content=b" " * (2 << 20),
+                           headers={"Content-Type": "application/json"})
+    assert too_large.status_code == 413 and "max_body_mb" in too_large.json()["detail"]
+    assert httpx.post(server_url + "/retrieve", content=valid).status_code == 200
 
 
 def test_http_retriever_matches_in_process_under_concurrency(server_url, bm25):
@@ -235,14 +341,80 @@ def test_slow_server_times_out():
         listener.close()
 
 
-def test_malformed_responses_are_retrieval_errors(monkeypatch):
-    client = HttpRetriever("http://127.0.0.1:9/retrieve", retries=0)
-    for body in ({"oops": 1}, {"result": []}, {"result": [[{"document": {"id": "1"}}]]},
-                 {"result": [[7]]}):
-        response = httpx.Response(200, json=body,
-                                  request=httpx.Request("POST", client.url))
-        monkeypatch.setattr(httpx.Client, "post", lambda self, *a, r=response, **k: r)
-        with pytest.raises(RetrievalError, match="malformed response"):
-            client.search(["q"], 3)
+def _respond(status=200, content=None, **kwargs):
+    """A MockTransport handler answering every request alike."""
+    return lambda request: httpx.Response(status, content=content, **kwargs)
+
+
+def _raise(error):
+    def handler(request):
+        raise error("boom", request=request)
+    return handler
+
+
+GOOD_HIT = {"document": {"id": "1", "contents": '"T"\nbody'}, "score": 1.5}
+# What a broken or hostile server can send back: (what, MockTransport handler, error).
+BAD_SERVERS = [
+    ("HTTP 500", _respond(500, b"Internal Server Error"), "3 attempts failed; last: HTTP 500"),
+    ("HTTP 404", _respond(404, b"no such route"), "HTTP 404: no such route"),
+    ("a redirect", _respond(307, headers={"location": "/elsewhere"}), "HTTP 307"),
+    ("connection refused", _raise(httpx.ConnectError), "ConnectError: boom"),
+    ("a read timeout", _raise(httpx.ReadTimeout), "ReadTimeout: boom"),
+    ("HTML", _respond(200, b"<html>busy</html>"), "not JSON"),
+    ("not UTF-8", _respond(200, b'{"result": [["\xff"]]}'), "not JSON"),
+    ("nested 100k deep", _respond(200, b"[" * 100_000 + b"]" * 100_000), "not JSON"),
+    ("no result", _respond(200, json={"oops": 1}), 'expected {"result"'),
+    ("result a string", _respond(200, json={"result": "x"}), 'expected {"result"'),
+    ("too few results", _respond(200, json={"result": []}), "0 results for 1 queries"),
+    ("hits a dict", _respond(200, json={"result": [GOOD_HIT]}), "result[0] is not a list"),
+    ("hits a string", _respond(200, json={"result": ["contents"]}), "not a list of hits"),
+    ("a hit a number", _respond(200, json={"result": [[7]]}), "result[0][0] is not a doc"),
+    ("no contents", _respond(200, json={"result": [[{"document": {"id": "1"}}]]}),
+     'string "contents"'),
+    ("contents a number", _respond(200, json={"result": [[{"contents": 3}]]}),
+     'string "contents"'),
+    ("an id a list", _respond(200, json={"result": [[{"id": [1], "contents": "x"}]]}),
+     "id that is not"),
+    ("a score a string", _respond(200, json={"result": [[{**GOOD_HIT, "score": "high"}]]}),
+     "score that is not"),
+    ("a score NaN", _respond(200, content=b'{"result": [[{"document": {"contents": "x"}, '
+                                          b'"score": NaN}]]}'), "score that is not"),
+    ("more hits than topk", _respond(200, json={"result": [[GOOD_HIT] * 4]}),
+     "4 hits for topk=3"),
+]
+
+
+@pytest.mark.parametrize("what, handler, error", BAD_SERVERS, ids=[c[0] for c in BAD_SERVERS])
+def test_a_bad_server_is_a_retrieval_error_and_an_error_observation(what, handler, error):
+    calls = []
+
+    def counted(request):
+        calls.append(request)
+        return handler(request)
+
+    client = HttpRetriever("http://search.test/retrieve", retries=2, backoff_s=0.001,
+                           transport=httpx.MockTransport(counted))
+    with pytest.raises(RetrievalError, match="search.test") as info:
+        client.search(["q"], 3)
+    assert error in str(info.value)
+    # A client error is final; anything else is retried.
+    assert len(calls) == (1 if what in ("HTTP 404", "a redirect") else 3)
+    # Through the env: an error observation, and the episode goes on.
+    env = SearchEnv(client, max_turns=3)
+    env.reset(Task("t", "q?", ("a",)))
+    observation, done, _, info = env.step("<search> q </search>")
+    assert not done and "Search failed" in observation and error in info["error"]
+    assert env.step("<answer> a </answer>").done
+
+
+def test_good_responses_parse_with_or_without_scores_and_ids():
+    bare = {"result": [[{"title": "T", "text": "body", "contents": '"T"\nbody'}], []]}
+    client = HttpRetriever("http://search.test/retrieve",
+                           transport=httpx.MockTransport(_respond(200, json=bare)))
+    assert client.search(["q1", "q2"], 3) == [[Document("", '"T"', "body")], []]
+    replies = iter([httpx.Response(503), httpx.Response(200, json={"result": [[GOOD_HIT]]})])
+    client = HttpRetriever("http://search.test/retrieve", backoff_s=0.001,
+                           transport=httpx.MockTransport(lambda request: next(replies)))
+    assert client.search(["q"], 3) == [[Document("1", '"T"', "body", 1.5)]]  # retried
     with pytest.raises(ValueError, match="url"):
         HttpRetriever("localhost:8000")

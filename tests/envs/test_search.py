@@ -144,6 +144,21 @@ def test_instruction_is_configurable(bm25):
         SearchEnv(bm25, action_format="xml")
 
 
+def test_a_task_with_its_own_prompt_is_shown_that_prompt(bm25):
+    """A Search-R1 parquet's `prompt` column (kept by the loader) is what the agent sees,
+    whatever the env's instruction."""
+    prompt = [{"role": "user", "content": DEFAULT_INSTRUCTION.replace(
+        "{question}", TASK.question)}]
+    task = Task(TASK.task_id, TASK.question, TASK.answers, metadata={"prompt": prompt})
+    assert SearchEnv(bm25, instruction=SHORT_INSTRUCTION).reset(task) == prompt
+    system, user = SearchEnv(bm25, action_format="tool_call").reset(task)
+    assert '"name": "search"' in system["content"] and user == prompt[0]
+    with_system = Task("t", "q?", ("a",), metadata={"prompt": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "q?"}]})
+    system, user = SearchEnv(bm25, action_format="tool_call").reset(with_system)
+    assert system["content"].endswith("\n\nBe brief.") and user["content"] == "q?"
+
+
 def test_tool_call_format(bm25):
     env = SearchEnv(bm25, action_format="tool_call", max_turns=5)
     assert env.stop == ("</tool_call>", "</answer>") and env.observation_role == "tool"

@@ -47,6 +47,23 @@ def test_a_subgoal_gamer_cannot_out_score_a_correct_answer():
     assert worst_success >= best_fail
 
 
+def test_a_component_scores_only_the_tasks_it_applies_to():
+    """The process reward needs subgoals; on a dataset question (Search-R1's NQ: no
+    bridge entities) it is left out, and the other components still score."""
+    nq = Task("nq/train_0", "who got the first nobel prize in physics?",
+              answers=("Wilhelm Conrad Röntgen",), data_source="nq")
+    log = episode(nq, ("<search> first nobel prize physics </search>",
+                       "<information>Doc 1(Title: \"Nobel Prize\") Wilhelm Conrad Röntgen"
+                       "</information>"), "<answer> Wilhelm Conrad Röntgen </answer>")
+    reward_fn = composite.make_reward_fn(CONFIG)
+    for total, parts in (reward_fn(nq, log), asyncio.run(reward_fn.ascore(nq, log))):
+        assert parts == pytest.approx({"exact_match": 1.0, "f1": 1.0, "format": 1.0,
+                                       "tool_shaping": 0.1})
+        assert total == pytest.approx(1.0 + 0.2 * 1.0 + 0.2 * 0.1)
+    # Where it applies it still scores (and counts in the total).
+    assert "process" in reward_fn(TWO_HOP, GAMER)[1]
+
+
 def test_outcome_share_is_enforced():
     with pytest.raises(ValueError, match="outcome decide only"):
         composite.make_reward_fn({"components": {"exact_match": 1.0, "process": 1.5}})
