@@ -470,6 +470,8 @@ RULES = {
     "data.test_questions": HOP_COUNTS,
     "data.demo_hops": HOP_FRACTIONS,
     "data.rl_excludes_demo_tasks": Flag(),
+    "data.file_prompt": Flag(),
+    "data.skip_bad_rows": Flag(),
     "data.curriculum": Choice(CURRICULA),
     "env.name": Choice(tuple(OUTCOMES)),
     "env.topk": POSITIVE,
