@@ -9,9 +9,9 @@ One pure function does PPO epochs x minibatches x micro-batches:
 
 Because every micro-batch loss divides by the minibatch's global token / sequence
 counts (`agentjax.rl.losses.LossNorm`), the summed gradient equals the full-minibatch
-gradient exactly (up to float rounding) — the micro-batch normalization bug of peers
-(REFERENCES.md) cannot happen. The same machinery runs the RL objective, the critic's
-value loss and the SFT loss; only `loss_fn` differs.
+gradient exactly (up to float rounding), unlike dividing each micro-batch by its own
+token count. The same machinery runs the RL objective (`agentjax.rl.losses.rl_objective`),
+the critic's value loss and the SFT loss; only `loss_fn` differs.
 
 A batch is a dict of [B, T] / [B] arrays as `agentjax.rollout.trajectory.collate`
 makes them, plus what `prepare` adds (old_logp, ref_logp, advantages, ...).
