@@ -411,6 +411,8 @@ def rl_objective(
 ):
     """The policy objective the trainer optimizes, from arrays and the algorithm's knobs.
 
+    The knobs are static Python values (they choose the terms at trace time).
+
     L = policy_loss(logp, old_logp, A * w)              (kind, clips, dual clip, agg)
         + kl_coef * kl_penalty(logp, ref_logp)          unless kl_coef = 0 or kl_in_reward
         - entropy_coef * entropy_bonus(entropy)         unless entropy_coef = 0
