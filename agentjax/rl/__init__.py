@@ -1,10 +1,11 @@
 """agentjax.rl: the pure-functional numerics of the RL update (arrays in, arrays out).
 
 Submodules: `advantages` (GAE, GRPO family, REINFORCE++, ReMax, turn returns, whiten),
-`kl` (k1/k2/k3 estimators, entropy), `losses` (policy / value / KL / entropy losses and
-micro-batch-exact aggregation), `logprobs` (chunked token log-probs from hidden states)
-and `shaping` (length penalties, DAPO filter). Conventions: [B, T] arrays with a `mask`
-that is 1 on action tokens; mask-0 positions contribute nothing.
+`kl` (k1/k2/k3 estimators, entropy), `losses` (policy / value / KL / entropy losses, the
+trainer's objective `rl_objective`, micro-batch-exact aggregation), `logprobs` (chunked
+token log-probs from hidden states) and `shaping` (length penalties, DAPO filter).
+Conventions: [B, T] arrays with a `mask` that is 1 on action tokens; mask-0 positions
+contribute nothing.
 """
 from agentjax.rl import advantages, kl, logprobs, losses, shaping
 from agentjax.rl.advantages import (
@@ -30,7 +31,9 @@ from agentjax.rl.losses import (
     grpo_loss,
     kl_penalty,
     loss_norm,
+    masked_mean,
     policy_loss,
+    rl_objective,
     value_loss,
 )
 from agentjax.rl.shaping import dynamic_sampling_keep, length_penalty, overlong_penalty
@@ -55,11 +58,13 @@ __all__ = [
     "logprobs",
     "loss_norm",
     "losses",
+    "masked_mean",
     "overlong_penalty",
     "policy_loss",
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
     "remax",
+    "rl_objective",
     "rloo",
     "shaping",
     "token_logprobs",

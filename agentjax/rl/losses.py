@@ -3,7 +3,8 @@
 Conventions (all functions):
 - Per-token arrays are [B, T] with a `mask` that is 1 on action tokens. Positions with
   mask 0 contribute exactly nothing to the loss value and receive exactly zero gradient,
-  whatever is stored there (the log-ratio is masked *inside* the exponent, seed Q21).
+  whatever is stored there (the log-ratio is masked *inside* the exponent, so a garbage
+  log-prob at an observation token can never reach exp()).
 - `old_logp`, `ref_logp`, `advantages`, `returns`, `old_values` are constants of the
   update: they are wrapped in `stop_gradient`.
 - Scalars are reduced by `aggregate` with global denominators carried by a `LossNorm`.
@@ -13,9 +14,9 @@ Conventions (all functions):
 - Every loss returns `(loss, metrics)`; metrics are scalars over this call's action tokens
   only (means over its own tokens, not over the global batch), for logging.
 
-The trainer composes the objective, e.g.
-  pg, m = policy_loss(...); kl_term, _ = kl_penalty(...); ent, _ = entropy_bonus(...)
-  loss = pg + kl_coef * kl_term - entropy_coef * ent
+`rl_objective` composes the policy objective the trainer optimizes,
+  policy_loss(...) + kl_coef * kl_penalty(...) - entropy_coef * entropy_bonus(...),
+from arrays and the algorithm's knobs; `grpo_loss` is its GRPO preset.
 """
 from __future__ import annotations
 
@@ -110,7 +111,17 @@ def aggregate(x, mask, mode, *, norm=None):
     return row_sum.sum() / (norm.num_seqs * norm.constant)
 
 
-def _masked_mean(x, valid):
+def masked_mean(x, mask):
+    """Mean of `x` over the positions where `mask` is non-zero; 0 when there are none.
+
+    Args:
+      x: array of values (anything, even NaN, at mask-0 positions).
+      mask: array of x's shape, bool or numeric (non-zero = counted).
+
+    Returns:
+      float scalar (float32 unless x is float64).
+    """
+    valid = mask.astype(bool)
     return jnp.where(valid, x, 0.0).sum() / jnp.maximum(valid.sum(), 1)
 
 
@@ -128,14 +139,14 @@ def _ppo(logp, log_ratio, advantages, valid, *, clip_low, clip_high, dual_clip):
     loss = jnp.maximum(unclipped, clipped)
     clip_active = clipped > unclipped
     metrics = {
-        "clipfrac": _masked_mean(clip_active, valid),
-        "clipfrac_high": _masked_mean(clip_active & (advantages > 0), valid),
-        "clipfrac_low": _masked_mean(clip_active & (advantages < 0), valid),
+        "clipfrac": masked_mean(clip_active, valid),
+        "clipfrac_high": masked_mean(clip_active & (advantages > 0), valid),
+        "clipfrac_low": masked_mean(clip_active & (advantages < 0), valid),
     }
     if dual_clip is not None:
         dual_bound = -advantages * dual_clip
         negative = advantages < 0
-        metrics["clipfrac_dual"] = _masked_mean(negative & (loss > dual_bound), valid)
+        metrics["clipfrac_dual"] = masked_mean(negative & (loss > dual_bound), valid)
         loss = jnp.where(negative, jnp.minimum(loss, dual_bound), loss)
     return loss, metrics
 
@@ -151,10 +162,10 @@ def _gspo(logp, log_ratio, advantages, valid, *, clip_low, clip_high, dual_clip)
     clipped = -advantages * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
     clip_active = clipped > unclipped
     metrics = {
-        "clipfrac": _masked_mean(clip_active, valid),
-        "clipfrac_high": _masked_mean(clip_active & (advantages > 0), valid),
-        "clipfrac_low": _masked_mean(clip_active & (advantages < 0), valid),
-        "seq_ratio_mean": _masked_mean(ratio, valid),
+        "clipfrac": masked_mean(clip_active, valid),
+        "clipfrac_high": masked_mean(clip_active & (advantages > 0), valid),
+        "clipfrac_low": masked_mean(clip_active & (advantages < 0), valid),
+        "seq_ratio_mean": masked_mean(ratio, valid),
     }
     return jnp.maximum(unclipped, clipped), metrics
 
@@ -165,8 +176,8 @@ def _cispo(logp, log_ratio, advantages, valid, *, clip_low, clip_high, dual_clip
     ratio = jnp.exp(log_ratio)
     weight = lax.stop_gradient(jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high))
     metrics = {
-        "clipfrac_high": _masked_mean(ratio > 1.0 + clip_high, valid),
-        "clipfrac_low": _masked_mean(ratio < 1.0 - clip_low, valid),
+        "clipfrac_high": masked_mean(ratio > 1.0 + clip_high, valid),
+        "clipfrac_low": masked_mean(ratio < 1.0 - clip_low, valid),
     }
     return -weight * advantages * logp, metrics
 
@@ -267,12 +278,12 @@ def policy_loss(
 
     ratio = jnp.exp(log_ratio)
     metrics = {
-        "approx_kl": _masked_mean(-log_ratio, valid),
-        "approx_kl_k3": _masked_mean(ratio - 1.0 - log_ratio, valid),
-        "ratio_mean": _masked_mean(ratio, valid),
+        "approx_kl": masked_mean(-log_ratio, valid),
+        "approx_kl_k3": masked_mean(ratio - 1.0 - log_ratio, valid),
+        "ratio_mean": masked_mean(ratio, valid),
         "ratio_min": _masked_extreme(ratio, valid, jnp.min, 1.0),
         "ratio_max": _masked_extreme(ratio, valid, jnp.max, 1.0),
-        "advantage_mean": _masked_mean(advantages, valid),
+        "advantage_mean": masked_mean(advantages, valid),
         "num_tokens": valid.sum().astype(jnp.float32),
         **kind_metrics,
     }
@@ -314,19 +325,19 @@ def value_loss(values, old_values, returns, mask, *, clip=None, agg="token-mean"
     if clip is not None:
         clipped_values = old_values + jnp.clip(values - old_values, -clip, clip)
         clipped_sq_err = jnp.square(clipped_values - returns)
-        metrics["value_clipfrac"] = _masked_mean(clipped_sq_err > sq_err, valid)
+        metrics["value_clipfrac"] = masked_mean(clipped_sq_err > sq_err, valid)
         sq_err = jnp.maximum(sq_err, clipped_sq_err)
     loss = 0.5 * aggregate(sq_err, mask, agg, norm=norm)
 
     def masked_var(x):
-        return _masked_mean(jnp.square(x - _masked_mean(x, valid)), valid)
+        return masked_mean(jnp.square(x - masked_mean(x, valid)), valid)
 
     return_var = masked_var(returns)
     explained = 1.0 - masked_var(returns - values) / jnp.where(return_var > 0, return_var, 1.0)
     metrics.update(
-        value_mean=_masked_mean(values, valid),
-        return_mean=_masked_mean(returns, valid),
-        value_mse=_masked_mean(jnp.square(values - returns), valid),
+        value_mean=masked_mean(values, valid),
+        return_mean=masked_mean(returns, valid),
+        value_mse=masked_mean(jnp.square(values - returns), valid),
         explained_variance=jnp.where(return_var > 0, explained, 0.0),
     )
     return loss, lax.stop_gradient(metrics)
@@ -353,7 +364,7 @@ def kl_penalty(logp, ref_logp, mask, *, kind="k3", agg="token-mean", norm=None):
     ref_logp = lax.stop_gradient(jnp.where(valid, ref_logp, 0.0))
     per_token = kl_lib.kl(logp, ref_logp, kind)
     metrics = {
-        "kl": _masked_mean(per_token, valid),
+        "kl": masked_mean(per_token, valid),
         "kl_max": _masked_extreme(per_token, valid, jnp.max, 0.0),
     }
     return aggregate(per_token, mask, agg, norm=norm), lax.stop_gradient(metrics)
@@ -374,8 +385,92 @@ def entropy_bonus(entropy, mask, *, agg="token-mean", norm=None):
     """
     _common.check_tokens(entropy=entropy, mask=mask)
     valid = mask.astype(bool)
-    metrics = {"entropy": _masked_mean(entropy, valid)}
+    metrics = {"entropy": masked_mean(entropy, valid)}
     return aggregate(entropy, mask, agg, norm=norm), lax.stop_gradient(metrics)
+
+
+def rl_objective(
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    *,
+    ref_logp=None,
+    entropy=None,
+    is_weights=None,
+    kind="ppo",
+    clip_low=0.2,
+    clip_high=0.2,
+    dual_clip=None,
+    agg="token-mean",
+    kl_coef=0.0,
+    kl_kind="k3",
+    kl_in_reward=False,
+    entropy_coef=0.0,
+    norm=None,
+):
+    """The policy objective the trainer optimizes, from arrays and the algorithm's knobs.
+
+    The knobs are static Python values (they choose the terms at trace time).
+
+    L = policy_loss(logp, old_logp, A * w)              (kind, clips, dual clip, agg)
+        + kl_coef * kl_penalty(logp, ref_logp)          unless kl_coef = 0 or kl_in_reward
+        - entropy_coef * entropy_bonus(entropy)         unless entropy_coef = 0
+    with one aggregation `agg` and one `norm` for every term, so micro-batch losses add up
+    to the full-batch loss. w are the truncated importance-sampling weights of the
+    policy-gradient term (1 when `is_weights` is None). With kl_in_reward the KL already
+    shaped the rewards (and so the advantages) and is not a loss term; `ref_logp` is then
+    not read.
+
+    Args:
+      logp: [B, T] float log-probs of the taken tokens under the current policy.
+      old_logp: [B, T] float log-probs under the policy the ratio is taken against.
+      advantages: [B, T] per-token or [B] per-sequence advantages.
+      mask: [B, T] action mask (non-zero = token in the loss).
+      ref_logp: [B, T] reference-policy log-probs; required when the KL is a loss term.
+      entropy: [B, T] per-token policy entropy, or None. When given, its mean is reported
+        (metric entropy) even with entropy_coef = 0; required when entropy_coef > 0.
+      is_weights: [B, T] importance weights multiplying the advantages, or None.
+      kind, clip_low, clip_high, dual_clip: the policy loss, see `policy_loss`.
+      agg: aggregation mode of every term, one of AGG_MODES.
+      kl_coef: weight of the KL term (>= 0).
+      kl_kind: KL estimator, one of agentjax.rl.kl.KL_KINDS.
+      kl_in_reward: True when the KL penalty is in the rewards instead of the loss.
+      entropy_coef: weight of the entropy bonus (>= 0).
+      norm: LossNorm of the full batch (see `loss_norm`); None = this is the full batch.
+
+    Returns:
+      (loss, metrics): float32 scalar and the `policy_loss` metrics plus pg_loss (the
+      policy-gradient term), with the KL term kl, kl_max and kl_loss (the unweighted KL
+      term), with `entropy` the entropy metric.
+    """
+    _common.check_choice("kl_kind", kl_kind, kl_lib.KL_KINDS)
+    _common.check_range("kl_coef", kl_coef, low=0.0)
+    _common.check_range("entropy_coef", entropy_coef, low=0.0)
+    kl_as_loss = kl_coef > 0 and not kl_in_reward
+    if kl_as_loss and ref_logp is None:
+        raise ValueError("ref_logp is required when the KL is a loss term "
+                         f"(kl_coef={kl_coef}, kl_in_reward={kl_in_reward})")
+    if entropy_coef and entropy is None:
+        raise ValueError(f"entropy is required with entropy_coef={entropy_coef}")
+    if is_weights is not None:
+        _common.check_tokens(mask=mask, is_weights=is_weights)
+        advantages = _token_advantages(advantages, mask) * is_weights
+
+    loss, metrics = policy_loss(
+        logp, old_logp, advantages, mask, kind=kind, clip_low=clip_low, clip_high=clip_high,
+        dual_clip=dual_clip, agg=agg, norm=norm)
+    metrics["pg_loss"] = loss
+    if kl_as_loss:
+        kl_term, kl_metrics = kl_penalty(logp, ref_logp, mask, kind=kl_kind, agg=agg, norm=norm)
+        loss = loss + kl_coef * kl_term
+        metrics.update(kl_metrics, kl_loss=kl_term)
+    if entropy is not None:
+        entropy_term, entropy_metrics = entropy_bonus(entropy, mask, agg=agg, norm=norm)
+        metrics.update(entropy_metrics)
+        if entropy_coef:
+            loss = loss - entropy_coef * entropy_term
+    return loss, lax.stop_gradient(metrics)
 
 
 def grpo_loss(
@@ -393,13 +488,13 @@ def grpo_loss(
     agg="seq-mean-token-mean",
     norm=None,
 ):
-    """The GRPO-agent objective of seed §2.4 / Q21, composed from the pieces above.
+    """GRPO's objective (DeepSeekMath, arXiv 2402.03300): `rl_objective` with the PPO clip
+    and the KL to the reference policy as a loss term, no entropy bonus.
 
     L = -(1/G) sum_i (1/|m_i|) sum_t m_it [min(r A_i, clip(r) A_i) - beta KL_it]
-      = policy_loss(kind="ppo") + kl_coef * kl_penalty(kind=kl_kind)
     with the inside-ratio mask and the per-token k3 KL on action tokens only. With
-    agg="seq-mean-token-mean" (default) this is exactly the seed's formula; DAPO uses
-    "token-mean" and clip_high=0.28.
+    agg="seq-mean-token-mean" (default) this is exactly the paper's formula; DAPO
+    (arXiv 2503.14476) uses "token-mean" and clip_high=0.28.
 
     Args:
       logp: [B, T] float log-probs of the taken tokens under the current policy.
@@ -417,15 +512,10 @@ def grpo_loss(
       norm: LossNorm of the full batch; None = this is the full batch.
 
     Returns:
-      (loss, metrics): the policy_loss metrics plus kl, kl_max, pg_loss and kl_loss.
+      (loss, metrics): the policy_loss metrics plus pg_loss and, unless kl_coef = 0, kl,
+      kl_max and kl_loss.
     """
-    _common.check_choice("kl_kind", kl_kind, kl_lib.KL_KINDS)
-    pg, metrics = policy_loss(
-        logp, old_logp, advantages, mask,
-        kind="ppo", clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
-        agg=agg, norm=norm,
-    )
-    kl_term, kl_metrics = kl_penalty(logp, ref_logp, mask, kind=kl_kind, agg=agg, norm=norm)
-    metrics = {**metrics, **kl_metrics, "pg_loss": lax.stop_gradient(pg),
-               "kl_loss": lax.stop_gradient(kl_term)}
-    return pg + kl_coef * kl_term, metrics
+    return rl_objective(
+        logp, old_logp, advantages, mask, ref_logp=ref_logp, kind="ppo", clip_low=clip_low,
+        clip_high=clip_high, dual_clip=dual_clip, agg=agg, kl_coef=kl_coef, kl_kind=kl_kind,
+        norm=norm)

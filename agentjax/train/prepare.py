@@ -1,16 +1,18 @@
 """Between rollout and update: log-probs, KL, values and advantages of a batch.
 
-`build_prepare(...)` returns the jitted pure function
+`build_prepare(logprob_fn, algo, ...)` returns the pure function (jit it)
 
     prepare(params, ref_params, critic_params, batch) -> (batch, metrics)
 
 that adds to a collated batch everything `step.update` reads: `loss_mask`, `old_logp`,
 `ref_logp`, `advantages` (and for PPO `old_values`, `returns`), `is_weights`. All
-advantages are computed on the full batch before any minibatching.
+advantages are computed on the full batch before any minibatching. The model enters only
+through `logprob_fn` (and `value_fn` for a critic), so every branch can be tested with
+fixed arrays; `model_logprob_fn` and `critic_value_fn` build them from graphdefs.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -18,19 +20,41 @@ from flax import nnx
 
 from agentjax.rl import advantages as adv_lib
 from agentjax.rl import kl as kl_lib
+from agentjax.rl.losses import LOG_RATIO_CLAMP, masked_mean
 from agentjax.train.step import policy_logprobs
+
+# (params, batch, temperature) -> (logp, entropy), both [B, T] for batch["targets"].
+LogprobFn = Callable[[Any, dict, jax.Array], tuple[jax.Array, jax.Array]]
+# (critic_params, batch) -> values [B, T].
+ValueFn = Callable[[Any, dict], jax.Array]
+
+
+def model_logprob_fn(graphdef: nnx.GraphDef, *, chunk_size: int) -> LogprobFn:
+    """The policy's `LogprobFn`: `step.policy_logprobs` with chunked logits."""
+
+    def logprob_fn(params, batch, temperature):
+        return policy_logprobs(graphdef, params, batch, chunk_size=chunk_size,
+                               temperature=temperature)
+
+    return logprob_fn
+
+
+def critic_value_fn(critic_graphdef: nnx.GraphDef) -> ValueFn:
+    """The critic's `ValueFn` (a `models.value.ValueModel` graphdef)."""
+
+    def value_fn(critic_params, batch):
+        critic = nnx.merge(critic_graphdef, critic_params)
+        return critic(batch["inputs"], batch["positions"], batch["segment_ids"])
+
+    return value_fn
 
 
 def loss_mask(batch: dict, *, mask_observations: bool) -> jax.Array:
     """Tokens that enter the loss: the action tokens, or — for the observation-masking
-    ablation (seed §2.1) — every real token after the prompt, observations included."""
+    ablation — every real token after the prompt, observations included."""
     if mask_observations:
         return batch["action_mask"]
     return ((batch["turn_ids"] > 0) & (batch["segment_ids"] > 0)).astype(jnp.float32)
-
-
-def _masked_mean(x, mask):
-    return jnp.where(mask > 0, x, 0.0).sum() / jnp.maximum((mask > 0).sum(), 1)
 
 
 def sequence_advantages(kind: str, scores: jax.Array, group_ids: jax.Array, num_groups: int,
@@ -48,22 +72,28 @@ def sequence_advantages(kind: str, scores: jax.Array, group_ids: jax.Array, num_
     raise ValueError(f"unknown advantage estimator {kind!r}")
 
 
-def build_prepare(graphdef: nnx.GraphDef, algo: Any, *, num_groups: int, chunk_size: int,
-                  mask_observations: bool = True, critic_graphdef: nnx.GraphDef | None = None):
+def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
+                  mask_observations: bool = True, value_fn: ValueFn | None = None):
     """Returns `prepare(params, ref_params, critic_params, batch) -> (batch, metrics)`.
 
     Args:
-      graphdef: policy graphdef (the reference policy shares it).
+      logprob_fn: (params, batch, temperature) -> (logp, entropy) [B, T] of
+        batch["targets"]; the reference policy is `logprob_fn` at `ref_params`.
       algo: the `config.algo` section.
       num_groups: static number of groups (prompts) per batch; padding rows carry group
         id -1 and get zero advantage.
-      chunk_size: log-prob chunk length.
       mask_observations: False puts observation tokens into the loss (ablation).
-      critic_graphdef: the critic's graphdef (PPO only).
+      value_fn: (critic_params, batch) -> values [B, T]; required for advantage="gae".
 
     The batch must hold `temperature` [B]: the rollout temperature, so recomputed
     log-probs describe the distribution the engine sampled from.
+
+    Metrics: logp_mismatch_abs and logp_mismatch_kl (k3 of KL(behavior || current)) over
+    action tokens; kl_ref (KL(old || ref) over loss tokens) with a KL term; value_mean with
+    a critic; advantage_abs_mean over loss tokens.
     """
+    if algo.advantage == "gae" and value_fn is None:
+        raise ValueError("advantage='gae' needs a critic: pass value_fn")
     need_ref = algo.kl_coef > 0
 
     def prepare(params, ref_params, critic_params, batch):
@@ -72,47 +102,44 @@ def build_prepare(graphdef: nnx.GraphDef, algo: Any, *, num_groups: int, chunk_s
         action = batch["action_mask"]
         temperature = batch["temperature"][0]
         metrics = {}
-        current, _ = policy_logprobs(graphdef, params, batch, chunk_size=chunk_size,
-                                     temperature=temperature)
+        current, _ = logprob_fn(params, batch, temperature)
         current = jax.lax.stop_gradient(current)
         behavior = batch["behavior_logp"]
         # Off-policy gap between the engine's sampling and the trainer's numerics.
-        metrics["logp_mismatch_abs"] = _masked_mean(jnp.abs(current - behavior), action)
-        metrics["logp_mismatch_kl"] = _masked_mean(kl_lib.kl(behavior, current, "k3"), action)
+        metrics["logp_mismatch_abs"] = masked_mean(jnp.abs(current - behavior), action)
+        metrics["logp_mismatch_kl"] = masked_mean(kl_lib.kl(behavior, current, "k3"), action)
         if algo.old_logp == "behavior":
             old = jnp.where(action > 0, behavior, current)
         else:
             old = current
             if algo.tis_cap:
-                weights = jnp.minimum(jnp.exp(jnp.clip(current - behavior, -20, 20)),
-                                      algo.tis_cap)
+                weights = jnp.minimum(
+                    jnp.exp(jnp.clip(current - behavior, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)),
+                    algo.tis_cap)
                 batch["is_weights"] = jnp.where(action > 0, weights, 1.0)
         batch["old_logp"] = old
         token_rewards = batch["rewards"]
         if need_ref:
-            ref, _ = policy_logprobs(graphdef, ref_params, batch, chunk_size=chunk_size,
-                                     temperature=temperature)
+            ref, _ = logprob_fn(ref_params, batch, temperature)
             batch["ref_logp"] = jax.lax.stop_gradient(ref)
             kl_tokens = jnp.where(mask > 0, kl_lib.kl(old, batch["ref_logp"], algo.kl_kind), 0.)
-            metrics["kl_ref"] = _masked_mean(kl_tokens, mask)
+            metrics["kl_ref"] = masked_mean(kl_tokens, mask)
             if algo.kl_in_reward:
                 token_rewards = token_rewards - algo.kl_coef * kl_tokens
         scores = token_rewards.sum(axis=1)
         if algo.advantage == "gae":
-            critic = nnx.merge(critic_graphdef, critic_params)
-            values = jax.lax.stop_gradient(
-                critic(batch["inputs"], batch["positions"], batch["segment_ids"]))
+            values = jax.lax.stop_gradient(value_fn(critic_params, batch))
             advantages, returns = adv_lib.gae(token_rewards, values, mask, gamma=algo.gamma,
                                               lam=algo.lam)
             batch["advantages"] = adv_lib.whiten(advantages, mask)
             batch["returns"], batch["old_values"] = returns, values
-            metrics["value_mean"] = _masked_mean(values, mask)
+            metrics["value_mean"] = masked_mean(values, mask)
         else:
             batch["advantages"] = sequence_advantages(
                 algo.advantage, scores, batch["group_ids"], num_groups, mask, token_rewards,
                 gamma=algo.gamma)
         batch["loss_mask"] = mask
-        metrics["advantage_abs_mean"] = _masked_mean(jnp.abs(batch["advantages"]), mask)
+        metrics["advantage_abs_mean"] = masked_mean(jnp.abs(batch["advantages"]), mask)
         return batch, metrics
 
     return prepare

@@ -9,9 +9,9 @@ One pure function does PPO epochs x minibatches x micro-batches:
 
 Because every micro-batch loss divides by the minibatch's global token / sequence
 counts (`agentjax.rl.losses.LossNorm`), the summed gradient equals the full-minibatch
-gradient exactly (up to float rounding) — the micro-batch normalization bug of peers
-(REFERENCES.md) cannot happen. The same machinery runs the RL objective, the critic's
-value loss and the SFT loss; only `loss_fn` differs.
+gradient exactly (up to float rounding), unlike dividing each micro-batch by its own
+token count. The same machinery runs the RL objective (`agentjax.rl.losses.rl_objective`),
+the critic's value loss and the SFT loss; only `loss_fn` differs.
 
 A batch is a dict of [B, T] / [B] arrays as `agentjax.rollout.trajectory.collate`
 makes them, plus what `prepare` adds (old_logp, ref_logp, advantages, ...).
@@ -108,16 +108,14 @@ def sft_loss(graphdef: nnx.GraphDef, *, chunk_size: int) -> LossFn:
         logp, entropy = policy_logprobs(graphdef, params, batch, chunk_size=chunk_size)
         mask = batch["loss_mask"]
         loss = rl_losses.aggregate(-logp, mask, "token-mean", norm=norm)
-        valid = mask > 0
-        count = jnp.maximum(valid.sum(), 1)
-        return loss, {"nll": jnp.where(valid, -logp, 0.0).sum() / count,
-                      "entropy": jnp.where(valid, entropy, 0.0).sum() / count}
+        return loss, {"nll": rl_losses.masked_mean(-logp, mask),
+                      "entropy": rl_losses.masked_mean(entropy, mask)}
 
     return loss_fn
 
 
 def rl_loss(graphdef: nnx.GraphDef, algo: Any, *, chunk_size: int) -> LossFn:
-    """The policy objective: policy loss + kl_coef * KL (as a loss) - entropy bonus.
+    """The policy objective `rl.losses.rl_objective` on the model's log-probs.
 
     Args:
       graphdef: the policy graphdef.
@@ -128,29 +126,17 @@ def rl_loss(graphdef: nnx.GraphDef, algo: Any, *, chunk_size: int) -> LossFn:
     (all rows equal), `ref_logp` when the KL is a loss term and `is_weights` [B, T] when
     truncated importance sampling corrects behavior-policy log-probs.
     """
-    kl_as_loss = algo.kl_coef > 0 and not algo.kl_in_reward
 
     def loss_fn(params, batch, norm):
         logp, entropy = policy_logprobs(graphdef, params, batch, chunk_size=chunk_size,
                                         temperature=batch["temperature"][0])
-        mask = batch["loss_mask"]
-        advantages = batch["advantages"] * batch.get("is_weights", 1.0)
-        loss, metrics = rl_losses.policy_loss(
-            logp, batch["old_logp"], advantages, mask, kind=algo.loss,
-            clip_low=algo.clip_low, clip_high=algo.clip_high,
-            dual_clip=algo.dual_clip or None, agg=algo.agg, norm=norm)
-        metrics["pg_loss"] = loss
-        if kl_as_loss:
-            kl_term, kl_metrics = rl_losses.kl_penalty(
-                logp, batch["ref_logp"], mask, kind=algo.kl_kind, agg=algo.agg, norm=norm)
-            loss = loss + algo.kl_coef * kl_term
-            metrics.update(kl_metrics)
-        entropy_term, entropy_metrics = rl_losses.entropy_bonus(entropy, mask, agg=algo.agg,
-                                                                norm=norm)
-        metrics.update(entropy_metrics)
-        if algo.entropy_coef:
-            loss = loss - algo.entropy_coef * entropy_term
-        return loss, metrics
+        return rl_losses.rl_objective(
+            logp, batch["old_logp"], batch["advantages"], batch["loss_mask"],
+            ref_logp=batch.get("ref_logp"), entropy=entropy,
+            is_weights=batch.get("is_weights"), kind=algo.loss, clip_low=algo.clip_low,
+            clip_high=algo.clip_high, dual_clip=algo.dual_clip or None, agg=algo.agg,
+            kl_coef=algo.kl_coef, kl_kind=algo.kl_kind, kl_in_reward=algo.kl_in_reward,
+            entropy_coef=algo.entropy_coef, norm=norm)
 
     return loss_fn
 

@@ -49,7 +49,7 @@ from agentjax.train.evaluate import evaluate, group_of, solved
 from agentjax.train.memory import memory_plan
 from agentjax.train.metrics import MetricsWriter
 from agentjax.train.packing import pack
-from agentjax.train.prepare import build_prepare
+from agentjax.train.prepare import build_prepare, critic_value_fn, model_logprob_fn
 from agentjax.train.preflight import check_runtime
 from agentjax.train.suites import build_suite
 
@@ -540,9 +540,10 @@ class Trainer:
             critic_optimizer=critic_optimizer, critic_warmup_steps=algo.critic_warmup_steps),
             state)
         prepare = jax.jit(build_prepare(
-            self.graphdef, algo, num_groups=config.rollout.prompts_per_step,
-            chunk_size=config.model.logprob_chunk,
-            mask_observations=config.env.mask_observations, critic_graphdef=critic_graphdef))
+            model_logprob_fn(self.graphdef, chunk_size=config.model.logprob_chunk), algo,
+            num_groups=config.rollout.prompts_per_step,
+            mask_observations=config.env.mask_observations,
+            value_fn=critic_value_fn(critic_graphdef) if critic_graphdef else None))
         sampler = make_sampler(config.data.curriculum, self.suite.train_tasks,
                                seed=config.seed)
         checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),

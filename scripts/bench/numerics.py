@@ -5,7 +5,7 @@ The baselines are written the way the PyTorch frameworks write them (verl
 as eager torch ops with `.backward()`, and token log-probs as full logits followed by
 log_softmax + gather (plus the full-logits JAX path, `token_logprobs_full`).
 
-Measurements (issue 2):
+Measurements:
   1. GAE, B=64, T=4096, random interleaved mask: jitted, warm `gae` >= 50x the torch loop;
      `gae_associative` reported beside it.
   2. Masked PPO and GRPO loss forward + backward w.r.t. logp, B=64, T=4096: >= 2x torch.
@@ -200,10 +200,10 @@ def bench_losses(shape, repeats):
         return losses.policy_loss(lp, old_logp, adv, mask, kind="ppo", clip_low=CLIP_LOW,
                                   clip_high=CLIP_HIGH, dual_clip=DUAL_CLIP, agg="token-mean")[0]
 
-    def grpo(lp):
-        return losses.grpo_loss(lp, old_logp, ref_logp, adv, mask, clip_low=CLIP_LOW,
-                                clip_high=CLIP_HIGH, dual_clip=DUAL_CLIP, kl_coef=KL_COEF,
-                                agg="seq-mean-token-mean")[0]
+    def grpo(lp):  # the trainer's objective with GRPO's knobs
+        return losses.rl_objective(lp, old_logp, adv, mask, ref_logp=ref_logp, kind="ppo",
+                                   clip_low=CLIP_LOW, clip_high=CLIP_HIGH, dual_clip=DUAL_CLIP,
+                                   kl_coef=KL_COEF, agg="seq-mean-token-mean")[0]
 
     jax_fns = {"ppo": jax.jit(jax.value_and_grad(ppo)), "grpo": jax.jit(jax.value_and_grad(grpo))}
     t = {k: torch.from_numpy(v) for k, v in

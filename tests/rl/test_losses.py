@@ -61,6 +61,61 @@ class ReferenceTest(chex.TestCase):
             self._check_policy(fn, kind, agg, dual_clip)
 
     @chex.variants(with_jit=True, without_jit=True)
+    def test_rl_objective_every_term(self):
+        """policy loss on TIS-weighted advantages + kl_coef * KL - entropy_coef * entropy,
+        one aggregation for all: value and gradients in logp and entropy."""
+        rng = np.random.default_rng(2)
+        ref_logp = self.logp + floats(rng, (B, T), 0.2)
+        entropy = np.abs(floats(rng, (B, T)))
+        is_weights = np.exp(floats(rng, (B, T), 0.3)).astype(np.float32)
+        cases = [("ppo", "seq-mean-token-mean", 3.0, "k3"), ("gspo", "token-mean", None, "k1"),
+                 ("cispo", "seq-mean-token-sum-norm", None, "k2")]
+        for kind, agg, dual_clip, kl_kind in cases:
+            def objective(logp, entropy, kind=kind, agg=agg, dual_clip=dual_clip,
+                          kl_kind=kl_kind):
+                return losses.rl_objective(
+                    logp, self.old_logp, self.adv, self.mask, ref_logp=ref_logp,
+                    entropy=entropy, is_weights=is_weights, kind=kind, dual_clip=dual_clip,
+                    agg=agg, kl_coef=0.1, kl_kind=kl_kind, entropy_coef=0.01, **CLIPS)
+
+            fn = self.variant(jax.value_and_grad(objective, argnums=(0, 1), has_aux=True))
+            (loss, metrics), (grad_logp, grad_entropy) = fn(self.logp, entropy)
+            weighted_adv = self.adv * is_weights
+            token_args = (self.logp, self.old_logp, weighted_adv, self.mask, kind)
+            weights = ref.aggregate_weights(self.mask, agg)
+            pg = ref.aggregate(ref.policy_token_loss(*token_args, **CLIPS, dual_clip=dual_clip),
+                               self.mask, agg)
+            kl = ref.aggregate(ref.kl(self.logp, ref_logp, kl_kind), self.mask, agg)
+            bonus = ref.aggregate(entropy, self.mask, agg)
+            msg = f"{kind} {agg}"
+            np.testing.assert_allclose(loss, pg + 0.1 * kl - 0.01 * bonus, **TOL, err_msg=msg)
+            np.testing.assert_allclose(metrics["pg_loss"], pg, **TOL, err_msg=msg)
+            np.testing.assert_allclose(metrics["kl_loss"], kl, **TOL, err_msg=msg)
+            np.testing.assert_allclose(metrics["entropy"], entropy[self.mask].mean(), **TOL,
+                                       err_msg=msg)
+            expected_grad = weights * (
+                ref.policy_token_grad(*token_args, **CLIPS, dual_clip=dual_clip)
+                + 0.1 * ref.kl_grad(self.logp, ref_logp, kl_kind))
+            np.testing.assert_allclose(grad_logp, expected_grad, **TOL, err_msg=msg)
+            np.testing.assert_allclose(grad_entropy, -0.01 * weights, **TOL, err_msg=msg)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_rl_objective_kl_in_reward_and_no_entropy_bonus(self):
+        """With the KL in the reward (or kl_coef 0) and entropy_coef 0 the objective is the
+        policy loss alone; the entropy is still reported."""
+        entropy = np.abs(floats(np.random.default_rng(3), (B, T)))
+        policy = self.variant(functools.partial(losses.policy_loss, **CLIPS))
+        pg, pg_metrics = policy(self.logp, self.old_logp, self.adv, self.mask)
+        for knobs in (dict(kl_coef=0.1, kl_in_reward=True), dict(kl_coef=0.0)):
+            objective = self.variant(functools.partial(losses.rl_objective, **knobs, **CLIPS))
+            loss, metrics = objective(self.logp, self.old_logp, self.adv, self.mask,
+                                      entropy=entropy)
+            np.testing.assert_array_equal(loss, pg)
+            assert "kl" not in metrics and "kl_loss" not in metrics
+            np.testing.assert_allclose(metrics["entropy"], entropy[self.mask].mean(), **TOL)
+            chex.assert_trees_all_equal({k: metrics[k] for k in pg_metrics}, pg_metrics)
+
+    @chex.variants(with_jit=True, without_jit=True)
     def test_grpo_value_kl_entropy(self):
         rng = np.random.default_rng(1)
         ref_logp = self.logp + floats(rng, (B, T), 0.2)
@@ -141,6 +196,9 @@ _ALL_LOSSES = {
     **{f"policy-{kind}": _loss_fns(kind) for kind in losses.POLICY_LOSS_KINDS},
     "grpo": lambda logp, other, adv, mask, norm: losses.grpo_loss(
         logp, other, other - 0.1, adv, mask, kl_coef=0.5, agg=_AGG, norm=norm)[0],
+    "objective": lambda logp, other, adv, mask, norm: losses.rl_objective(
+        logp, other, adv, mask, ref_logp=other - 0.1, entropy=logp, is_weights=other * 0.5,
+        kind="gspo", kl_coef=0.5, entropy_coef=0.1, agg=_AGG, norm=norm)[0],
     "value": lambda logp, other, adv, mask, norm: losses.value_loss(
         logp, other, adv, mask, clip=0.2, agg=_AGG, norm=norm)[0],
     "kl-k3+": lambda logp, other, adv, mask, norm: losses.kl_penalty(
@@ -177,9 +235,11 @@ def test_no_gradient_or_value_reaches_masked_tokens(logp, other, adv, mask):
 @functools.partial(jax.jit, static_argnames=("kind", "agg"))
 def _policy_loss_and_grad(logp, old_logp, adv, mask, norm, kind, agg):
     def loss_fn(lp):
-        if kind == "grpo":  # the composed objective, old_logp doubling as the reference
-            return losses.grpo_loss(lp, old_logp, old_logp, adv, mask, kl_coef=0.5, agg=agg,
-                                    norm=norm, **CLIPS)[0]
+        if kind == "objective":  # every term, old_logp doubling as reference and weights
+            return losses.rl_objective(
+                lp, old_logp, adv, mask, ref_logp=old_logp, entropy=lp,
+                is_weights=jnp.exp(old_logp), kl_coef=0.5, entropy_coef=0.1, agg=agg,
+                norm=norm, **CLIPS)[0]
         return losses.policy_loss(lp, old_logp, adv, mask, kind=kind, agg=agg, norm=norm,
                                   **CLIPS)[0]
     return jax.value_and_grad(loss_fn)(logp)
@@ -194,7 +254,8 @@ _MICRO = 2  # rows per micro-batch
 def test_micro_batches_sum_to_the_full_batch(logp, old_logp, adv, mask):
     norm = losses.loss_norm(mask, constant=20.0)
     cases = [("ppo", mode) for mode in losses.AGG_MODES]
-    cases += [(kind, "seq-mean-token-mean") for kind in ("gspo", "cispo", "reinforce", "grpo")]
+    cases += [(kind, "seq-mean-token-mean")
+              for kind in ("gspo", "cispo", "reinforce", "objective")]
     for kind, agg in cases:
         full_loss, full_grad = _policy_loss_and_grad(logp, old_logp, adv, mask, norm, kind, agg)
         parts = [
@@ -260,5 +321,11 @@ def test_bad_arguments_name_the_argument():
         losses.kl_penalty(x, jnp.zeros((3, 3)), x)
     with pytest.raises(ValueError, match="kl_kind"):
         losses.grpo_loss(x, x, x, x, x, kl_kind="k5")
+    with pytest.raises(ValueError, match="ref_logp"):
+        losses.rl_objective(x, x, x, x, kl_coef=0.1)
+    with pytest.raises(ValueError, match="entropy"):
+        losses.rl_objective(x, x, x, x, entropy_coef=0.1)
+    with pytest.raises(ValueError, match="is_weights"):
+        losses.rl_objective(x, x, x, x, is_weights=jnp.zeros((2, 4)))
     with pytest.raises(ValueError, match="constant"):
         losses.loss_norm(x, constant=0)

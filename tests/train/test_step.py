@@ -10,7 +10,7 @@ from agentjax import parallel
 from agentjax.models import Decoder, ModelConfig
 from agentjax.train import step as step_lib
 from agentjax.train.config import default_config
-from agentjax.train.prepare import build_prepare
+from agentjax.train.prepare import build_prepare, model_logprob_fn
 
 B, T, V = 8, 16, 64
 CONFIG = ModelConfig(arch="qwen2", vocab_size=V, hidden_size=16, intermediate_size=32,
@@ -46,7 +46,8 @@ def setup():
     algo.kl_coef = 0.01
     algo.entropy_coef = 0.001
     algo.old_logp = "behavior"  # ratios != 1 so the clip paths are exercised
-    prepare = jax.jit(build_prepare(graphdef, algo, num_groups=2, chunk_size=8))
+    prepare = jax.jit(build_prepare(model_logprob_fn(graphdef, chunk_size=8), algo,
+                                    num_groups=2))
     batch, _ = prepare(params, params, None, _batch())
     return graphdef, params, algo, batch
 

@@ -1,0 +1,226 @@
+"""`prepare` without a model: a fake log-prob function returns fixed arrays, so every
+branch (loss mask, old log-probs, TIS weights, KL in the reward or the loss, GAE with a
+critic, each advantage estimator, padding rows, metrics) has hand-computed expectations.
+
+The batch: 4 episodes in 2 groups plus one padding row (group id -1). Positions 0-1 are
+the prompt, 2-5 the response; action tokens are marked 1, the other response tokens are
+observations.
+"""
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentjax.train.config import default_config
+from agentjax.train.prepare import build_prepare
+from tests import reference as ref
+
+B, T = 5, 6
+NUM_GROUPS = 2
+TOL = dict(rtol=1e-6, atol=1e-6)
+
+ACTION = np.array([
+    [0, 0, 1, 1, 0, 1],
+    [0, 0, 1, 0, 0, 1],
+    [0, 0, 1, 1, 0, 0],
+    [0, 0, 1, 1, 0, 1],
+    [0, 0, 0, 0, 0, 0],  # padding
+], np.float32)
+# Every real token after the prompt: the loss mask when observations are not masked.
+RESPONSE = np.array([[0, 0, 1, 1, 1, 1]] * 4 + [[0] * 6], np.float32)
+GROUP_IDS = np.array([0, 0, 1, 1, -1], np.int32)
+# Scores 1, 0 | 2, 0.5 | 3 (the padding row's reward must be ignored).
+REWARDS = np.zeros((B, T), np.float32)
+REWARDS[0, 5], REWARDS[2, 3], REWARDS[3, 5], REWARDS[4, 5] = 1.0, 2.0, 0.5, 3.0
+
+# The trainer's log-probs (at temperature 1) everywhere, and the engine's on action
+# tokens: CURRENT - LOG_RATIO, so exp(LOG_RATIO) is pi_trainer / pi_engine per token.
+CURRENT = (-0.1 * np.arange(1, B * T + 1, dtype=np.float32)).reshape(B, T)
+_RATIOS = [0.5, 1.5, 3.0, 1.0, None, 1.5, 0.5, 1.0, 1.0, 2.0]  # None: log-ratio 30
+LOG_RATIO = np.zeros((B, T), np.float32)
+LOG_RATIO[ACTION > 0] = [30.0 if r is None else np.log(r) for r in _RATIOS]
+BEHAVIOR = np.where(ACTION > 0, CURRENT - LOG_RATIO, 0.0).astype(np.float32)
+# The reference policy is 1 nat below the current one on every token: k1(current, ref) = 1.
+REF = CURRENT - 1.0
+
+
+def fake_logprob_fn(params, batch, temperature):
+    chex.assert_shape(batch["targets"], (B, T))
+    logp = params / temperature
+    return logp, jnp.zeros_like(logp)
+
+
+def make_batch(temperature=1.0):
+    return dict(
+        targets=np.zeros((B, T), np.int32),
+        segment_ids=np.array([[1] * T] * 4 + [[0] * T], np.int32),
+        turn_ids=np.array([[0, 0, 1, 1, 1, 1]] * 4 + [[0] * T], np.int32),
+        action_mask=ACTION, behavior_logp=BEHAVIOR, rewards=REWARDS, group_ids=GROUP_IDS,
+        temperature=np.full((B,), temperature, np.float32))
+
+
+def make_algo(**overrides):
+    algo = default_config().algo
+    algo.advantage = "dr_grpo"  # scores minus the group mean: hand-computable
+    algo.old_logp = "recompute"
+    algo.tis_cap = 0.0
+    for key, value in overrides.items():
+        setattr(algo, key, value)
+    return algo
+
+
+@pytest.fixture(params=[False, True], ids=["eager", "jit"])
+def run(request):
+    """run(algo, batch=None, mask_observations=True, value_fn=None, critic_params=None)."""
+
+    def run(algo, batch=None, *, mask_observations=True, value_fn=None, critic_params=None):
+        prepare = build_prepare(fake_logprob_fn, algo, num_groups=NUM_GROUPS,
+                                mask_observations=mask_observations, value_fn=value_fn)
+        if request.param:
+            prepare = jax.jit(prepare)
+        out, metrics = prepare(jnp.asarray(CURRENT), jnp.asarray(REF), critic_params,
+                               make_batch() if batch is None else batch)
+        chex.assert_shape([out["loss_mask"], out["old_logp"], out["advantages"]], (B, T))
+        return jax.device_get(out), jax.device_get(metrics)
+
+    return run
+
+
+def per_row(values, mask):
+    return np.asarray(values, np.float32)[:, None] * mask
+
+
+# Dr.GRPO advantages of the scores 1, 0 | 2, 0.5 (group means 0.5 and 1.25).
+DR_GRPO = [0.5, -0.5, 0.75, -0.75, 0.0]
+
+
+def test_mask_observations(run):
+    out, _ = run(make_algo())
+    np.testing.assert_array_equal(out["loss_mask"], ACTION)
+    np.testing.assert_allclose(out["advantages"], per_row(DR_GRPO, ACTION), **TOL)
+
+    out, metrics = run(make_algo(), mask_observations=False)
+    np.testing.assert_array_equal(out["loss_mask"], RESPONSE)
+    # Observation tokens enter the loss with their episode's advantage...
+    np.testing.assert_allclose(out["advantages"], per_row(DR_GRPO, RESPONSE), **TOL)
+    np.testing.assert_allclose(metrics["advantage_abs_mean"],
+                               (4 * 0.5 + 4 * 0.5 + 4 * 0.75 + 4 * 0.75) / 16, **TOL)
+    # ...but the engine/trainer mismatch is still measured on action tokens only.
+    np.testing.assert_allclose(metrics["logp_mismatch_abs"],
+                               np.abs(LOG_RATIO[ACTION > 0]).mean(), **TOL)
+
+
+def test_old_logp_behavior_and_recompute(run):
+    out, _ = run(make_algo(old_logp="behavior"), mask_observations=False)
+    # The engine's log-probs on action tokens, the trainer's on observation tokens.
+    np.testing.assert_allclose(out["old_logp"], np.where(ACTION > 0, BEHAVIOR, CURRENT), **TOL)
+    assert "is_weights" not in out
+
+    out, _ = run(make_algo(old_logp="recompute", tis_cap=0.0))
+    np.testing.assert_allclose(out["old_logp"], CURRENT, **TOL)
+    assert "is_weights" not in out  # tis_cap 0 disables the weights
+
+
+def test_recomputed_log_probs_use_the_rollout_temperature(run):
+    out, _ = run(make_algo(), make_batch(temperature=0.5))
+    np.testing.assert_allclose(out["old_logp"], CURRENT / 0.5, **TOL)
+
+
+def test_truncated_importance_weights(run):
+    out, _ = run(make_algo(old_logp="recompute", tis_cap=2.0), mask_observations=False)
+    # min(pi_trainer / pi_engine, 2) per action token: 3 and exp(30) are capped at 2.
+    expected = np.ones((B, T), np.float32)
+    expected[ACTION > 0] = [0.5, 1.5, 2.0, 1.0, 2.0, 1.5, 0.5, 1.0, 1.0, 2.0]
+    np.testing.assert_allclose(out["is_weights"], expected, **TOL)
+    np.testing.assert_allclose(out["old_logp"], CURRENT, **TOL)
+
+
+def test_mismatch_metrics(run):
+    _, metrics = run(make_algo())
+    # k3 of KL(engine || trainer) per action token: r - 1 - log r of the ratio r, and
+    # the clamp at 10 for the log-ratio of 30.
+    k3 = [10.0 if r is None else r - 1.0 - np.log(r) for r in _RATIOS]
+    np.testing.assert_allclose(metrics["logp_mismatch_kl"], np.mean(k3), **TOL)
+    abs_log_ratio = 30.0 + 2 * np.log(2) + 2 * np.log(1.5) + np.log(3) + np.log(2)
+    np.testing.assert_allclose(metrics["logp_mismatch_abs"], abs_log_ratio / 10, **TOL)
+    np.testing.assert_allclose(metrics["advantage_abs_mean"],
+                               (3 * 0.5 + 2 * 0.5 + 2 * 0.75 + 3 * 0.75) / 10, **TOL)
+    assert set(metrics) == {"logp_mismatch_abs", "logp_mismatch_kl", "advantage_abs_mean"}
+
+
+def test_kl_as_a_loss_term(run):
+    out, metrics = run(make_algo(kl_coef=0.1, kl_kind="k1", kl_in_reward=False))
+    np.testing.assert_allclose(out["ref_logp"], REF, **TOL)
+    np.testing.assert_allclose(metrics["kl_ref"], 1.0, **TOL)
+    # The rewards, and so the advantages, are those without KL.
+    np.testing.assert_allclose(out["advantages"], per_row(DR_GRPO, ACTION), **TOL)
+
+
+def test_kl_in_the_reward(run):
+    out, metrics = run(make_algo(kl_coef=0.1, kl_kind="k1", kl_in_reward=True))
+    np.testing.assert_allclose(metrics["kl_ref"], 1.0, **TOL)
+    # Each action token's reward loses 0.1 * 1: scores 1 - 0.3, 0 - 0.2 | 2 - 0.2, 0.5 - 0.3
+    # with group means 0.25 and 1.0.
+    np.testing.assert_allclose(out["advantages"], per_row([0.45, -0.45, 0.8, -0.8, 0.0],
+                                                          ACTION), **TOL)
+
+
+def test_kl_is_measured_from_the_old_log_probs(run):
+    _, metrics = run(make_algo(kl_coef=0.1, kl_kind="k1", old_logp="behavior"))
+    # k1(behavior, ref) = 1 - log-ratio on action tokens.
+    total_log_ratio = 30.0 + np.log(0.5 * 1.5 * 3.0 * 1.5 * 0.5 * 2.0)
+    np.testing.assert_allclose(metrics["kl_ref"], 1.0 - total_log_ratio / 10, **TOL)
+
+
+SCORES = REWARDS.sum(axis=1)
+
+
+@pytest.mark.parametrize("estimator,expected", [
+    ("dr_grpo", lambda: per_row(DR_GRPO, ACTION)),
+    # Leave-one-out in groups of two: each score minus the other's.
+    ("rloo", lambda: per_row([1.0, -1.0, 1.5, -1.5, 0.0], ACTION)),
+    # (s - mean) / (std + 1e-6); both groups of two have |s - mean| = std / sqrt(2).
+    ("grpo", lambda: per_row(
+        [0.5 / (0.5 * np.sqrt(2) + 1e-6), -0.5 / (0.5 * np.sqrt(2) + 1e-6),
+         0.75 / (0.75 * np.sqrt(2) + 1e-6), -0.75 / (0.75 * np.sqrt(2) + 1e-6), 0.0], ACTION)),
+    ("grpo", lambda: per_row(ref.grpo(SCORES, GROUP_IDS, NUM_GROUPS), ACTION)),
+    ("rloo", lambda: per_row(ref.rloo(SCORES, GROUP_IDS, NUM_GROUPS), ACTION)),
+    ("reinforce_pp", lambda: ref.reinforce_plus_plus(REWARDS, ACTION, gamma=0.9)),
+    ("reinforce_pp_baseline",
+     lambda: ref.reinforce_plus_plus_baseline(SCORES, GROUP_IDS, NUM_GROUPS, ACTION)),
+])
+def test_advantage_estimators(run, estimator, expected):
+    out, _ = run(make_algo(advantage=estimator, gamma=0.9))
+    np.testing.assert_allclose(out["advantages"], expected(), **TOL)
+    # The padding row (group id -1, no tokens) gets exactly zero advantage.
+    np.testing.assert_array_equal(out["advantages"][4], 0.0)
+
+
+VALUES = (0.05 * np.arange(B * T, dtype=np.float32).reshape(B, T) - 0.4).astype(np.float32)
+
+
+def fake_value_fn(critic_params, batch):
+    chex.assert_shape(batch["targets"], (B, T))
+    return critic_params
+
+
+@pytest.mark.parametrize("kl_in_reward", [False, True])
+def test_gae_with_a_critic(run, kl_in_reward):
+    algo = make_algo(name="ppo", advantage="gae", gamma=0.9, lam=0.8, kl_coef=0.1,
+                     kl_kind="k1", kl_in_reward=kl_in_reward)
+    out, metrics = run(algo, value_fn=fake_value_fn, critic_params=jnp.asarray(VALUES))
+    # With the KL in the reward every action token's reward is 0.1 lower (k1 = 1).
+    rewards = REWARDS - 0.1 * ACTION if kl_in_reward else REWARDS
+    advantages, returns = ref.gae(rewards, VALUES, ACTION, gamma=0.9, lam=0.8)
+    np.testing.assert_allclose(out["advantages"], ref.whiten(advantages, ACTION), **TOL)
+    np.testing.assert_allclose(out["returns"], returns, **TOL)
+    np.testing.assert_array_equal(out["old_values"], VALUES)
+    np.testing.assert_allclose(metrics["value_mean"], VALUES[ACTION > 0].mean(), **TOL)
+    np.testing.assert_array_equal(out["advantages"][4], 0.0)
+
+
+def test_gae_without_a_critic_is_a_setup_error():
+    with pytest.raises(ValueError, match="value_fn"):
+        build_prepare(fake_logprob_fn, make_algo(name="ppo", advantage="gae"),
+                      num_groups=NUM_GROUPS)
