@@ -55,6 +55,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.model.logprob_chunk = 1024
 
     c.tokenizer = ml_collections.ConfigDict({"path": "", "vocab_size": 1024})
+    # Extra chat-template variables, a JSON object ("" = none), e.g.
+    # '{"enable_thinking": false}' for Qwen3.
+    c.tokenizer.template_kwargs = ""
 
     c.data = ml_collections.ConfigDict()
     c.data.source = "synthetic"  # "synthetic" | "files"
@@ -358,6 +361,14 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
             fail(f"rules must be a JSON object of logical axis -> mesh axes: {error}")
         if not isinstance(rules, dict):
             fail(f"rules must be a JSON object, got {config.rules!r}")
+    if config.tokenizer.template_kwargs:
+        try:
+            template_kwargs = json.loads(config.tokenizer.template_kwargs)
+        except json.JSONDecodeError as error:
+            fail(f"tokenizer.template_kwargs must be a JSON object: {error}")
+        if not isinstance(template_kwargs, dict):
+            fail(f"tokenizer.template_kwargs must be a JSON object, got "
+                 f"{config.tokenizer.template_kwargs!r}")
     if config.optim.lr <= 0:
         fail(f"optim.lr must be > 0, got {config.optim.lr}")
     if config.stage == "sft" and config.sft.steps <= 0:

@@ -185,7 +185,8 @@ class Trainer:
                 self._build_tiny_model(path)
         model, model_config = load_hf(path, dtype=jnp.dtype(config.model.dtype),
                                       mesh=self.mesh, rules=self.rules, **overrides)
-        return load_tokenizer(path), model, model_config
+        template_kwargs = json.loads(config.tokenizer.template_kwargs or "{}")
+        return load_tokenizer(path, template_kwargs=template_kwargs), model, model_config
 
     def _build_tiny_model(self, path: str) -> None:
         """A random-init decoder sized by config.model with a tokenizer trained on the

@@ -177,6 +177,8 @@ BAD_VALUES = [
     ("rollout.engine_lanes", 3),
     ("sft.rename_frac", 1.5),
     ("reward.outcome", "bleu"),
+    ("tokenizer.template_kwargs", "{enable_thinking: false}"),
+    ("tokenizer.template_kwargs", "[1]"),
 ]
 
 
