@@ -406,19 +406,21 @@ def _save_tokenizer(tokenizer: Any, config: ModelConfig, path: Path) -> None:
     with the fields transformers 4 reads. Without a source generation_config.json one
     is written whose eos list holds every id that ends a turn (`stop_token_ids`).
     """
+    # Imported here: agentjax.models does not import transformers (see its __init__).
     from agentjax.models.tokenizer import stop_token_ids
 
-    for stale in TOKENIZER_FILES:
-        (path / stale).unlink(missing_ok=True)
     source = _tokenizer_source(tokenizer)
-    if source is not None and source.resolve() != path.resolve():
-        for name in TOKENIZER_FILES:
-            if (source / name).is_file():
-                shutil.copyfile(source / name, path / name)
-                os.chmod(path / name, 0o644)
-    else:
-        tokenizer.save_pretrained(str(path))
-        _write_transformers4_fields(tokenizer, path / "tokenizer_config.json")
+    if source is None or source.resolve() != path.resolve():
+        for stale in TOKENIZER_FILES:
+            (path / stale).unlink(missing_ok=True)
+        if source is not None:
+            for name in TOKENIZER_FILES:
+                if (source / name).is_file():
+                    shutil.copyfile(source / name, path / name)
+                    os.chmod(path / name, 0o644)
+        else:
+            tokenizer.save_pretrained(str(path))
+            _write_transformers4_fields(tokenizer, path / "tokenizer_config.json")
     if not (path / GENERATION_CONFIG_FILE).exists():
         generation = {"bos_token_id": config.bos_token_id,
                       "eos_token_id": list(stop_token_ids(

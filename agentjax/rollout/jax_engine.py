@@ -98,7 +98,6 @@ from flax import nnx
 
 from agentjax.models.cache import LayerKVCache, cache_positions, init_layer_cache
 from agentjax.models.decoder import LayerwiseWeights
-from agentjax.models.tokenizer import stop_token_ids
 from agentjax.rollout.engine import Completion, GenerateRequest, SamplingParams
 from agentjax.rollout.sampling import sample
 
@@ -899,6 +898,8 @@ def _resolve(seq: _Sequence, completion: Completion) -> None:
 
 
 def _default_eos_ids(tokenizer, config) -> tuple[int, ...]:
+    from agentjax.models.tokenizer import stop_token_ids
+
     eos = config.eos_token_id
     model_eos = () if eos is None else eos if isinstance(eos, tuple) else (eos,)
     if tokenizer is None:

@@ -210,6 +210,8 @@ def test_export_keeps_the_source_tokenizer_and_generation_config(tmp_path, famil
     make_tiny_hf(tmp_path / "model", tokenizer=tokenizer, num_layers=1)
     model, cfg = load_hf(tmp_path / "model")
     save_hf(model, cfg, tmp_path / "export", tokenizer=load_tokenizer(tmp_path / "model"))
+    # Saving into the folder the tokenizer was loaded from keeps its files.
+    save_hf(model, cfg, tmp_path / "model", tokenizer=load_tokenizer(tmp_path / "model"))
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                  "generation_config.json"):
         for folder in ("model", "export"):
