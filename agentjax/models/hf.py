@@ -242,7 +242,7 @@ def load_hf(path: str | os.PathLike, *, dtype: Any = jnp.float32, mesh: Mesh | N
     config_eos = _eos_list(hf_config.get("eos_token_id"))
     eos = config_eos + [i for i in _generation_eos(path) if i not in config_eos]
     overrides = {"param_dtype": dtype, "dtype": dtype,
-                 "eos_token_id": eos[0] if len(eos) == 1 else (tuple(eos) or None),
+                 "eos_token_id": None if not eos else eos[0] if len(eos) == 1 else tuple(eos),
                  **config_overrides}
     cfg = ModelConfig.from_hf(hf_config, **overrides)
     index = _checkpoint_index(path)

@@ -262,10 +262,10 @@ def observation_ids(tokenizer: PreTrainedTokenizerFast, content: str,
     """Ids to append after an assistant turn that ended with its end-of-turn token: the
     new `role` turn holding `content` plus the next assistant header.
 
-    They are exactly what the template renders after the end-of-turn token of the
-    assistant turn it is given the new turn after (a dummy conversation ending with an
-    assistant turn, the new turn, the generation prompt). Past turns are never
-    re-rendered: they are the ids already in the trajectory, as the policy saw them.
+    They are what the template renders after the end-of-turn token of an assistant turn
+    followed by the new turn and the generation prompt (a dummy conversation). Past
+    turns are never re-rendered: they are the ids already in the trajectory, as the
+    policy saw them.
     Some templates render an assistant turn differently once another turn follows it,
     so the whole conversation re-rendered by `apply_chat_template` can differ from the
     trajectory there (the trajectory is what the policy saw and produced). Qwen3 is one:

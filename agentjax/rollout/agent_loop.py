@@ -1,10 +1,10 @@
 """The multi-turn agent loop: generate → env.step → append observation ids → … .
 
-One episode: the env's initial messages are rendered with the chat
-template into prompt ids; each turn the engine samples an action from the exact token
-context so far (token-in/token-out: nothing is re-tokenized), the env parses and executes
-it in a worker thread (the event loop stays free, so the engine keeps batching other
-episodes' requests), and unless the env says done the observation's ids (built by
+One episode: the env's initial messages are rendered with the chat template into
+prompt ids; each turn the engine samples an action from the exact token context so far
+(token-in/token-out: nothing is re-tokenized), the env parses and executes it in a
+worker thread (the event loop stays free, so the engine keeps batching other episodes'
+requests), and unless the env says done the observation's ids (built by
 `trajectory.observation_token_ids`, the same function demonstrations use) are appended.
 When the episode ends after a turn the policy did not close with the template's
 end-of-turn token (it stopped on a stop string such as `</answer>`), that token is

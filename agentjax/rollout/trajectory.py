@@ -2,7 +2,8 @@
 
 A `Trajectory` stores the token ids exactly as the engine sampled them and as the env's
 observations were appended — never re-tokenized text (re-tokenizing decoded text can
-change the ids, and then the trained tokens are not the ones the policy sampled). Layout of one episode:
+change the ids, and then the trained tokens are not the ones the policy sampled).
+Layout of one episode:
 
     prompt_ids | turn 1: action_ids, observation_ids | turn 2: action_ids, ... | turn K
 
@@ -10,7 +11,8 @@ change the ids, and then the trained tokens are not the ones the policy sampled)
 observations (including their chat-template tokens and tags such as `<information>`), on
 template tokens the loop inserted (an end-of-turn token appended after a stop string)
 and on padding. Turn-ending tokens the policy sampled itself (`</search>`, `<|im_end|>`)
-are action tokens (mask 1). Each row of a batch has its own mask pattern.
+are action tokens (mask 1), and so are a demonstration's end-of-turn tokens (see
+`Trajectory.from_demonstration`). Each row of a batch has its own mask pattern.
 
 `observation_token_ids` is the single function that turns an env observation into the
 ids appended after an action: the agent loop and `Trajectory.from_demonstration` both
