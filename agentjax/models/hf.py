@@ -4,7 +4,9 @@
     save_hf(model, config, "export/", tokenizer=tok)   # transformers / SGLang load it
     config = make_tiny_hf("tiny/", arch="qwen2", tokenizer=tok)   # random tiny model
 
-`load_hf` reads `model.safetensors` or a sharded `model.safetensors.index.json`. It
+`load_hf` reads `model.safetensors` or a sharded `model.safetensors.index.json`, and
+adds the eos ids of `generation_config.json` to the config's (an instruct model stops on
+each of them: Qwen2.5-Instruct lists <|im_end|> and <|endoftext|>). It
 validates every tensor's name and shape from the safetensors headers before reading any
 data, then builds each parameter with `jax.make_array_from_callback`: each device shard
 is filled from the file layer by layer, so the host holds at most one device shard of
@@ -26,6 +28,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -37,14 +40,22 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, SingleDeviceSharding
 from safetensors import safe_open
 from safetensors.numpy import save_file
+from tokenizers import Tokenizer
 
 from agentjax.models.config import ModelConfig
 from agentjax.models.decoder import Decoder
 from agentjax.parallel import LogicalSharding, Rules, param_shardings, resolve_rules
 
 CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# A checkpoint folder's tokenizer and generation files, both transformers generations'
+# (4: vocab/merges/special_tokens_map and the template inside tokenizer_config.json;
+# 5: chat_template.jinja), copied as they are into exports.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                   "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+                   "chat_template.json", GENERATION_CONFIG_FILE)
 # Tensors some checkpoints carry that the model recomputes.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -221,14 +232,19 @@ def load_hf(path: str | os.PathLike, *, dtype: Any = jnp.float32, mesh: Mesh | N
     Raises:
       FileNotFoundError: config.json / weights / a listed shard is missing (named).
       ValueError: unsupported architecture, missing or unexpected tensor, tensor with
-        the wrong shape (each named with its file).
+        the wrong shape (each named with its file), unreadable generation_config.json.
     """
     path = Path(path)
     config_file = path / CONFIG_FILE
     if not config_file.exists():
         raise FileNotFoundError(f"{config_file} not found")
-    overrides = {"param_dtype": dtype, "dtype": dtype, **config_overrides}
-    cfg = ModelConfig.from_hf(json.loads(config_file.read_text()), **overrides)
+    hf_config = json.loads(config_file.read_text())
+    config_eos = _eos_list(hf_config.get("eos_token_id"))
+    eos = config_eos + [i for i in _generation_eos(path) if i not in config_eos]
+    overrides = {"param_dtype": dtype, "dtype": dtype,
+                 "eos_token_id": None if not eos else eos[0] if len(eos) == 1 else tuple(eos),
+                 **config_overrides}
+    cfg = ModelConfig.from_hf(hf_config, **overrides)
     index = _checkpoint_index(path)
     maps = _tensor_maps(cfg)
     _validate(index, maps, cfg, path, strict)
@@ -256,6 +272,24 @@ def load_hf(path: str | os.PathLike, *, dtype: Any = jnp.float32, mesh: Mesh | N
     if mesh is not None:
         model.activation_sharding = LogicalSharding(mesh, rules)
     return model, cfg
+
+
+def _eos_list(eos: Any) -> list[int]:
+    """An HF eos field (None, an id or a list of ids) as a list."""
+    if eos is None:
+        return []
+    return [int(i) for i in eos] if isinstance(eos, (list, tuple)) else [int(eos)]
+
+
+def _generation_eos(path: Path) -> list[int]:
+    """The eos ids of `path`/generation_config.json ([] without the file)."""
+    file = path / GENERATION_CONFIG_FILE
+    if not file.exists():
+        return []
+    try:
+        return _eos_list(json.loads(file.read_text()).get("eos_token_id"))
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"{file}: eos_token_id must be an id or a list of ids ({e})") from e
 
 
 def _build_array(tmap: _TensorMap, abstract: jax.ShapeDtypeStruct, sharding: jax.sharding.Sharding,
@@ -302,7 +336,9 @@ def save_hf(model: Decoder, config: ModelConfig, path: str | os.PathLike, *,
       config: its ModelConfig.
       path: output folder (created).
       dtype: dtype of the written tensors (default: config.param_dtype).
-      tokenizer: optional HF tokenizer, saved alongside (`save_pretrained`).
+      tokenizer: optional HF tokenizer saved alongside (`_save_tokenizer`): the files of
+        the folder it was loaded from, else `save_pretrained` made loadable by
+        transformers 4 too; plus a generation_config.json.
       max_shard_bytes: above this total size the weights are split into
         model-0000k-of-0000n.safetensors files plus model.safetensors.index.json.
     """
@@ -344,7 +380,75 @@ def save_hf(model: Decoder, config: ModelConfig, path: str | os.PathLike, *,
     hf_config["torch_dtype"] = dtype.name
     (path / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2))
     if tokenizer is not None:
-        tokenizer.save_pretrained(str(path))
+        _save_tokenizer(tokenizer, config, path)
+
+
+def _tokenizer_source(tokenizer: Any) -> Path | None:
+    """The local folder `tokenizer` was loaded from, if its tokenizer.json still has
+    the tokenizer's exact vocabulary (added tokens included)."""
+    source = Path(tokenizer.name_or_path or "")
+    file = source / "tokenizer.json"
+    if not tokenizer.name_or_path or not file.is_file():
+        return None
+    on_disk = Tokenizer.from_file(str(file)).get_vocab(with_added_tokens=True)
+    return source if on_disk == tokenizer.get_vocab() else None
+
+
+def _save_tokenizer(tokenizer: Any, config: ModelConfig, path: Path) -> None:
+    """Writes the tokenizer files of an export.
+
+    Inference servers (SGLang, vLLM) often pin transformers 4, which cannot load what
+    transformers 5's `save_pretrained` writes (`tokenizer_class` "TokenizersBackend",
+    `extra_special_tokens` as a list). A tokenizer loaded from a folder therefore gets
+    that folder's files copied as they are (tokenizer, chat template and
+    generation_config.json, e.g. the Hub's eos list and sampling defaults); any other
+    tokenizer is saved with `save_pretrained` and its tokenizer_config.json rewritten
+    with the fields transformers 4 reads. Without a source generation_config.json one
+    is written whose eos list holds every id that ends a turn (`stop_token_ids`).
+    """
+    # Imported here: agentjax.models does not import transformers (see its __init__).
+    from agentjax.models.tokenizer import stop_token_ids
+
+    source = _tokenizer_source(tokenizer)
+    if source is None or source.resolve() != path.resolve():
+        for stale in TOKENIZER_FILES:
+            (path / stale).unlink(missing_ok=True)
+        if source is not None:
+            for name in TOKENIZER_FILES:
+                if (source / name).is_file():
+                    shutil.copyfile(source / name, path / name)
+                    os.chmod(path / name, 0o644)
+        else:
+            tokenizer.save_pretrained(str(path))
+            _write_transformers4_fields(tokenizer, path / "tokenizer_config.json")
+    if not (path / GENERATION_CONFIG_FILE).exists():
+        generation = {"bos_token_id": config.bos_token_id,
+                      "eos_token_id": list(stop_token_ids(
+                          tokenizer, _eos_list(config.eos_token_id))),
+                      "pad_token_id": config.pad_token_id}
+        (path / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2))
+
+
+def _write_transformers4_fields(tokenizer: Any, config_file: Path) -> None:
+    """Rewrites a transformers-5 tokenizer_config.json with the fields transformers 4
+    reads: a class both generations have, `added_tokens_decoder`, the special-token list
+    under its transformers-4 name and the chat template inline."""
+    fields = json.loads(config_file.read_text())
+    extra = fields.pop("extra_special_tokens", None)
+    if isinstance(extra, list):  # transformers 4 expects a dict of named tokens here
+        fields["additional_special_tokens"] = extra
+    elif extra:
+        fields["extra_special_tokens"] = extra
+    for load_time_only in ("backend", "is_local", "local_files_only"):
+        fields.pop(load_time_only, None)
+    fields["tokenizer_class"] = "PreTrainedTokenizerFast"
+    fields["added_tokens_decoder"] = {
+        str(i): {"content": t.content, "lstrip": t.lstrip, "normalized": t.normalized,
+                 "rstrip": t.rstrip, "single_word": t.single_word, "special": t.special}
+        for i, t in sorted(tokenizer.added_tokens_decoder.items())}
+    if tokenizer.chat_template:
+        fields["chat_template"] = tokenizer.chat_template
+    config_file.write_text(json.dumps(fields, indent=2, ensure_ascii=False))
 
 
 def _plan_shards(sizes: Mapping[str, int], max_shard_bytes: int) -> list[list[str]]:

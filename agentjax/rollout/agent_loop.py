@@ -1,11 +1,15 @@
 """The multi-turn agent loop: generate → env.step → append observation ids → … .
 
-One episode (seed §1.2, §7.1): the env's initial messages are rendered with the chat
-template into prompt ids; each turn the engine samples an action from the exact token
-context so far (token-in/token-out: nothing is re-tokenized), the env parses and executes
-it in a worker thread (the event loop stays free, so the engine keeps batching other
-episodes' requests), and unless the env says done the observation's ids (built by
+One episode: the env's initial messages are rendered with the chat template into
+prompt ids; each turn the engine samples an action from the exact token context so far
+(token-in/token-out: nothing is re-tokenized), the env parses and executes it in a
+worker thread (the event loop stays free, so the engine keeps batching other episodes'
+requests), and unless the env says done the observation's ids (built by
 `trajectory.observation_token_ids`, the same function demonstrations use) are appended.
+When the episode ends after a turn the policy did not close with the template's
+end-of-turn token (it stopped on a stop string such as `</answer>`), that token is
+appended as a template token, so the trajectory ends where the chat template ends the
+assistant turn.
 
 Every way an episode ends is recorded in `metadata["stop_reason"]` (and in
 `env.log.stop_reason` when the env did not set one):
@@ -28,8 +32,7 @@ from typing import Any
 
 from agentjax.envs.base import Env, Task
 from agentjax.rollout.engine import Engine, GenerateRequest, SamplingParams
-from agentjax.rollout.trajectory import (Trajectory, Turn, end_of_turn_id,
-                                         observation_token_ids)
+from agentjax.rollout.trajectory import Trajectory, Turn, observation_token_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +75,9 @@ def action_text(tokenizer, action_ids) -> str:
 
     Other special tokens (`<search>`, `</answer>`, ...) stay: they are the action.
     """
-    template = {end_of_turn_id(tokenizer), tokenizer.pad_token_id}
+    from agentjax.models.tokenizer import end_of_turn_id
+
+    template = {end_of_turn_id(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id}
     return tokenizer.decode([t for t in action_ids if t not in template],
                             skip_special_tokens=False)
 
@@ -163,9 +168,10 @@ async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
         context.extend(turn.action_ids)
         result = await _env_call(loop, executor, env.step, action_text(tokenizer, turn.action_ids))
         turn.reward = float(result.reward)
-        if result.done:
-            return getattr(env.log, "stop_reason", None) or "done"
-        if turn_index == limits.max_turns - 1:
+        if result.done or turn_index == limits.max_turns - 1:
+            _close_last_turn(turn, tokenizer, room=limits.max_context_tokens - len(context))
+            if result.done:
+                return getattr(env.log, "stop_reason", None) or "done"
             return "max_turns"
         observation = observation_token_ids(
             tokenizer, result.observation, role=env.observation_role,
@@ -176,6 +182,16 @@ async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
         turn.observation_ids = observation
         context.extend(observation)
     raise AssertionError("unreachable: the last turn returns max_turns")
+
+
+def _close_last_turn(turn: Turn, tokenizer, room: int) -> None:
+    """Appends the template's end-of-turn token (a template token) after the episode's
+    last action unless the policy sampled it or the context is full."""
+    from agentjax.models.tokenizer import end_of_turn_id
+
+    eot = end_of_turn_id(tokenizer)
+    if turn.action_ids[-1:] != [eot] and room > 0:
+        turn.observation_ids = [eot]
 
 
 async def _env_call(loop, executor, fn, *args) -> Any:

@@ -101,7 +101,6 @@ from agentjax.models.cache import LayerKVCache, cache_positions, init_layer_cach
 from agentjax.models.decoder import LayerwiseWeights
 from agentjax.rollout.engine import Completion, GenerateRequest, SamplingParams
 from agentjax.rollout.sampling import sample
-from agentjax.rollout.trajectory import end_of_turn_id
 
 # XLA compilations of the engine's jitted programs, by program name ("prefill",
 # "decode"), counted from JAX's backend-compile events (a retrace and a recompilation
@@ -269,8 +268,9 @@ class JaxEngine:
         Default: powers of two from 128 up to max_len / 2 (a span is copied out of the
         cache once per call: a span near max_len costs more than it saves), plus max_len.
       batch_wait_s: when idle, how long to wait after a request for concurrent ones.
-      eos_token_ids: ids that always end generation (default: the tokenizer's
-        end-of-turn token, else the model config's eos ids).
+      eos_token_ids: ids that always end generation (default: the model config's eos
+        ids — `models.hf.load_hf` adds generation_config.json's — plus, with a
+        tokenizer, its eos and its chat template's end-of-turn token).
       max_stop_ids: most stop ids per request (static width of the device stop table).
       cache_dtype: KV cache dtype (default: the model's compute dtype).
       seed: seed of the engine's stream for requests without a seed.
@@ -903,13 +903,13 @@ def _resolve(seq: _Sequence, completion: Completion) -> None:
 
 
 def _default_eos_ids(tokenizer, config) -> tuple[int, ...]:
-    ids = set()
-    if tokenizer is not None:
-        ids.add(end_of_turn_id(tokenizer))
-    elif config.eos_token_id is not None:
-        eos = config.eos_token_id
-        ids.update(eos if isinstance(eos, tuple) else (eos,))
-    return tuple(sorted(ids))
+    from agentjax.models.tokenizer import stop_token_ids
+
+    eos = config.eos_token_id
+    model_eos = () if eos is None else eos if isinstance(eos, tuple) else (eos,)
+    if tokenizer is None:
+        return tuple(sorted(set(model_eos)))
+    return stop_token_ids(tokenizer, model_eos)
 
 
 def _params_mesh_sharding(params):

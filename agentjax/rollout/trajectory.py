@@ -1,8 +1,9 @@
 """Exact multi-turn trajectories and their collation into fixed-shape training batches.
 
 A `Trajectory` stores the token ids exactly as the engine sampled them and as the env's
-observations were appended — never re-tokenized text (seed §7.3, REFERENCES.md
-"Multi-turn agent loops"). Layout of one episode:
+observations were appended — never re-tokenized text (re-tokenizing decoded text can
+change the ids, and then the trained tokens are not the ones the policy sampled).
+Layout of one episode:
 
     prompt_ids | turn 1: action_ids, observation_ids | turn 2: action_ids, ... | turn K
 
@@ -10,7 +11,8 @@ observations were appended — never re-tokenized text (seed §7.3, REFERENCES.m
 observations (including their chat-template tokens and tags such as `<information>`), on
 template tokens the loop inserted (an end-of-turn token appended after a stop string)
 and on padding. Turn-ending tokens the policy sampled itself (`</search>`, `<|im_end|>`)
-are action tokens (mask 1). Each row of a batch has its own mask pattern.
+are action tokens (mask 1), and so are a demonstration's end-of-turn tokens (see
+`Trajectory.from_demonstration`). Each row of a batch has its own mask pattern.
 
 `observation_token_ids` is the single function that turns an env observation into the
 ids appended after an action: the agent loop and `Trajectory.from_demonstration` both
@@ -47,7 +49,8 @@ class Turn:
         the engine used; aligned with `action_ids`.
       finish_reason: the engine's finish reason ("stop", "length" or "abort").
       observation_ids: ids appended after the action before the next turn (template
-        tokens, the observation, the next assistant header); empty after the last turn.
+        tokens, the observation, the next assistant header); after the last turn, the
+        template's end-of-turn token when the policy did not sample it (else empty).
       trainable: False excludes this turn's action tokens from the loss (action_mask 0),
         e.g. an invalid action in an SFT demonstration.
       reward: the env's step reward for this turn.
@@ -183,6 +186,16 @@ class Trajectory:
     ) -> "Trajectory":
         """Builds the trajectory the agent loop would record for the given actions.
 
+        The token ids are those of an episode whose policy sampled these actions, with
+        one difference in the mask: every assistant turn the chat template closes (one
+        followed by a chat-role observation, and the last turn) ends with the template's
+        end-of-turn token as a trainable action token, appended when the action text
+        does not end with it. An episode whose turn stopped on a stop string (`</answer>`,
+        `</tool_call>`) gets the same token as a template token instead (the engine never
+        sampled it, so it has no behavior log-prob); only demonstrations can teach the
+        model to end its turn where the template ends it, so that a trained model stops
+        there without stop strings.
+
         Args:
           tokenizer: the policy's tokenizer (agentjax.models.tokenizer).
           messages: the initial chat messages (what `env.reset` returns).
@@ -197,14 +210,18 @@ class Trajectory:
           task: the task (its id becomes task_id).
           group_id: the group id.
         """
-        from agentjax.models.tokenizer import prompt_ids
+        from agentjax.models.tokenizer import end_of_turn_id, prompt_ids
 
+        eot = end_of_turn_id(tokenizer)
         built = []
         for index, (action_text, observation, trainable) in enumerate(turns):
             if observation is None and index != len(turns) - 1:
                 raise ValueError(
                     f"turns[{index}] has no observation but is not the last turn")
             action_ids = list(tokenizer.encode(action_text, add_special_tokens=False))
+            turn_closed = observation is None or observation_role is not None
+            if turn_closed and action_ids[-1:] != [eot]:
+                action_ids.append(eot)
             obs_ids = [] if observation is None else observation_token_ids(
                 tokenizer, observation, role=observation_role, action_ids=action_ids,
                 max_tokens=max_observation_tokens)
@@ -222,19 +239,6 @@ class Trajectory:
         ids = list(tokenizer.encode(text, add_special_tokens=False)) + [tokenizer.eos_token_id]
         return cls(prompt_ids=ids[:1], turns=[Turn(ids[1:], [0.0] * (len(ids) - 1), "stop")],
                    metadata={"text": True})
-
-
-def end_of_turn_id(tokenizer) -> int:
-    """The token that ends an assistant turn: the tokenizer's eos token (`<|im_end|>`
-    for ChatML, `<|eot_id|>` for Llama-3 instruct tokenizers).
-
-    Raises:
-      ValueError: the tokenizer has no eos token.
-    """
-    if tokenizer.eos_token_id is None:
-        raise ValueError("tokenizer has no eos_token: set it to the assistant end-of-turn "
-                         "token of its chat template")
-    return int(tokenizer.eos_token_id)
 
 
 def strip_control_text(tokenizer, text: str) -> str:
@@ -266,16 +270,16 @@ def observation_token_ids(
         (`strip_control_text`).
       role: None for an inline observation (encoded on its own, appended inside the
         assistant turn, Search-R1 style); a chat role ("tool", "user") for a new chat
-        turn, whose ids come from template diffing (`models.tokenizer.observation_ids`:
+        turn, whose ids come from the chat template (`models.tokenizer.observation_ids`:
         the turn plus the next assistant header). If the action did not end with the
-        end-of-turn token (it stopped on a stop string or ran out of tokens), that token
-        is prepended here as a template token.
+        template's end-of-turn token (it stopped on a stop string or ran out of tokens),
+        that token is prepended here as a template token.
       action_ids: the action the observation follows.
       max_tokens: cut the observation's content to this many tokens (None: no cut).
         A cut chat observation is re-encoded from its decoded prefix, which is fine
         because the trajectory records the ids actually fed to the policy.
     """
-    from agentjax.models.tokenizer import observation_ids
+    from agentjax.models.tokenizer import end_of_turn_id, observation_ids
 
     observation = strip_control_text(tokenizer, observation)
     content_ids = list(tokenizer.encode(observation, add_special_tokens=False))
@@ -286,7 +290,7 @@ def observation_token_ids(
         observation = tokenizer.decode(content_ids[:max_tokens])
     eot = end_of_turn_id(tokenizer)
     prefix = [] if (len(action_ids) and action_ids[-1] == eot) else [eot]
-    return prefix + list(observation_ids(tokenizer, observation, role, end_of_turn_id=eot))
+    return prefix + list(observation_ids(tokenizer, observation, role))
 
 
 def bucket_length(needed: int, buckets: Sequence[int]) -> int:

@@ -67,6 +67,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.model.logprob_chunk = 1024
 
     c.tokenizer = ml_collections.ConfigDict({"path": "", "vocab_size": 1024})
+    # Extra chat-template variables, a JSON object ("" = none), e.g.
+    # '{"enable_thinking": false}' for Qwen3.
+    c.tokenizer.template_kwargs = ""
 
     c.data = ml_collections.ConfigDict()
     c.data.source = "synthetic"  # "synthetic" | "files"
@@ -412,6 +415,8 @@ JSON_OBJECT = Text("'' or a JSON object of logical axis -> mesh axes, e.g. "
 URL = Text("'' or an http(s):// URL", lambda text: text == "" or _url(text))
 URLS = Text("'' or comma-separated http(s):// URLs",
             lambda text: text == "" or all(_url(u.strip()) for u in text.split(",")))
+TEMPLATE_KWARGS = Text("'' or a JSON object of chat-template variables, e.g. "
+                       "'{\"enable_thinking\": false}'", _json_object)
 HOST_PORT = Text("'' or 'host:port'", _host_port)
 
 # The byte alphabet (256), the chat control tokens and the agent tags of a tokenizer
@@ -455,6 +460,7 @@ RULES = {
     "model.remat": Choice(REMAT_POLICIES),
     "model.logprob_chunk": POSITIVE,
     "tokenizer.path": Path("folder", "a tokenizer"),
+    "tokenizer.template_kwargs": TEMPLATE_KWARGS,
     "tokenizer.vocab_size": Integer(MIN_TINY_VOCAB, special=((0, "the loaded model's"),)),
     "data.source": Choice(("synthetic", "files")),
     "data.train_path": Path("file", "Search-R1 parquet or jsonl"),

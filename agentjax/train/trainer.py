@@ -219,7 +219,8 @@ class Trainer:
         self.log(f"memory plan per device (before activations):\n{plan.table()}")
         plan.check()
         model, model_config = load_hf(path, mesh=self.mesh, rules=self.rules, **precision)
-        return load_tokenizer(path), model, model_config
+        template_kwargs = json.loads(config.tokenizer.template_kwargs or "{}")
+        return load_tokenizer(path, template_kwargs=template_kwargs), model, model_config
 
     def _check_lengths(self) -> None:
         """Setup errors for token budgets a run could never meet: a context longer than

@@ -176,8 +176,11 @@ def test_demonstrations_become_trajectories_with_masked_negatives():
                                              reward=d.reward, task=d.task)
         assert [t.trainable for t in traj.turns] == [t.trainable for t in d.turns]
         for built, turn in zip(traj.turns, d.turns):
-            assert tokenizer.decode(built.action_ids) == turn.action
+            # The last action is closed by the template's end-of-turn token.
+            closed = built.action_ids[:-1] if turn.observation is None else built.action_ids
+            assert tokenizer.decode(closed) == turn.action
             assert tokenizer.decode(built.observation_ids) == (turn.observation or "")
+        assert traj.turns[-1].action_ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
 
 
 def _facts(task, hops=None):

@@ -1,5 +1,6 @@
 """HF interop: logits equal transformers' torch models (left padding), save_hf round
-trip through transformers, sharded checkpoints, tiny checkpoint builder, bad input."""
+trip through transformers, sharded checkpoints, tiny checkpoint builder, exports whose
+tokenizer files transformers 4 reads, bad input."""
 import json
 
 import jax
@@ -10,10 +11,13 @@ import torch
 import transformers
 from flax import nnx
 from safetensors.numpy import load_file, save_file
+from tokenizers import Tokenizer
 
 from agentjax.models.decoder import Decoder, positions_from_segments
 from agentjax.models.hf import INDEX_FILE, SINGLE_FILE, load_hf, make_tiny_hf, save_hf
-from agentjax.models.tokenizer import build_tokenizer
+from agentjax.models.tokenizer import build_tokenizer, load_tokenizer, prompt_ids
+from agentjax.rollout.jax_engine import JaxEngine
+from tests.models.qwen_tokenizers import qwen_tokenizer_folder
 
 _TINY_HF = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2)
@@ -166,3 +170,78 @@ def test_bad_checkpoints_name_the_tensor(small_checkpoint):
         load_hf(path)
     model, _ = load_hf(path, strict=False)
     assert isinstance(model, Decoder)
+
+
+# ------------------------------------------------------------ exports servers can load
+
+# Tokenizer classes transformers 4.57 (what SGLang / vLLM images pin) can instantiate
+# from a tokenizer.json; transformers 5 writes "TokenizersBackend", which it lacks.
+_TRANSFORMERS4_CLASSES = ("PreTrainedTokenizerFast", "Qwen2Tokenizer", "Qwen2TokenizerFast")
+
+
+def _assert_transformers4_fields(folder):
+    """The tokenizer_config.json fields transformers 4.57 reads describe the vocabulary
+    of tokenizer.json, in the types transformers 4 expects."""
+    fields = json.loads((folder / "tokenizer_config.json").read_text())
+    assert fields["tokenizer_class"] in _TRANSFORMERS4_CLASSES
+    # transformers 4 iterates extra_special_tokens as a dict of named tokens.
+    assert isinstance(fields.get("extra_special_tokens", {}), dict)
+    backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    added = {token.content: (i, token.special)
+             for i, token in backend.get_added_tokens_decoder().items()}
+    declared = fields["added_tokens_decoder"]
+    assert {entry["content"]: (int(i), entry["special"]) for i, entry in declared.items()} \
+        == added
+    for entry in declared.values():
+        assert set(entry) == {"content", "lstrip", "normalized", "rstrip", "single_word",
+                              "special"}
+    vocab = backend.get_vocab(with_added_tokens=True)
+    for key in ("eos_token", "pad_token"):
+        assert fields[key] in vocab
+    for token in fields.get("additional_special_tokens", []):
+        assert added[token][1]
+    assert fields.get("chat_template") or (folder / "chat_template.jinja").exists()
+
+
+@pytest.mark.parametrize("family,variant", [("qwen2.5", "instruct"), ("qwen3", "base")])
+def test_export_keeps_the_source_tokenizer_and_generation_config(tmp_path, family, variant):
+    source = qwen_tokenizer_folder(tmp_path / "hub", family, variant, "hub")
+    tokenizer = load_tokenizer(source)
+    make_tiny_hf(tmp_path / "model", tokenizer=tokenizer, num_layers=1)
+    model, cfg = load_hf(tmp_path / "model")
+    save_hf(model, cfg, tmp_path / "export", tokenizer=load_tokenizer(tmp_path / "model"))
+    # Saving into the folder the tokenizer was loaded from keeps its files.
+    save_hf(model, cfg, tmp_path / "model", tokenizer=load_tokenizer(tmp_path / "model"))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                 "generation_config.json"):
+        for folder in ("model", "export"):
+            assert (tmp_path / folder / name).read_bytes() == (source / name).read_bytes()
+    _assert_transformers4_fields(tmp_path / "export")
+
+    # generation_config.json's eos list joins config.json's eos, and the engine stops
+    # on every one of them plus the template's end of turn.
+    im_end, endoftext = (tokenizer.convert_tokens_to_ids(t)
+                         for t in ("<|im_end|>", "<|endoftext|>"))
+    assert cfg.eos_token_id == ((im_end, endoftext) if variant == "instruct" else endoftext)
+    engine = JaxEngine.from_model(model, tokenizer=tokenizer, max_slots=1, max_len=8)
+    engine.close()
+    assert set(engine.eos_token_ids) == {im_end, endoftext}
+
+
+def test_export_of_a_built_tokenizer_loads_with_transformers4_fields(tmp_path):
+    tokenizer = build_tokenizer(["the cat sat on the mat", "search the docs"], vocab_size=300)
+    make_tiny_hf(tmp_path, tokenizer=tokenizer, num_layers=1)
+    _assert_transformers4_fields(tmp_path)
+    generation = json.loads((tmp_path / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == [tokenizer.eos_token_id]
+    reloaded = load_tokenizer(tmp_path)
+    messages = [{"role": "user", "content": "the cat sat <search>"}]
+    assert prompt_ids(reloaded, messages) == prompt_ids(tokenizer, messages)
+    assert (reloaded.eos_token, reloaded.pad_token) == (tokenizer.eos_token, tokenizer.pad_token)
+    assert reloaded.get_vocab() == tokenizer.get_vocab()
+
+
+def test_unreadable_generation_config_is_named(small_checkpoint):
+    (small_checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": "x"}))
+    with pytest.raises(ValueError, match="generation_config.json: eos_token_id"):
+        load_hf(small_checkpoint)

@@ -1,15 +1,22 @@
 """The agent loop: exact ids, masks and log-probs; every stop reason; failures flagged."""
 import asyncio
 import dataclasses
+import functools
+import json
 
 import numpy as np
 import pytest
 
 from agentjax.envs.base import Task
+from agentjax.envs.python_env import PythonEnv
+from agentjax.envs.retrieval import Document
+from agentjax.envs.sandbox import Sandbox
+from agentjax.envs.search import SearchEnv
 from agentjax.rollout.agent_loop import EpisodeLimits, action_text, run_episode
 from agentjax.rollout.engine import SamplingParams
-from agentjax.rollout.trajectory import Trajectory, observation_token_ids
-from agentjax.models.tokenizer import observation_ids, prompt_ids
+from agentjax.rollout.trajectory import Trajectory, collate, observation_token_ids
+from agentjax.models.tokenizer import load_tokenizer, observation_ids, prompt_ids
+from tests.models.qwen_tokenizers import FAMILIES, VARIANTS, qwen_tokenizer_folder
 from tests.rollout.fakes import ScriptedEngine, ToyEnv
 from tests.rollout.reference import full_logits, reference_logp
 
@@ -36,11 +43,15 @@ def test_inline_observations_exact_ids_masks_and_logprobs(tokenizer):
     a1, a2 = (tokenizer.encode(a, add_special_tokens=False) for a in actions)
     obs = tokenizer.encode("<information>ecnarF fo latipac</information>",
                            add_special_tokens=False)
-    np.testing.assert_array_equal(traj.token_ids, prompt + a1 + obs + a2)
+    # The last turn stopped on "</answer>": the template's end-of-turn token closes it
+    # as a template token.
+    eot = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    np.testing.assert_array_equal(traj.token_ids, prompt + a1 + obs + a2 + eot)
     np.testing.assert_array_equal(
-        traj.action_mask, [0] * len(prompt) + [1] * len(a1) + [0] * len(obs) + [1] * len(a2))
+        traj.action_mask,
+        [0] * len(prompt) + [1] * len(a1) + [0] * len(obs) + [1] * len(a2) + [0])
     np.testing.assert_array_equal(
-        traj.turn_ids, [0] * len(prompt) + [1] * (len(a1) + len(obs)) + [2] * len(a2))
+        traj.turn_ids, [0] * len(prompt) + [1] * (len(a1) + len(obs)) + [2] * (len(a2) + 1))
     engine_logp = [lp for c in engine.completions for lp in c.logprobs]
     np.testing.assert_allclose(traj.behavior_logp[traj.action_mask == 1], engine_logp)
     assert not traj.behavior_logp[traj.action_mask == 0].any()
@@ -69,7 +80,7 @@ def test_chat_role_observations_and_demonstration_give_identical_ids(tokenizer, 
     traj = _run(engine, env, tokenizer=tokenizer)
 
     a1 = tokenizer.encode(actions[0], add_special_tokens=False)
-    turn_obs = observation_ids(tokenizer, "xof", "tool", end_of_turn_id=tokenizer.eos_token_id)
+    turn_obs = observation_ids(tokenizer, "xof", "tool")
     # A turn that stopped on a stop string gets the end-of-turn token as a template token.
     expected_obs = turn_obs if eot_sampled else [tokenizer.eos_token_id] + turn_obs
     assert traj.turns[0].observation_ids == expected_obs
@@ -82,8 +93,13 @@ def test_chat_role_observations_and_demonstration_give_identical_ids(tokenizer, 
         tokenizer, ToyEnv().reset(TASK), [(actions[0], "xof", True), (actions[1], None, True)],
         observation_role="tool", reward=1.0, task=TASK)
     np.testing.assert_array_equal(demo.token_ids, traj.token_ids)
-    np.testing.assert_array_equal(demo.action_mask, traj.action_mask)
     np.testing.assert_array_equal(demo.turn_ids, traj.turn_ids)
+    # The masks differ exactly on the end-of-turn tokens the engine did not sample: the
+    # demonstration trains them (it teaches the model to end its turns there).
+    closing = np.flatnonzero(demo.action_mask != traj.action_mask)
+    assert (demo.action_mask[closing] == 1).all()
+    assert (traj.token_ids[closing] == tokenizer.eos_token_id).all()
+    assert len(closing) == (1 if eot_sampled else 2)
     assert demo.final_reward == 1.0 and demo.task_id == TASK.task_id
 
 
@@ -96,8 +112,10 @@ def test_demonstration_excludes_untrainable_turns_and_checks_turns(tokenizer):
     bad = tokenizer.encode("bad action", add_special_tokens=False)
     start = len(demo.prompt_ids)
     assert not demo.action_mask[start:start + len(bad)].any()
+    # The last action and the end-of-turn token that closes it.
     assert demo.action_mask.sum() == len(tokenizer.encode("<answer>Paris</answer>",
-                                                          add_special_tokens=False))
+                                                          add_special_tokens=False)) + 1
+    assert demo.token_ids[-1] == tokenizer.eos_token_id
     with pytest.raises(ValueError, match=r"turns\[0\] has no observation"):
         Trajectory.from_demonstration(tokenizer, messages, [("a", None, True), ("b", None, True)])
 
@@ -114,8 +132,7 @@ def test_observation_ids_strip_control_text_and_cut(tokenizer):
                                  action_ids=[tokenizer.eos_token_id], max_tokens=2)
     content = tokenizer.decode(tokenizer.encode("Paris is the capital of France",
                                                 add_special_tokens=False)[:2])
-    assert chat == observation_ids(tokenizer, content, "user",
-                                   end_of_turn_id=tokenizer.eos_token_id)
+    assert chat == observation_ids(tokenizer, content, "user")
 
 
 def test_stop_reasons_max_turns_and_token_budget(tokenizer):
@@ -123,7 +140,9 @@ def test_stop_reasons_max_turns_and_token_budget(tokenizer):
     engine = ScriptedEngine(tokenizer, _script(search))
     traj = _run(engine, ToyEnv(), EpisodeLimits(max_turns=3), tokenizer=tokenizer)
     assert traj.metadata["stop_reason"] == "max_turns" and len(traj.turns) == 3
-    assert traj.turns[-1].observation_ids == []  # nothing follows the last action
+    # Only the end-of-turn token follows the last action (it stopped on "</search>").
+    assert traj.turns[-1].observation_ids == [tokenizer.eos_token_id]
+    assert traj.action_mask[-1] == 0
     assert not traj.metadata["failed"]
 
     prompt_len = len(prompt_ids(tokenizer, ToyEnv().reset(TASK)))
@@ -202,3 +221,82 @@ def test_episode_on_the_jax_engine_is_exact(engine, tiny_model, tokenizer, role)
     np.testing.assert_array_equal(again.token_ids, traj.token_ids)
     np.testing.assert_array_equal(again.action_mask, traj.action_mask)
     np.testing.assert_array_equal(again.turn_ids, traj.turn_ids)
+
+
+# ------------------------------------------- real Qwen chat templates, real tool envs
+
+class _OneDocument:
+    """A retriever that always finds the same document."""
+
+    def search(self, queries, topk):
+        return [[Document("d1", "Paris", "Paris is the capital of France.")] for _ in queries]
+
+
+def _call(name, **arguments):
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+
+
+EPISODES = {
+    "search": (lambda: SearchEnv(_OneDocument(), action_format="tool_call", max_turns=3),
+               [_call("search", query="capital of France"), "<answer> Paris </answer>"]),
+    "python": (lambda: PythonEnv(Sandbox(max_parallel=1), max_turns=3),
+               [_call("python", code="print(2 + 3 * 4)"), "<answer> 14 </answer>"]),
+}
+
+
+@pytest.fixture(scope="module")
+def qwen_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("qwen")
+
+
+@pytest.mark.parametrize("env_name", sorted(EPISODES))
+@pytest.mark.parametrize("family,variant", [(f, v) for f in FAMILIES for v in VARIANTS])
+def test_tool_episodes_with_real_qwen_templates(qwen_root, family, variant, env_name):
+    """Qwen2.5/Qwen3 base models end turns with <|im_end|> although their eos is
+    <|endoftext|>, and Qwen3 re-renders earlier assistant turns: both episodes run, their
+    ids are the template's, equal to apply_chat_template of the conversation except
+    where the template re-renders (documented below), and a demonstration of the same
+    actions has the same ids."""
+    tokenizer = load_tokenizer(qwen_tokenizer_folder(qwen_root, family, variant, "hub"))
+    make_env, actions = EPISODES[env_name]
+    env = make_env()
+    traj = _run(ScriptedEngine(tokenizer, _script(*actions)), env, tokenizer=tokenizer)
+    assert traj.metadata["stop_reason"] == "answer" and not traj.metadata["failed"]
+    assert env.log.turns[0].valid and env.log.turns[0].error is None
+    observation = env.log.turns[0].observation
+
+    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    encode = functools.partial(tokenizer.encode, add_special_tokens=False)
+    first, last = (encode(a) for a in actions)
+    messages = env.reset(TASK)
+    # Both turns stopped on a stop string: the loop closes each with <|im_end|> as a
+    # template token (mask 0), the first one inside the tool turn's ids.
+    expected = (prompt_ids(tokenizer, messages) + first + [eot]
+                + observation_ids(tokenizer, observation, "tool") + last + [eot])
+    np.testing.assert_array_equal(traj.token_ids, expected)
+    assert traj.action_mask.sum() == len(first) + len(last)
+    assert traj.action_mask[-1] == 0
+
+    conversation = messages + [{"role": "assistant", "content": actions[0]},
+                               {"role": "tool", "content": observation},
+                               {"role": "assistant", "content": actions[1]}]
+    rendered = tokenizer.apply_chat_template(conversation, tokenize=False)
+    if family == "qwen2.5":
+        # Equal but for the newline the template writes after the last <|im_end|>.
+        assert encode(rendered) == expected + encode("\n")
+    else:
+        # Qwen3 gives the last assistant turn an empty think block the policy (prompted
+        # with `<|im_start|>assistant\n` only) never saw.
+        text = tokenizer.decode(expected)
+        head, header, tail = text.rpartition("<|im_start|>assistant\n")
+        assert rendered == head + header + "<think>\n\n</think>\n\n" + tail + "\n"
+
+    demo = Trajectory.from_demonstration(
+        tokenizer, messages, [(actions[0], observation, True), (actions[1], None, True)],
+        observation_role=env.observation_role, task=TASK)
+    np.testing.assert_array_equal(demo.token_ids, traj.token_ids)
+    # The demonstration trains the two <|im_end|> tokens the engine did not sample.
+    closing = np.flatnonzero(demo.action_mask != traj.action_mask)
+    assert (traj.token_ids[closing] == eot).all() and len(closing) == 2
+    batch = collate([demo, traj], buckets=(4096,), pad_id=tokenizer.pad_token_id)
+    assert batch["action_mask"].sum() == 2 * (len(first) + len(last)) + 2

@@ -25,6 +25,7 @@ BAD_TEXT = {
     config_lib.HOP_COUNTS: ["", "1", "5:10", "1:-2", "1:x", "1:0,2:0", "1:400;2:400"],
     config_lib.HOP_FRACTIONS: ["1", "1:1.5", "5:0.5", "1:x", "1:-0.1"],
     config_lib.JSON_OBJECT: ["[1]", "{", "null"],
+    config_lib.TEMPLATE_KWARGS: ["{enable_thinking: false}", "[1]", "true"],
     config_lib.URL: ["localhost:8000", "ftp://host/x", "http://a b"],
     config_lib.URLS: ["http://a,localhost:1", "http://a,"],
     config_lib.HOST_PORT: ["host", "host:port", "host:1:2"],

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from agentjax.data import demonstrators as demo_lib
+from agentjax.models.hf import make_tiny_hf
+from agentjax.models.tokenizer import load_tokenizer
 from agentjax.rewards.composite import make_reward_fn
 from agentjax.train import config as config_lib
 from agentjax.train import presets
@@ -21,6 +23,7 @@ from agentjax.train import trainer as trainer_lib
 from agentjax.train import suites
 from agentjax.train.metrics import read_metrics
 from tests.data import search_r1_files
+from tests.models.qwen_tokenizers import qwen_tokenizer_folder
 from tests.rewards.episodes import TWO_HOP, episode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -259,3 +262,36 @@ def test_bad_override_fails_before_anything_runs(tmp_path):
     assert result.returncode != 0
     assert "grup_size" in result.stderr
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_sft_with_a_real_qwen_template_trains_the_end_of_turn_token(tmp_path):
+    """A Qwen3 base checkpoint (eos <|endoftext|>; its template ends turns with
+    <|im_end|>) with thinking off: SFT's python-tool demonstrations set up, every
+    demonstrated turn ends with a trained <|im_end|>, the engine stops on it, and the
+    export keeps the checkpoint's tokenizer files. (The SFT steps themselves are the
+    end-to-end runs' `sft` stage; compiling them here would cost a minute.)"""
+    source = qwen_tokenizer_folder(tmp_path / "tokenizer", "qwen3", "base", "hub")
+    make_tiny_hf(tmp_path / "model", tokenizer=load_tokenizer(source), hidden_size=32,
+                 intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
+    config = presets.python_config("grpo", "test")
+    config.model.path = str(tmp_path / "model")
+    config.tokenizer.template_kwargs = '{"enable_thinking": false}'
+    config.sft.steps = 1
+    config.rollout.prompts_per_step = 4  # rows divide over the 8 test devices
+    trainer = trainer_lib.Trainer(config, str(tmp_path / "run"))
+    try:
+        tokenizer = trainer.tokenizer
+        im_end, endoftext = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+        assert {im_end, endoftext} <= set(trainer.engine.lanes[0].eos_token_ids)
+        demos = trainer._demonstration_trajectories()
+        assert demos
+        for demo in demos:
+            assert tokenizer.decode(demo.prompt_ids).endswith("<think>\n\n</think>\n\n")
+            for turn in demo.turns:
+                assert turn.action_ids[-1] == im_end and turn.trainable
+        trainer._export(trainer.initial_params, "sft")
+    finally:
+        trainer.close()
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (tmp_path / "run" / "sft" / "hf" / name).read_bytes() == \
+            (source / name).read_bytes()
