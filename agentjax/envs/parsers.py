@@ -175,8 +175,9 @@ def _load_json(text: str) -> tuple[Any, str | None]:
         return None, f"{e.msg} at char {e.pos}"
     except RecursionError:
         return None, f"nested deeper than {MAX_JSON_DEPTH} levels"
-    except ValueError as e:  # an integer too long to convert; Python's advice (after
-        return None, str(e).split(";")[0]  # the ";") is for programmers, not the policy
+    except ValueError as e:
+        # An integer too long to convert; the advice after ";" is for programmers.
+        return None, str(e).split(";")[0]
     if _depth_exceeds(value, MAX_JSON_DEPTH):
         return None, f"nested deeper than {MAX_JSON_DEPTH} levels"
     return value, None
