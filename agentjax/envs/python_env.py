@@ -16,7 +16,7 @@ from agentjax.envs.parsers import Action, parse_tool_call
 from agentjax.envs.sandbox import Sandbox, SandboxResult
 from agentjax.envs.tools import (Tool, ToolError, make_tool, register_tool, tool_schema,
                                  tools_system_prompt, validate_arguments)
-from agentjax.envs.turns import TurnEnv, check_instruction, fill_question
+from agentjax.envs.turns import TurnEnv, check_instruction, clip, fill_question
 
 DEFAULT_INSTRUCTION = (
     "Solve the problem. You may run Python code with the python tool; print the values "
@@ -48,7 +48,8 @@ class PythonTool:
         default sandbox.
       timeout_s: wall-clock limit per call.
       memory_mb: address-space limit per call.
-      max_output_chars: the observation keeps this many characters (head and tail).
+      max_output_chars: the observation is cut to this many characters (head and tail
+        kept, see `turns.clip`).
 
     Raises ToolError (the env shows its text to the policy) when the program fails, times
     out, runs out of memory or prints too much; `ToolError.extra` holds the status.
@@ -102,15 +103,6 @@ def format_result(result: SandboxResult, timeout_s: float, memory_mb: int) -> st
     return "\n".join(parts) if parts else "(no output)"
 
 
-def clip(text: str, max_chars: int) -> str:
-    """Keeps the head and the tail of `text` (tracebacks end with the useful line)."""
-    if len(text) <= max_chars:
-        return text
-    half = max_chars // 2
-    omitted = len(text) - 2 * half
-    return f"{text[:half]}\n...[{omitted} characters omitted]...\n{text[len(text) - half:]}"
-
-
 @register_env("python")
 class PythonEnv(TurnEnv):
     """Multi-turn tool use with a sandboxed python tool.
@@ -120,7 +112,8 @@ class PythonEnv(TurnEnv):
       max_turns: policy turns per episode, the answering turn included.
       tools: further tools, as Tool objects or registered names (built with `make_tool`).
       timeout_s, memory_mb: limits of each python call.
-      max_observation_chars: tool observations are clipped to this many characters.
+      max_observation_chars: every observation (tool output, errors, corrections) is
+        cut to this many characters.
       instruction: user prompt template with a `{question}` slot.
 
     Attributes:
@@ -135,7 +128,7 @@ class PythonEnv(TurnEnv):
                  max_turns: int = 4, tools: Sequence[Tool | str] = (),
                  timeout_s: float = 5.0, memory_mb: int = 512,
                  max_observation_chars: int = 2000, instruction: str = DEFAULT_INSTRUCTION):
-        super().__init__(max_turns)
+        super().__init__(max_turns, max_observation_chars)
         python = PythonTool(sandbox, timeout_s=timeout_s, memory_mb=memory_mb,
                             max_output_chars=max_observation_chars)
         built = [python] + [make_tool(t) if isinstance(t, str) else t for t in tools]
@@ -144,7 +137,6 @@ class PythonEnv(TurnEnv):
             if tool.name in self.tools:
                 raise ValueError(f"tools: {tool.name!r} appears twice")
             self.tools[tool.name] = tool
-        self.max_observation_chars = int(max_observation_chars)
         self.instruction = check_instruction(instruction)
 
     @property
@@ -173,9 +165,12 @@ class PythonEnv(TurnEnv):
     def act(self, action: Action, turn: TurnLog) -> None:
         tool = self.tools[action.tool_name]
         try:
-            turn.observation = clip(tool(action.arguments), self.max_observation_chars)
+            observation = tool(action.arguments)
+            if not isinstance(observation, str):
+                raise TypeError(f"the tool returned {type(observation).__name__}, not str")
+            turn.observation = observation
         except ToolError as e:
-            turn.observation = clip(str(e), self.max_observation_chars)
+            turn.observation = str(e)
             turn.error = f"{tool.name}: {e.summary}"
             turn.extra.update(e.extra)
         except Exception as e:  # a broken tool must not end the run

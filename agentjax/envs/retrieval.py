@@ -258,12 +258,16 @@ class HttpRetriever:
         if not queries:
             return []
         payload = {"queries": list(queries), "topk": int(topk), "return_scores": True}
+        # ASCII JSON: a query holding a lone surrogate (no UTF-8 encoding) is sent as a
+        # \ud800-style escape rather than failing to encode on every attempt.
+        body = json.dumps(payload).encode("ascii")
         errors = []
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                response = self._client.post(self.url, json=payload)
+                response = self._client.post(
+                    self.url, content=body, headers={"Content-Type": "application/json"})
             except httpx.HTTPError as e:
                 errors.append(f"{type(e).__name__}: {e}")
                 continue

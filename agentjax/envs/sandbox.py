@@ -195,6 +195,10 @@ class Sandbox:
         """Runs `code` as `/work/main.py` and returns what happened; never raises for
         anything the code does.
 
+        Text (`code`, `stdin`, `files`) is written as UTF-8; a lone surrogate, which UTF-8
+        cannot encode, is written as its raw bytes (Python's "surrogatepass"), so a
+        program holding one fails with Python's own SyntaxError instead of `run` raising.
+
         Args:
           code: Python source of the program.
           stdin: bytes or text fed to the program's standard input.
@@ -212,7 +216,7 @@ class Sandbox:
         memory_mb = self.memory_mb if memory_mb is None else int(memory_mb)
         _check_positive(timeout_s=timeout_s, memory_mb=memory_mb)
         all_files = {_MAIN: code, **_check_files(files)}
-        stdin_bytes = stdin.encode() if isinstance(stdin, str) else bytes(stdin)
+        stdin_bytes = _encode(stdin)
 
         uid, lock_fd = self._slots.acquire()
         try:
@@ -323,7 +327,7 @@ class Sandbox:
                 # bwrap copies each file from an fd we pass it into the private tmpfs.
                 for i, (name, content) in enumerate(files.items()):
                     path = staging / f"file{i}"
-                    path.write_bytes(content.encode() if isinstance(content, str) else content)
+                    path.write_bytes(_encode(content))
                     opened[name] = os.open(path, os.O_RDONLY)
                 argv = self._bwrap_argv(opened)
                 cwd, env = None, None
@@ -332,7 +336,7 @@ class Sandbox:
                 for name, content in files.items():
                     path = workdir / name
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_bytes(content.encode() if isinstance(content, str) else content)
+                    path.write_bytes(_encode(content))
                 if uid is not None:
                     for path in [staging, *workdir.rglob("*"), workdir]:
                         os.chown(path, uid, uid)
@@ -487,6 +491,10 @@ def _program_env(home: str) -> dict[str, str]:
     """The program's whole environment (nothing of ours leaks in)."""
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": "/tmp",
             "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+
+
+def _encode(text: str | bytes) -> bytes:
+    return text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
 
 
 def _check_positive(**values) -> None:

@@ -19,7 +19,8 @@ from agentjax.envs.base import Task, TurnLog, register_env
 from agentjax.envs.parsers import Action, invalid, parse_search_r1, parse_tool_call
 from agentjax.envs.retrieval import Document, Retriever, format_docs, make_retriever
 from agentjax.envs.tools import tools_system_prompt, validate_arguments
-from agentjax.envs.turns import TurnEnv, check_instruction, fill_question
+from agentjax.envs.turns import (DEFAULT_MAX_OBSERVATION_CHARS, TurnEnv, check_instruction,
+                                 fill_question)
 
 # Search-R1's prompt (its data_process/nq_search.py), verbatim, typos included, so that
 # checkpoints trained by Search-R1 see the text they were trained on.
@@ -78,6 +79,8 @@ class SearchEnv(TurnEnv):
       max_turns: policy turns per episode, the answering turn included.
       max_observation_words: the documents' text is cut after this many words
         (Search-R1 cuts observations at 500 tokens).
+      max_observation_chars: every observation (documents, corrections, retrieval
+        errors) is then cut to this many characters: a word can be arbitrarily long.
       instruction: the prompt template, with a `{question}` slot; default
         DEFAULT_INSTRUCTION (Search-R1's) for tags, TOOL_CALL_INSTRUCTION for tool calls.
         SHORT_INSTRUCTION suits tiny models.
@@ -92,9 +95,10 @@ class SearchEnv(TurnEnv):
     """
 
     def __init__(self, retriever: Retriever | str, *, topk: int = 3, max_turns: int = 4,
-                 max_observation_words: int = 400, instruction: str | None = None,
-                 action_format: str = "tags"):
-        super().__init__(max_turns)
+                 max_observation_words: int = 400,
+                 max_observation_chars: int = DEFAULT_MAX_OBSERVATION_CHARS,
+                 instruction: str | None = None, action_format: str = "tags"):
+        super().__init__(max_turns, max_observation_chars)
         if action_format not in ("tags", "tool_call"):
             raise ValueError(f"action_format must be 'tags' or 'tool_call', got "
                              f"{action_format!r}")

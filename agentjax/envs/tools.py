@@ -7,7 +7,9 @@ a failure it wants the policy to see; the env turns it into a corrective observa
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+from agentjax.envs.parsers import echo
 
 
 class ToolError(Exception):
@@ -99,7 +101,7 @@ def validate_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) 
     if schema.get("additionalProperties") is False:
         extra = sorted(set(arguments) - set(properties))
         if extra:
-            return f"unexpected argument(s): {', '.join(extra)}"
+            return f"unexpected argument(s): {_echo_names(extra)}"
     for key, value in arguments.items():
         expected = properties.get(key, {}).get("type")
         if expected is None:
@@ -111,6 +113,12 @@ def validate_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) 
         if not ok:
             return f"argument {key!r} must be of type {' or '.join(names)}"
     return None
+
+
+def _echo_names(names: Sequence[str], most: int = 5) -> str:
+    """Policy-written names for an error message: a few, each cut (parsers.echo)."""
+    shown = ", ".join(echo(n) for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def tools_system_prompt(tools: Mapping[str, Tool]) -> str:

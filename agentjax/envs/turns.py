@@ -9,11 +9,22 @@ Per `step`: parse the action, then
   * otherwise the subclass runs the call (`act`) and fills the observation.
 Every turn is appended to `log.turns`; the step reward is always 0 (rewards/ scores
 `(task, log)` afterwards).
+
+Every observation — tool output, retrieved documents, corrective and error text alike —
+leaves `step` through one cap, `max_observation_chars` (head and tail kept, the middle
+replaced by a marker, the total within the cap) and as valid UTF-8 (text the policy
+wrote, echoed back, may hold lone surrogates that no tokenizer encodes). The turn's
+`error` goes through the same cap. Whatever the action text, `step` returns an
+observation: malformed input is the policy's mistake to learn from, not an env failure.
 """
 from __future__ import annotations
 
 from agentjax.envs.base import EpisodeLog, StepResult, Task, TurnLog
 from agentjax.envs.parsers import Action
+
+# Room for a few retrieved documents or a screenful of program output: more only
+# spends the episode's token budget, and the agent loop tokenizes every observation.
+DEFAULT_MAX_OBSERVATION_CHARS = 8192
 
 
 class TurnEnv:
@@ -22,15 +33,22 @@ class TurnEnv:
 
     Args:
       max_turns: policy turns per episode (>= 1), the answering turn included.
+      max_observation_chars: every observation (and turn error) is cut to at most this
+        many characters (>= 1; see `clip`).
     """
 
     stop: tuple[str, ...]
     observation_role: str | None
 
-    def __init__(self, max_turns: int):
+    def __init__(self, max_turns: int,
+                 max_observation_chars: int = DEFAULT_MAX_OBSERVATION_CHARS):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if max_observation_chars < 1:
+            raise ValueError(f"max_observation_chars must be >= 1, got "
+                             f"{max_observation_chars}")
         self.max_turns = int(max_turns)
+        self.max_observation_chars = int(max_observation_chars)
         self.log: EpisodeLog | None = None
 
     def reset(self, task: Task) -> list[dict[str, str]]:
@@ -64,6 +82,9 @@ class TurnEnv:
             turn.observation = self.corrective_observation(action)
         else:
             self.act(action, turn)
+        turn.observation = self._bound(turn.observation)
+        if turn.error is not None:
+            turn.error = self._bound(turn.error)
         self.log.turns.append(turn)
         info = {"turn": len(self.log.turns), "kind": turn.kind, "valid": turn.valid,
                 "error": turn.error, "stop_reason": self.log.stop_reason}
@@ -72,6 +93,9 @@ class TurnEnv:
     def _finish(self, reason: str) -> None:
         self.log.done = True
         self.log.stop_reason = reason
+
+    def _bound(self, text: str) -> str:
+        return valid_utf8(clip(text, self.max_observation_chars))
 
     # Subclass hooks ------------------------------------------------------------------
 
@@ -88,6 +112,33 @@ class TurnEnv:
         """Runs a valid search/tool call; sets `turn.observation` (and `error`,
         `retrieved`, `extra` as they apply)."""
         raise NotImplementedError
+
+
+_OMITTED = "\n...[{} characters omitted]...\n"
+
+
+def clip(text: str, max_chars: int) -> str:
+    """Cuts `text` to at most `max_chars` characters, keeping its head and its tail
+    (tracebacks end with the useful line) around an omission marker; when the marker
+    does not fit, only the head is kept."""
+    if len(text) <= max_chars:
+        return text
+    marker_size = len(_OMITTED.format(len(text)))  # the count has at most this many digits
+    keep = max_chars - marker_size
+    if keep < 2:
+        return text[:max_chars]
+    head, tail = keep - keep // 2, keep // 2
+    return (text[:head] + _OMITTED.format(len(text) - head - tail)
+            + text[len(text) - tail:])
+
+
+def valid_utf8(text: str) -> str:
+    """`text` with each lone surrogate (not encodable as UTF-8) replaced by "?"."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def fill_question(instruction: str, question: str) -> str:

@@ -66,7 +66,7 @@ def parse_verdict(text: str) -> bool | None:
     while (start := text.find("{", pos)) >= 0:
         try:
             obj, end = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # bad JSON, an over-long int, deep nesting
             pos = start + 1
             continue
         pos = end
@@ -117,8 +117,11 @@ class LLMJudge:
         """The judge prompt for one episode."""
 
         def clean(text: str) -> str:
+            # Markers are rewritten without angle brackets rather than deleted: deleting
+            # "<transcript>" from "<trans<transcript>cript>" would forge one. No bracket-
+            # free replacement can complete a marker, so one pass suffices.
             for marker in _MARKERS:
-                text = text.replace(marker, "")
+                text = text.replace(marker, marker.replace("<", "(").replace(">", ")"))
             return text.strip()
 
         lines = [f"Task: {clean(task.question)}"]

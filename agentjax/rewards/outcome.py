@@ -12,8 +12,8 @@ import string
 from typing import Sequence
 
 from agentjax.envs.base import EpisodeLog
+from agentjax.envs.parsers import last_tag
 
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 
@@ -25,9 +25,10 @@ def normalize_answer(text: str) -> str:
 
 
 def extract_answer(text: str) -> str | None:
-    """The content of the last `<answer>...</answer>` in `text` (stripped), else None."""
-    matches = _ANSWER_RE.findall(text)
-    return matches[-1].strip() if matches else None
+    """The content of the last `<answer>...</answer>` in `text` (stripped), else None;
+    in linear time (`parsers.last_tag`), however many unclosed tags the policy wrote."""
+    match = last_tag(text, ("answer",))
+    return match[1].strip() if match else None
 
 
 def episode_answer(log: EpisodeLog) -> str | None:

@@ -1,11 +1,15 @@
 """Action parsers: every malformed turn becomes an invalid Action, never an exception."""
 import json
+import random
+import re
+import time
 
 import hypothesis
 import hypothesis.strategies as st
 import pytest
 
-from agentjax.envs.parsers import Action, parse_search_r1, parse_tool_call
+from agentjax.envs.parsers import (MAX_JSON_DEPTH, Action, last_tag, parse_search_r1,
+                                   parse_tool_call)
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -108,3 +112,74 @@ def test_search_query_round_trips(query):
     assert parse_search_r1(f"<search>{query}</search>").query == query.strip()
     action = parse_tool_call(call("search", {"query": query}), tools={"search"})
     assert action.arguments == {"query": query}
+
+
+@pytest.mark.parametrize("body, error", [
+    ("[" * 100_000, "nested deeper than"),  # RecursionError inside json
+    ("[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1), "nested deeper than"),
+    ('{"name": "python", "arguments": ' + "[" * 50 + "]" * 50 + "}", "nested deeper than"),
+    ('{"name": "python", "arguments": {"n": ' + "9" * 5000 + "}}",
+     "Exceeds the limit (4300 digits)"),  # ValueError: int conversion limit
+    ('{"name": "python", "arguments": "' + "[" * 100_000 + '"}', "nested deeper than"),
+])
+def test_json_that_python_cannot_load_is_invalid(body, error):
+    action = parse_tool_call(f"<tool_call>{body}</tool_call>", tools={"python"})
+    assert action.kind == "invalid" and error in action.error and len(action.error) < 200
+
+
+def test_json_depth_limit_counts_the_call_object():
+    def nested_call(levels):  # call object + arguments object + `levels` lists
+        lists = "[" * levels + "]" * levels
+        return f'<tool_call>{{"name": "f", "arguments": {{"a": {lists}}}}}</tool_call>'
+
+    assert parse_tool_call(nested_call(MAX_JSON_DEPTH - 2)).kind == "tool_call"
+    assert parse_tool_call(nested_call(MAX_JSON_DEPTH - 1)).kind == "invalid"
+
+
+def test_unknown_tool_name_is_echoed_short():
+    action = parse_tool_call(call("x" * 10**6, {}), tools={"python"})
+    assert action.kind == "invalid" and action.tool_name == "x" * 10**6
+    assert len(action.error) < 200 and "(1000000 characters)" in action.error
+
+
+def test_last_tag_matches_the_non_overlapping_regex():
+    """`last_tag` is the last match of `<(search|answer)>(.*?)</\\1>` (its reference)."""
+    reference = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+    pieces = ["<search>", "</search>", "<answer>", "</answer>", "x", " ", "<", ">", "/",
+              "</", "search"]
+    rng = random.Random(0)
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(14)))
+        matches = [(m.group(1), m.group(2)) for m in reference.finditer(text)]
+        assert last_tag(text, ("search", "answer")) == (matches[-1] if matches else None)
+
+
+def megabyte(unit: str) -> str:
+    return unit * -(-10**6 // len(unit))
+
+
+# Shapes that made the regex parsers quadratic, as 1 MB actions, and their parsed kinds.
+MEGABYTE_ACTIONS = {
+    "unclosed search tags": (megabyte("<search>"), "invalid"),
+    "unclosed tool calls": (megabyte("<tool_call>"), "invalid"),
+    "alternating unclosed tags": (megabyte("<search><answer><tool_call>"), "invalid"),
+    "closing tags of the other kind": (megabyte("<search></answer>"), "invalid"),
+    "many complete tags": (megabyte("<answer>a</answer><search>b</search>"), "search"),
+    "one huge query": ("<search>" + megabyte("q ") + "</search>", "search"),
+    "unclosed tags before an answer": (megabyte("<search>") + "<answer>x</answer>",
+                                       "answer"),
+}
+
+
+@pytest.mark.parametrize("name", MEGABYTE_ACTIONS)
+def test_a_megabyte_action_parses_within_a_second(name):
+    # Linear parsing takes ~0.01-0.3 s here; the quadratic regexes took minutes.
+    text, kind = MEGABYTE_ACTIONS[name]
+    assert len(text) >= 10**6
+    for parse in (parse_search_r1, parse_tool_call):
+        start = time.perf_counter()
+        action = parse(text)
+        elapsed = time.perf_counter() - start
+        assert elapsed < 1.0, f"{parse.__name__} took {elapsed:.2f} s"
+        if parse is parse_search_r1:
+            assert action.kind == kind

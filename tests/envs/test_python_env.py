@@ -5,7 +5,7 @@ import pytest
 
 from agentjax.envs import make_env
 from agentjax.envs.base import Env, Task
-from agentjax.envs.python_env import PythonEnv, PythonTool, clip, format_result
+from agentjax.envs.python_env import PythonEnv, PythonTool, format_result
 from agentjax.envs.sandbox import Sandbox, SandboxResult
 from agentjax.envs.tools import register_tool
 
@@ -93,7 +93,7 @@ def test_invalid_calls_get_corrective_observations(sandbox):
         (call("1", name="shell"), "unknown tool 'shell'"),
         (call(None), "python: missing required argument(s): code"),
         (call(5), "python: argument 'code' must be of type string"),
-        (call("1", extra=2), "python: unexpected argument(s): extra"),
+        (call("1", extra=2), "python: unexpected argument(s): 'extra'"),
     ]
     for text, error in cases:
         obs, done, _, info = env.step(text)
@@ -125,9 +125,52 @@ def test_config_building_and_duplicates():
     assert env.tools["python"].sandbox.timeout_s == 3
 
 
-def test_format_result_and_clip():
+def test_format_result():
     ok = SandboxResult("ok", 0, "out\n", "warn\n", 0.1)
     assert format_result(ok, 5, 64) == "out\n[stderr]\nwarn"
     assert format_result(SandboxResult("ok", 0, "", "", 0.1), 5, 64) == "(no output)"
-    assert clip("abcdefghij", 4) == "ab\n...[6 characters omitted]...\nij"
-    assert clip("abc", 4) == "abc"
+
+
+class Huge:
+    name = "huge"
+    description = "Returns a megabyte, or fails with one."
+    parameters = {"type": "object", "properties": {"fail": {"type": "boolean"}}}
+
+    def __call__(self, arguments):
+        if arguments.get("fail"):
+            raise RuntimeError("x" * 2**20)
+        return "y" * 2**20
+
+
+class NotText:
+    name = "not_text"
+    description = "Returns a number (a broken tool)."
+    parameters = {"type": "object", "properties": {}}
+
+    def __call__(self, arguments):
+        return 42
+
+
+def test_every_observation_is_capped(sandbox):
+    env = PythonEnv(sandbox, max_turns=10, tools=(Huge(), NotText()),
+                    max_observation_chars=300)
+    env.reset(TASK)
+    actions = [call(None, name="huge"), call(None, name="huge", fail=True),
+               call(None, name="n" * 2**20),  # an unknown tool's name is echoed back
+               call(None, name="huge", **{"k" * 2**20: 1}), call("print('z' * 10**6)")]
+    for action in actions:
+        obs, done, _, info = env.step(action)
+        assert not done and 0 < len(obs) <= 300 and len(info["error"] or "") <= 300
+    obs, _, _, info = env.step(call(None, name="not_text"))
+    assert obs == "Tool 'not_text' failed: TypeError: the tool returned int, not str"
+
+
+def test_lone_surrogate_in_code_is_a_python_error(sandbox):
+    code = json.dumps("print('\ud800')")  # JSON escapes decode to a lone surrogate
+    env = PythonEnv(sandbox)
+    env.reset(TASK)
+    obs, done, _, info = env.step(
+        f'<tool_call>{{"name": "python", "arguments": {{"code": {code}}}}}</tool_call>')
+    assert not done and info["valid"] and "SyntaxError" in obs
+    assert info["error"].startswith("python: error")
+    obs.encode("utf-8")  # the observation is valid UTF-8

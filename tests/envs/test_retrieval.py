@@ -300,6 +300,12 @@ def test_http_retriever_matches_in_process_under_concurrency(server_url, bm25):
     assert [[d.id for d in h] for h in batch] == [[d.id for d in h[:2]] for h in expected[:5]]
 
 
+def test_http_query_with_a_lone_surrogate_is_sent(server_url):
+    # UTF-8 cannot encode it: the request body escapes it instead of failing to encode.
+    docs = HttpRetriever(server_url, retries=0).search(["Dumont\ud800 born"], 1)[0]
+    assert [d.id for d in docs] == ["person-3"]
+
+
 def test_dead_server_raises_retrieval_error_after_retries():
     client = HttpRetriever(f"http://127.0.0.1:{free_port()}/retrieve", timeout_s=1,
                            retries=2, backoff_s=0.01)

@@ -354,3 +354,14 @@ def _host_ip() -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+def test_lone_surrogates_do_not_raise(sandbox):
+    # UTF-8 cannot encode a lone surrogate; the program gets the raw bytes and Python
+    # itself rejects the source.
+    result = sandbox.run("print('\ud800')")
+    assert result.status == "error" and "SyntaxError" in result.stderr
+    result = sandbox.run(
+        "import sys; print(sys.stdin.buffer.read(), open('data.txt', 'rb').read())",
+        stdin="a\udcffb", files={"data.txt": "\ud800"})
+    assert result.ok and result.stdout == "b'a\\xed\\xb3\\xbfb' b'\\xed\\xa0\\x80'\n"

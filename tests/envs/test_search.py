@@ -120,6 +120,32 @@ def test_no_hits_and_failing_retrievers_give_error_observations(bm25):
     assert env.log.turns[0].valid and env.log.turns[0].error == info["error"]
 
 
+def test_every_observation_goes_through_the_character_cap(bm25):
+    """Corrections, retrieval errors and over-long "words" all come back capped."""
+    huge_word = Document("d", '"Huge"', "w" * 10**6)
+
+    class Retriever:
+        def search(self, queries, topk):
+            if queries[0] == "fail":
+                raise RuntimeError("e" * 10**6)
+            return [[huge_word]]
+
+    for action_format, actions in [
+        ("tags", ["<search>huge</search>", "<search>fail</search>", "<search>" * 10**5]),
+        ("tool_call", [
+            '<tool_call>{"name": "search", "arguments": {"query": "fail"}}</tool_call>',
+            '<tool_call>{"name": "' + "n" * 10**6 + '", "arguments": {}}</tool_call>',
+            '<tool_call>{"name": "search", "arguments": {"' + "k" * 10**6 + '": 1}}'
+            "</tool_call>"]),
+    ]:
+        env = SearchEnv(Retriever(), max_turns=10, max_observation_chars=1000,
+                        action_format=action_format)
+        env.reset(TASK)
+        for action in actions:
+            obs, done, _, info = env.step(action)
+            assert not done and 0 < len(obs) <= 1000 and len(info["error"] or "") <= 1000
+
+
 def test_dead_retrieval_server_does_not_crash_the_episode():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -27,7 +27,7 @@ SCHEMA = {
     ({"code": "1", "n": True}, "argument 'n' must be of type integer"),
     ({"code": "1", "flag": 1}, "argument 'flag' must be of type boolean"),
     ({"code": "1", "x": "2"}, "argument 'x' must be of type number or null"),
-    ({"code": "1", "extra": 0}, "unexpected argument(s): extra"),
+    ({"code": "1", "extra": 0}, "unexpected argument(s): 'extra'"),
 ])
 def test_validate_arguments(arguments, error):
     assert validate_arguments(SCHEMA, arguments) == error

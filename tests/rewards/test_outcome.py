@@ -1,3 +1,5 @@
+import time
+
 import pytest
 
 from agentjax.envs.base import Task
@@ -19,6 +21,16 @@ def test_extract_answer_takes_the_last_one():
     assert outcome.extract_answer("<answer> a </answer> then <answer>\n b \n</answer>") == "b"
     assert outcome.extract_answer("<answer>unclosed") is None
     assert outcome.extract_answer("no tags") is None
+
+
+def test_extract_answer_is_linear_in_unclosed_tags():
+    # 1 MB of unclosed tags: the regex `<answer>(.*?)</answer>` rescanned the rest of the
+    # text from each one (hours); a single scan takes milliseconds.
+    text = "<answer>" * 125_000
+    start = time.perf_counter()
+    assert outcome.extract_answer(text) is None
+    assert outcome.extract_answer("<answer> x </answer>" + text) == "x"
+    assert time.perf_counter() - start < 1.0
 
 
 def test_episode_answer_reads_the_last_answer_across_turns():
