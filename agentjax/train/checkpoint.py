@@ -36,7 +36,8 @@ class Checkpointer:
                  read_only: bool = False):
         self.every = every
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, enable_async_checkpointing=async_save, read_only=read_only,
+            max_to_keep=None if read_only else keep, save_interval_steps=0 if read_only else 1,
+            enable_async_checkpointing=async_save, read_only=read_only,
             create=not read_only, cleanup_tmp_directories=not read_only)
         self._manager = ocp.CheckpointManager(
             os.path.abspath(directory), options=options,
@@ -76,3 +77,14 @@ class Checkpointer:
 
     def close(self):
         self._manager.close()
+
+
+def latest_committed_step(directory: str) -> int | None:
+    """The newest committed checkpoint step in `directory` (None if there is none, or
+    no folder): a save in progress, or one a kill interrupted, is not listed. Reads
+    only."""
+    if not os.path.isdir(directory):
+        return None
+    metadata = ocp.path.step.latest_step_metadata(directory,
+                                                  ocp.path.step.standard_name_format())
+    return None if metadata is None else metadata.step

@@ -45,7 +45,7 @@ from agentjax.rollout.pool import RolloutPool
 from agentjax.rl.shaping import overlong_penalty
 from agentjax.rollout.trajectory import Trajectory, collate
 from agentjax.train import diagnostics, step as step_lib
-from agentjax.train.checkpoint import Checkpointer
+from agentjax.train.checkpoint import Checkpointer, latest_committed_step
 from agentjax.train.config import validate
 from agentjax.train.evaluate import evaluate, group_of, solved
 from agentjax.train.metrics import MetricsWriter
@@ -54,6 +54,7 @@ from agentjax.train.prepare import build_prepare
 from agentjax.train.suites import build_suite
 
 HF_DIR = "hf"  # every stage exports its final policy here (init_from / SGLang / eval)
+CHECKPOINTS = "checkpoints"  # in the workdir (RL) or in <workdir>/<stage> (pretrain, sft)
 
 
 def _copy(tree):
@@ -321,7 +322,7 @@ class Trainer:
             step_lib.sft_loss(self.graphdef, chunk_size=config.model.logprob_chunk), optimizer,
             epochs=1, minibatches=1, micro_batches=self._micro_batches(section.batch_size)),
             state)
-        checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
+        checkpointer = Checkpointer(os.path.join(workdir, CHECKPOINTS),
                                     every=config.checkpoint.every, keep=config.checkpoint.keep,
                                     async_save=config.checkpoint.async_save)
         restored = checkpointer.restore(state)
@@ -418,7 +419,7 @@ class Trainer:
         return groups, {"rollout/rounds": rounds, "rollout/kept_groups": len(kept)}
 
     def _rl_checkpointer(self, **options) -> Checkpointer:
-        return Checkpointer(os.path.join(self.workdir, "checkpoints"), **options)
+        return Checkpointer(os.path.join(self.workdir, CHECKPOINTS), **options)
 
     def restore_params(self, step: int | None = None):
         """Policy params of RL checkpoint `step` (default: the latest) of this workdir."""
@@ -426,7 +427,7 @@ class Trainer:
         checkpointer = self._rl_checkpointer(every=0, read_only=True)
         restored = checkpointer.restore(state, step)
         if restored is None:
-            raise FileNotFoundError(f"no RL checkpoint in {self.workdir}/checkpoints")
+            raise FileNotFoundError(f"no RL checkpoint in {self.workdir}/{CHECKPOINTS}")
         return restored[0].params
 
     def run_rl(self, params):
@@ -527,16 +528,17 @@ class Trainer:
                             for h, v in baseline["by_hops"].items()})
         if (config.pretrain.steps or config.sft.steps) and not config.init_from:
             # sft/eval.json is written (atomically) once SFT has finished, and RL
-            # checkpoints only after it: with both, RL restores its own state and SFT's
-            # params are not needed. Otherwise run_sft resumes from (or, when done, only
-            # restores) its committed checkpoints, so RL starts from the SFT params.
+            # checkpoints only after it: with both, RL restores its whole state (the
+            # initial params give it shapes only). Otherwise run_sft resumes from (or,
+            # when done, only restores) its committed checkpoints, so RL starts from
+            # the SFT params whatever point a kill hit.
             sft_file = os.path.join(self.workdir, "sft", "eval.json")
             sft_results = None
             if os.path.exists(sft_file):
                 with open(sft_file) as f:
                     sft_results = json.load(f)
-            rl_resumes = (config.stage == "rl" and self._rl_checkpointer(
-                every=0, read_only=True).latest_step is not None)
+            rl_resumes = config.stage == "rl" and latest_committed_step(
+                os.path.join(self.workdir, CHECKPOINTS)) is not None
             if sft_results is None or not rl_resumes:
                 params = self.run_sft(params)
             if sft_results is None:
