@@ -35,13 +35,11 @@ def _argv(config: str, workdir, overrides) -> list[str]:
             f"--workdir={workdir}", *overrides]
 
 
-def train(config, workdir, *overrides, wait=True, env=ONE_DEVICE):
-    """Runs scripts/train.py on configs/`config`; its output (asserting success), or
-    the running process when not `wait`."""
+def train(config, workdir, *overrides, env=ONE_DEVICE) -> str:
+    """Runs scripts/train.py on configs/`config` to the end; its output (asserting
+    success)."""
     process = subprocess.Popen(_argv(config, workdir, overrides), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
-    if not wait:
-        return process
     out, _ = process.communicate(timeout=600)
     assert process.returncode == 0, out[-4000:]
     return out
