@@ -120,8 +120,9 @@ class Trainer:
                 "process_id": None if config.multihost.process_id < 0
                 else config.multihost.process_id})
         self.is_main = jax.process_index() == 0
-        atomic.write_text(os.path.join(self.workdir, "config.json"),
-                          config.to_json_best_effort(indent=1))
+        if self.is_main:
+            atomic.write_text(os.path.join(self.workdir, "config.json"),
+                              config.to_json_best_effort(indent=1))
         self.mesh = parallel.make_mesh(dict(config.mesh))
         data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         row_counts = {"rollout.prompts_per_step x rollout.group_size":
