@@ -95,9 +95,10 @@ def kill_campaign(config: str, workdir, *overrides, kills: int, seed: int,
     Each kill waits for a PROGRESS mark and then a seeded delay of up to `max_delay_s`.
     The marks are taken in order: every mark but "finished" once per len(PROGRESS) - 1
     kills, the rest a seeded draw (one the workdir already has is there at once, so
-    that kill lands in the restart). Returns how many kills
-    landed after each mark (keys "after <mark>"), "during a write" (a checkpoint or an
-    atomic write was in progress), and "finished first" (the run ended before its kill).
+    that kill lands in the restart). Returns how many kills landed after each mark
+    (keys "after <mark>"), how many "during a write" (a temporary of a checkpoint or an
+    atomic write was there: in progress, or an earlier kill's not yet redone) and how
+    many runs "finished first" (ended before their kill).
     """
     rng = np.random.default_rng(seed)
     every = len(PROGRESS) - 1
