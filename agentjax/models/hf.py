@@ -42,6 +42,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
+from agentjax import atomic
 from agentjax.models.config import ModelConfig
 from agentjax.models.decoder import Decoder
 from agentjax.parallel import LogicalSharding, Rules, param_shardings, resolve_rules
@@ -334,7 +335,7 @@ def save_hf(model: Decoder, config: ModelConfig, path: str | os.PathLike, *,
     Args:
       model: the policy Decoder (sharded or not; gathered one parameter at a time).
       config: its ModelConfig.
-      path: output folder (created).
+      path: output folder, replaced as a whole (atomically: see agentjax.atomic).
       dtype: dtype of the written tensors (default: config.param_dtype).
       tokenizer: optional HF tokenizer saved alongside (`_save_tokenizer`): the files of
         the folder it was loaded from, else `save_pretrained` made loadable by
@@ -346,41 +347,41 @@ def save_hf(model: Decoder, config: ModelConfig, path: str | os.PathLike, *,
         raise TypeError(f"save_hf expects a Decoder, got {type(model).__name__} "
                         "(pass ActorCritic.policy for the policy)")
     dtype = jnp.dtype(config.param_dtype if dtype is None else dtype)
-    path = Path(path)
     maps = _tensor_maps(config)
     sizes = {name: math.prod(t.hf_shape) * dtype.itemsize
              for t in maps for name in _hf_names(t, config.num_layers)}
     shards = _plan_shards(sizes, max_shard_bytes)
+    # Every process joins the gathers; process 0 writes, into a folder that replaces
+    # `path` only once complete (a killed export leaves the previous one or none).
     is_writer = jax.process_index() == 0
-    if is_writer:
-        path.mkdir(parents=True, exist_ok=True)
-        for stale in (path / SINGLE_FILE, path / INDEX_FILE):
-            stale.unlink(missing_ok=True)
-    shard_of = {name: k for k, names in enumerate(shards) for name in names}
-    pending: dict[int, dict[str, np.ndarray]] = {}
-    files = [SINGLE_FILE] if len(shards) == 1 else [
-        f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
-    for name, array in _hf_tensors(model, config, dtype):
-        k = shard_of[name]
-        pending.setdefault(k, {})[name] = array
-        if len(pending[k]) == len(shards[k]):
-            tensors = pending.pop(k)
-            if is_writer:
-                save_file(tensors, str(path / files[k]), metadata={"format": "pt"})
-                # safetensors creates 0600 files; inference servers often run as
-                # another user on the shared checkpoint folder.
-                os.chmod(path / files[k], 0o644)
-    if not is_writer:
-        return
-    if len(shards) > 1:
-        index = {"metadata": {"total_size": sum(sizes.values())},
-                 "weight_map": {name: files[k] for name, k in shard_of.items()}}
-        (path / INDEX_FILE).write_text(json.dumps(index, indent=2))
-    hf_config = config.to_hf()
-    hf_config["torch_dtype"] = dtype.name
-    (path / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2))
-    if tokenizer is not None:
-        _save_tokenizer(tokenizer, config, path)
+    with atomic.folder(path) if is_writer else contextlib.nullcontext() as out:
+        shard_of = {name: k for k, names in enumerate(shards) for name in names}
+        pending: dict[int, dict[str, np.ndarray]] = {}
+        files = [SINGLE_FILE] if len(shards) == 1 else [
+            f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+        for name, array in _hf_tensors(model, config, dtype):
+            k = shard_of[name]
+            pending.setdefault(k, {})[name] = array
+            if len(pending[k]) == len(shards[k]):
+                tensors = pending.pop(k)
+                if is_writer:
+                    file = os.path.join(out, files[k])
+                    save_file(tensors, file, metadata={"format": "pt"})
+                    # safetensors creates 0600 files; inference servers often run as
+                    # another user on the shared checkpoint folder.
+                    os.chmod(file, 0o644)
+        if not is_writer:
+            return
+        out = Path(out)
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": sum(sizes.values())},
+                     "weight_map": {name: files[k] for name, k in shard_of.items()}}
+            (out / INDEX_FILE).write_text(json.dumps(index, indent=2))
+        hf_config = config.to_hf()
+        hf_config["torch_dtype"] = dtype.name
+        (out / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2))
+        if tokenizer is not None:
+            _save_tokenizer(tokenizer, config, out)
 
 
 def _tokenizer_source(tokenizer: Any) -> Path | None:
@@ -409,18 +410,17 @@ def _save_tokenizer(tokenizer: Any, config: ModelConfig, path: Path) -> None:
     # Imported here: agentjax.models does not import transformers (see its __init__).
     from agentjax.models.tokenizer import stop_token_ids
 
+    # `path` is a fresh folder (save_hf writes through atomic.folder), so copying from
+    # the source works even when the export replaces the folder the tokenizer came from.
     source = _tokenizer_source(tokenizer)
-    if source is None or source.resolve() != path.resolve():
-        for stale in TOKENIZER_FILES:
-            (path / stale).unlink(missing_ok=True)
-        if source is not None:
-            for name in TOKENIZER_FILES:
-                if (source / name).is_file():
-                    shutil.copyfile(source / name, path / name)
-                    os.chmod(path / name, 0o644)
-        else:
-            tokenizer.save_pretrained(str(path))
-            _write_transformers4_fields(tokenizer, path / "tokenizer_config.json")
+    if source is not None:
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file():
+                shutil.copyfile(source / name, path / name)
+                os.chmod(path / name, 0o644)
+    else:
+        tokenizer.save_pretrained(str(path))
+        _write_transformers4_fields(tokenizer, path / "tokenizer_config.json")
     if not (path / GENERATION_CONFIG_FILE).exists():
         generation = {"bos_token_id": config.bos_token_id,
                       "eos_token_id": list(stop_token_ids(

@@ -4,6 +4,11 @@ The host state holds everything outside the jitted state that decides what happe
 next — the step, the curriculum sampler's state, numpy RNG states — so a run killed at
 any point and restarted with the same `--workdir` continues exactly as an
 uninterrupted run would.
+
+A checkpoint is written under a temporary name and renamed to its step once complete
+(orbax's commit), and only committed checkpoints are listed or restored: whether a step
+(or a stage) is done is read from them, never from the existence of the folder, which
+orbax creates before the first save.
 """
 from __future__ import annotations
 
@@ -22,18 +27,25 @@ class Checkpointer:
       every: save interval in steps (0 disables periodic saves; `force=True` still saves).
       keep: how many checkpoints to keep.
       async_save: write in a background thread while training continues.
+      read_only: only list and restore: creates nothing, and leaves alone the
+        temporary folders of a save in progress (a writer removes those a killed run
+        left behind).
     """
 
-    def __init__(self, directory: str, *, every: int, keep: int = 2, async_save: bool = True):
+    def __init__(self, directory: str, *, every: int, keep: int = 2, async_save: bool = True,
+                 read_only: bool = False):
         self.every = every
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+            max_to_keep=None if read_only else keep, save_interval_steps=0 if read_only else 1,
+            enable_async_checkpointing=async_save, read_only=read_only,
+            create=not read_only, cleanup_tmp_directories=not read_only)
         self._manager = ocp.CheckpointManager(
             os.path.abspath(directory), options=options,
             item_names=("state", "host"))
 
     @property
     def latest_step(self) -> int | None:
+        """The newest committed step (None if there is none)."""
         return self._manager.latest_step()
 
     def save(self, step: int, state: Any, host: dict, *, force: bool = False) -> bool:
@@ -65,3 +77,14 @@ class Checkpointer:
 
     def close(self):
         self._manager.close()
+
+
+def latest_committed_step(directory: str) -> int | None:
+    """The newest committed checkpoint step in `directory` (None if there is none, or
+    no folder): a save in progress, or one a kill interrupted, is not listed. Reads
+    only."""
+    if not os.path.isdir(directory):
+        return None
+    metadata = ocp.path.step.latest_step_metadata(directory,
+                                                  ocp.path.step.standard_name_format())
+    return None if metadata is None else metadata.step

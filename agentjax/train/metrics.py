@@ -1,8 +1,9 @@
 """Metric sinks (jsonl, TensorBoard, console progress bar) for the trainer.
 
 `MetricsWriter.write(step, metrics)` appends one json line per call to
-`<workdir>/metrics.jsonl` (the file is truncated to `step` on resume, so a resumed
-run's file reads like an uninterrupted one) and mirrors scalars to TensorBoard.
+`<workdir>/metrics.jsonl` (on resume the rows after the restored step, and a
+last line a kill cut short, are dropped, so a resumed run's file reads like an
+uninterrupted one) and mirrors scalars to TensorBoard.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import os
 from typing import Mapping
 
 import numpy as np
+
+from agentjax import atomic
 
 
 def _scalar(value):
@@ -42,10 +45,8 @@ class MetricsWriter:
             return
         os.makedirs(workdir, exist_ok=True)
         if os.path.exists(self.path):
-            with open(self.path) as f:
-                kept = [line for line in f if json.loads(line).get("step", 0) <= resume_step]
-            with open(self.path, "w") as f:
-                f.writelines(kept)
+            kept = [row for row in _read_rows(self.path) if row["step"] <= resume_step]
+            atomic.write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))
         if tensorboard:
             from tensorboardX import SummaryWriter
             self._tb = SummaryWriter(os.path.join(workdir, "tb"))
@@ -74,7 +75,22 @@ class MetricsWriter:
             self._tb.close()
 
 
+def _read_rows(path: str) -> list[dict]:
+    """The rows of a metrics file. A run killed while appending leaves its last line
+    cut short: that line is dropped (its step is redone on resume); a bad line anywhere
+    else is an error."""
+    with open(path) as f:
+        lines = f.readlines()
+    rows = []
+    for number, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise ValueError(f"{path}:{number}: not a json line: {line[:200]!r}") from None
+    return rows
+
+
 def read_metrics(workdir: str) -> list[dict]:
     """Reads back `<workdir>/metrics.jsonl` (for sweeps, reports and tests)."""
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    return _read_rows(os.path.join(workdir, "metrics.jsonl"))

@@ -13,7 +13,10 @@ Sections, in the order a run meets them:
 
 Resume: every stage checkpoints into the workdir (orbax: device state; json: sampler
 and step); rerunning with the same `--workdir` continues where the run stopped, with
-the same data order and random streams.
+the same data order and random streams. What a rerun reads back is written atomically
+(agentjax.atomic; orbax commits checkpoints by renaming), and which stage is done is
+decided from committed checkpoints and sft/eval.json, never from a folder's existence:
+a kill at any point, repeated any number of times, gives the uninterrupted run.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
-from agentjax import parallel
+from agentjax import atomic, parallel
 from agentjax.data.curriculum import make_sampler
 from agentjax.models import Decoder, ModelConfig, ValueModel, load_hf, save_hf
 from agentjax.models.tokenizer import AGENT_TAGS, build_tokenizer, load_tokenizer, prompt_ids
@@ -42,7 +45,7 @@ from agentjax.rollout.pool import RolloutPool
 from agentjax.rl.shaping import overlong_penalty
 from agentjax.rollout.trajectory import Trajectory, collate
 from agentjax.train import diagnostics, step as step_lib
-from agentjax.train.checkpoint import Checkpointer
+from agentjax.train.checkpoint import Checkpointer, latest_committed_step
 from agentjax.train.config import ConfigError, validate
 from agentjax.train.episodes import EpisodeRecorder, check_failures
 from agentjax.train.evaluate import evaluate, group_of, solved
@@ -58,6 +61,7 @@ class TrainingDiverged(RuntimeError):
 
 
 HF_DIR = "hf"  # every stage exports its final policy here (init_from / SGLang / eval)
+CHECKPOINTS = "checkpoints"  # in the workdir (RL) or in <workdir>/<stage> (pretrain, sft)
 
 
 def _copy(tree):
@@ -137,8 +141,9 @@ class Trainer:
                 "process_id": None if config.multihost.process_id < 0
                 else config.multihost.process_id})
         self.is_main = jax.process_index() == 0
-        with open(os.path.join(self.workdir, "config.json"), "w") as f:
-            f.write(config.to_json_best_effort(indent=1))
+        if self.is_main:
+            atomic.write_text(os.path.join(self.workdir, "config.json"),
+                              config.to_json_best_effort(indent=1))
         self.mesh = parallel.make_mesh(dict(config.mesh))
         data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         row_counts = {"rollout.prompts_per_step x rollout.group_size":
@@ -388,7 +393,7 @@ class Trainer:
             step_lib.sft_loss(self.graphdef, chunk_size=config.model.logprob_chunk), optimizer,
             epochs=1, minibatches=1, micro_batches=self._micro_batches(section.batch_size)),
             state)
-        checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
+        checkpointer = Checkpointer(os.path.join(workdir, CHECKPOINTS),
                                     every=config.checkpoint.every, keep=config.checkpoint.keep,
                                     async_save=config.checkpoint.async_save)
         restored = checkpointer.restore(state)
@@ -484,6 +489,9 @@ class Trainer:
         groups = (kept + set_aside)[:r.prompts_per_step]
         return groups, {"rollout/rounds": rounds, "rollout/kept_groups": len(kept)}
 
+    def _rl_checkpointer(self, **options) -> Checkpointer:
+        return Checkpointer(os.path.join(self.workdir, CHECKPOINTS), **options)
+
     def _guard_nonfinite(self, state, metrics, step: int, bad_steps: int, checkpointer,
                          host: dict):
         """Reacts to optimizer updates the jitted update refused (non-finite loss,
@@ -521,10 +529,10 @@ class Trainer:
     def restore_params(self, step: int | None = None):
         """Policy params of RL checkpoint `step` (default: the latest) of this workdir."""
         state = self._init_rl_state(self.initial_params)[0]
-        checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), every=0)
+        checkpointer = self._rl_checkpointer(every=0, read_only=True)
         restored = checkpointer.restore(state, step)
         if restored is None:
-            raise FileNotFoundError(f"no RL checkpoint in {self.workdir}/checkpoints")
+            raise FileNotFoundError(f"no RL checkpoint in {self.workdir}/{CHECKPOINTS}")
         return restored[0].params
 
     def run_rl(self, params):
@@ -547,9 +555,9 @@ class Trainer:
             value_fn=critic_value_fn(critic_graphdef) if critic_graphdef else None))
         sampler = make_sampler(config.data.curriculum, self.suite.train_tasks,
                                seed=config.seed)
-        checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),
-                                    every=config.checkpoint.every, keep=config.checkpoint.keep,
-                                    async_save=config.checkpoint.async_save)
+        checkpointer = self._rl_checkpointer(every=config.checkpoint.every,
+                                             keep=config.checkpoint.keep,
+                                             async_save=config.checkpoint.async_save)
         restored = checkpointer.restore(state)
         start, last_eval = 0, {}
         if restored is not None:
@@ -642,27 +650,31 @@ class Trainer:
             results.update({f"demonstrator/{name}/hops={h}": v
                             for h, v in baseline["by_hops"].items()})
         if (config.pretrain.steps or config.sft.steps) and not config.init_from:
+            # sft/eval.json is written (atomically) once SFT has finished, and RL
+            # checkpoints only after it: with both, RL restores its whole state (the
+            # initial params give it shapes only). Otherwise run_sft resumes from (or,
+            # when done, only restores) its committed checkpoints, so RL starts from
+            # the SFT params whatever point a kill hit.
             sft_file = os.path.join(self.workdir, "sft", "eval.json")
-            rl_started = os.path.exists(os.path.join(self.workdir, "checkpoints"))
-            if os.path.exists(sft_file) and rl_started:
-                sft_results = json.load(open(sft_file))
-                params = None  # restored from the RL checkpoint
-            else:
+            sft_results = None
+            if os.path.exists(sft_file):
+                with open(sft_file) as f:
+                    sft_results = json.load(f)
+            rl_resumes = config.stage == "rl" and latest_committed_step(
+                os.path.join(self.workdir, CHECKPOINTS)) is not None
+            if sft_results is None or not rl_resumes:
                 params = self.run_sft(params)
+            if sft_results is None:
                 sft_results = self.evaluate(params, "sft")
                 if self.is_main:
-                    with open(sft_file, "w") as f:
-                        json.dump(sft_results, f, indent=1)
+                    atomic.write_json(sft_file, sft_results)
             results.update(sft_results)
         if config.stage == "rl":
-            if params is None:
-                params = self.initial_params  # shapes only; the checkpoint has the values
             _, last_eval = self.run_rl(params)
             results.update(last_eval)
         results["time/total_s"] = time.perf_counter() - self.started
         if self.is_main:
-            with open(os.path.join(self.workdir, "final.json"), "w") as f:
-                json.dump(results, f, indent=1)
+            atomic.write_json(os.path.join(self.workdir, "final.json"), results)
             print(report_table(results))
         return results
 

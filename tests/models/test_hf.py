@@ -2,6 +2,7 @@
 trip through transformers, sharded checkpoints, tiny checkpoint builder, exports whose
 tokenizer files transformers 4 reads, bad input."""
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -117,6 +118,29 @@ def test_bfloat16_save_and_load(tmp_path):
     for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(loaded))):
         assert b.dtype == jnp.bfloat16
         np.testing.assert_array_equal(np.asarray(a).astype(jnp.bfloat16), b)
+
+
+def test_an_interrupted_save_leaves_the_previous_export(tmp_path):
+    """A kill in the middle of save_hf (here: while the tokenizer is written, after
+    config.json and the weights) must not leave a folder that looks complete."""
+    cfg = make_tiny_hf(tmp_path / "src", arch="llama", vocab_size=64, num_layers=1)
+    model, _ = load_hf(tmp_path / "src")
+
+    class KilledWhileSaving:
+        name_or_path = ""  # not loaded from a folder: saved with save_pretrained
+
+        def save_pretrained(self, path):
+            raise KeyboardInterrupt
+
+    export = tmp_path / "export"
+    with pytest.raises(KeyboardInterrupt):
+        save_hf(model, cfg, export, tokenizer=KilledWhileSaving())
+    assert not export.exists()
+    save_hf(model, cfg, export)
+    with pytest.raises(KeyboardInterrupt):
+        save_hf(model, cfg, export, tokenizer=KilledWhileSaving())
+    assert sorted(os.listdir(export)) == ["config.json", SINGLE_FILE]  # the complete one
+    load_hf(export)
 
 
 @pytest.fixture

@@ -1,12 +1,10 @@
-"""End-to-end runs of every config (tiny `:test` variants), exact resume after SIGKILL,
-evaluation and export of a finished run."""
+"""End-to-end runs of every config (tiny `:test` variants), evaluation and export of a
+finished run (resume after SIGKILL: test_resume.py)."""
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -25,27 +23,10 @@ from agentjax.train.metrics import read_metrics
 from tests.data import search_r1_files
 from tests.models.qwen_tokenizers import qwen_tokenizer_folder
 from tests.rewards.episodes import TWO_HOP, episode
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TRAIN = os.path.join(ROOT, "scripts", "train.py")
-# Wall-clock keys differ between runs; everything else must be identical.
-TIMING = ("time/", "rollout/tokens_per_s")
-ONE_DEVICE = {**os.environ, "XLA_FLAGS": ""}
-
+from tests.train.runs import ONE_DEVICE, ROOT, TRAIN, comparable
+from tests.train.runs import train as _train
 
 EIGHT_DEVICES = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-
-
-def _train(config, workdir, *overrides, wait=True, env=ONE_DEVICE):
-    argv = [sys.executable, TRAIN, f"--config={ROOT}/configs/{config}", f"--workdir={workdir}",
-            *overrides]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, cwd=ROOT, env=env)
-    if not wait:
-        return process
-    out, _ = process.communicate(timeout=600)
-    assert process.returncode == 0, out[-4000:]
-    return out
 
 
 @pytest.mark.parametrize("config", ["grpo_search.py:test", "ppo_search.py:test",
@@ -106,8 +87,7 @@ def test_engine_lanes_give_the_same_run(tmp_path):
         _train("grpo_search.py:test", tmp_path / f"lanes{lanes}",
                f"--config.rollout.engine_lanes={lanes}",
                f"--config.rollout.engine_slots={slots}", "--config.rollout.concurrency=4")
-        out[lanes] = [{k: v for k, v in r.items() if not k.startswith(TIMING)}
-                      for r in read_metrics(tmp_path / f"lanes{lanes}")]
+        out[lanes] = comparable(read_metrics(tmp_path / f"lanes{lanes}"))
     assert out[1] == out[2]
 
 
@@ -125,30 +105,6 @@ def test_sharded_run_matches_one_device(tmp_path):
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (stage, key)
     [rl] = read_metrics(tmp_path / "eight")
     assert rl["mask/leak"] == 0 and np.isfinite(rl["grad_norm"])
-
-
-def _comparable(rows):
-    return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in rows]
-
-
-def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
-    overrides = ["--config.total_steps=4", "--config.checkpoint.every=1",
-                 "--config.checkpoint.async_save=False", "--config.eval.every=0"]
-    _train("grpo_search.py:test", tmp_path / "straight", *overrides)
-    killed = tmp_path / "killed"
-    process = _train("grpo_search.py:test", killed, *overrides, wait=False)
-    deadline = time.time() + 300
-    while not (killed / "checkpoints" / "2").exists():
-        assert process.poll() is None, process.stdout.read()[-4000:]
-        assert time.time() < deadline, "no checkpoint at step 2"
-        time.sleep(0.2)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    _train("grpo_search.py:test", killed, *overrides)
-    straight = _comparable(read_metrics(tmp_path / "straight"))
-    resumed = _comparable(read_metrics(killed))
-    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
-    assert resumed == straight
 
 
 def _script(name, *args):

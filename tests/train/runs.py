@@ -1,0 +1,158 @@
+"""Runs of scripts/train.py for the end-to-end tests, and the kill campaign: a run
+SIGKILLed again and again at seeded points until it finishes must end exactly as the
+uninterrupted run (scripts/bench/reliability.py runs a longer campaign).
+
+    reference = ...; train("grpo_search.py:test", reference)
+    counts = kill_campaign("grpo_search.py:test", workdir, kills=12, seed=0)
+    assert differences(reference, workdir) == []
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file
+
+from agentjax.train.checkpoint import latest_committed_step
+from agentjax.train.metrics import read_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN = os.path.join(ROOT, "scripts", "train.py")
+# Wall-clock keys differ between runs; everything else must be identical.
+TIMING = ("time/", "rollout/tokens_per_s")
+ONE_DEVICE = {**os.environ, "XLA_FLAGS": ""}
+
+
+def _argv(config: str, workdir, overrides) -> list[str]:
+    return [sys.executable, TRAIN, f"--config={ROOT}/configs/{config}",
+            f"--workdir={workdir}", *overrides]
+
+
+def train(config, workdir, *overrides, env=ONE_DEVICE) -> str:
+    """Runs scripts/train.py on configs/`config` to the end; its output (asserting
+    success)."""
+    process = subprocess.Popen(_argv(config, workdir, overrides), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+    out, _ = process.communicate(timeout=600)
+    assert process.returncode == 0, out[-4000:]
+    return out
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in rows]
+
+
+def _committed(folder: str, step: int):
+    return lambda w: (latest_committed_step(os.path.join(w, folder)) or 0) >= step
+
+
+# What a run has done, in the order it does it: each mark, once there, stays.
+PROGRESS = (
+    ("init model written", lambda w: os.path.isdir(os.path.join(w, "init_model"))),
+    ("pretraining step 1 committed", _committed("pretrain/checkpoints", 1)),
+    ("pretraining exported", lambda w: os.path.isdir(os.path.join(w, "pretrain", "hf"))),
+    ("SFT step 1 committed", _committed("sft/checkpoints", 1)),
+    ("SFT exported", lambda w: os.path.isdir(os.path.join(w, "sft", "hf"))),
+    ("SFT evaluated", lambda w: os.path.exists(os.path.join(w, "sft", "eval.json"))),
+    # orbax makes the folder before RL's first step; the first RL checkpoint comes later.
+    ("RL checkpoint folder made", lambda w: os.path.isdir(os.path.join(w, "checkpoints"))),
+    ("RL step 1 committed", _committed("checkpoints", 1)),
+    ("RL exported", lambda w: os.path.isdir(os.path.join(w, "hf"))),
+    ("finished", lambda w: os.path.exists(os.path.join(w, "final.json"))),
+)
+
+
+def progress(workdir) -> str:
+    """The last PROGRESS mark `workdir` has reached ("started" before the first)."""
+    reached = "started"
+    for name, done in PROGRESS:
+        if not done(str(workdir)):
+            break
+        reached = name
+    return reached
+
+
+def temporaries(workdir) -> list[str]:
+    """The temporary files and folders of writes in progress (or killed) in `workdir`:
+    atomic writes' and checkpoints'."""
+    return sorted(os.path.relpath(os.path.join(dirpath, name), workdir)
+                  for dirpath, dirs, files in os.walk(workdir) for name in dirs + files
+                  if name.endswith((".tmp", ".old")) or "orbax-checkpoint-tmp" in name)
+
+
+def kill_campaign(config: str, workdir, *overrides, kills: int, seed: int,
+                  max_delay_s: float = 2.0, env=ONE_DEVICE, timeout_s: float = 600
+                  ) -> dict[str, int]:
+    """Runs `config` in `workdir`, SIGKILLing it `kills` times, then lets it finish.
+
+    Each kill waits for a PROGRESS mark and then a seeded delay of up to `max_delay_s`.
+    The marks are taken in order: every mark but "finished" once per len(PROGRESS) - 1
+    kills, the rest a seeded draw (one the workdir already has is there at once, so
+    that kill lands in the restart). Returns how many kills landed after each mark
+    (keys "after <mark>"), how many "during a write" (a temporary of a checkpoint or an
+    atomic write was there: in progress, or an earlier kill's not yet redone) and how
+    many runs "finished first" (ended before their kill).
+    """
+    rng = np.random.default_rng(seed)
+    every = len(PROGRESS) - 1
+    marks = sorted([*range(every)] * (kills // every)
+                   + [*rng.choice(every, kills % every, replace=False)])
+    delays = rng.uniform(0, max_delay_s, size=kills)
+    counts = collections.Counter()
+    log_path = f"{workdir}.log"
+    for mark, delay in zip(marks, delays):
+        with open(log_path, "w") as log:
+            process = subprocess.Popen(_argv(config, workdir, overrides), stdout=log,
+                                       stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        deadline = time.time() + timeout_s
+        while process.poll() is None and not PROGRESS[mark][1](str(workdir)):
+            assert time.time() < deadline, f"no {PROGRESS[mark][0]!r} in {timeout_s}s"
+            time.sleep(0.05)
+        time.sleep(delay)
+        if process.poll() is None:
+            counts[f"after {progress(workdir)}"] += 1
+            counts["during a write"] += bool(temporaries(workdir))
+            process.send_signal(signal.SIGKILL)
+        else:
+            counts["finished first"] += 1
+        process.wait()
+        assert process.returncode in (0, -signal.SIGKILL), Path(log_path).read_text()[-4000:]
+    train(config, workdir, *overrides, env=env)
+    return dict(counts)
+
+
+def _weights(folder) -> dict[str, np.ndarray]:
+    tensors = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        tensors.update(load_file(str(path)))
+    return tensors
+
+
+def differences(reference, workdir) -> list[str]:
+    """What differs between two finished runs of one config (timings aside): every
+    stage's metrics, the SFT evaluation, the final results and every exported model."""
+    reference, workdir = Path(reference), Path(workdir)
+    found = []
+    for stage in ("pretrain", "sft", ""):
+        if (reference / stage / "metrics.jsonl").exists() and comparable(
+                read_metrics(reference / stage)) != comparable(read_metrics(workdir / stage)):
+            found.append(f"{stage or 'RL'} metrics")
+    for name in ("sft/eval.json", "final.json"):
+        want, got = (json.loads((run / name).read_text()) for run in (reference, workdir))
+        if comparable([want]) != comparable([got]):
+            found.append(name)
+    for folder in ("init_model", "pretrain/hf", "sft/hf", "hf"):
+        if not (reference / folder).is_dir():  # a stage this config does not run
+            continue
+        want, got = _weights(reference / folder), _weights(workdir / folder)
+        if not want or want.keys() != got.keys() or any(
+                not np.array_equal(want[k], got[k]) for k in want):
+            found.append(f"{folder} weights")
+    return found
