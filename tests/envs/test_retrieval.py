@@ -4,10 +4,7 @@ import concurrent.futures
 import http.client
 import json
 import math
-import pathlib
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -22,7 +19,7 @@ from agentjax.envs.retrieval import (BM25Retriever, Document, HttpRetriever,
                                      read_corpus)
 from agentjax.envs.search import SearchEnv
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from tests.envs.retrieval_server import VALID, free_port, send_malformed, serve
 
 
 def test_read_corpus_splits_title_and_text(corpus_path):
@@ -125,40 +122,10 @@ def test_format_docs_is_search_r1s():
 
 # ---------------------------------------------------------------- HTTP
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# Limits small enough to test (the 2,560-query request fits under max_queries).
-SERVER_FLAGS = ["--max_queries", "4096", "--batch_size", "1000", "--max_body_mb", "1"]
-
-
 @pytest.fixture(scope="module")
 def server_url(corpus_path, tmp_path_factory):
-    port = free_port()
-    index_dir = tmp_path_factory.mktemp("served-index")
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "scripts" / "serve_retrieval.py"), "--corpus",
-         str(corpus_path), "--index_dir", str(index_dir), "--port", str(port), *SERVER_FLAGS],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    try:
-        while True:
-            try:
-                if httpx.get(base + "/health", timeout=1).json()["status"] == "ok":
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("server did not start:\n" + proc.stdout.read().decode())
-            time.sleep(0.1)
+    with serve(corpus_path, tmp_path_factory.mktemp("served-index")) as base:
         yield base
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_server_speaks_search_r1_api(server_url):
@@ -192,49 +159,11 @@ def test_server_answers_search_r1s_grpo_batch_in_one_request(server_url, bm25):
     assert httpx.post(server_url + "/retrieve", json={"queries": []}).json() == {"result": []}
 
 
-DEEP = b"[" * 100_000 + b"]" * 100_000
-# (what is wrong, body, content type, expected status)
-MALFORMED = [
-    ("not JSON", b"{not json", "application/json", 400),
-    ("empty body", b"", "application/json", 400),
-    ("topk 1e400", b'{"queries": ["x"], "topk": 1e400}', "application/json", 400),
-    ("topk -1e400", b'{"queries": ["x"], "topk": -1e400}', "application/json", 400),
-    ("topk NaN", b'{"queries": ["x"], "topk": NaN}', "application/json", 400),
-    ("topk Infinity", b'{"queries": ["x"], "topk": Infinity}', "application/json", 400),
-    ("a query 1e400", b'{"queries": [1e400]}', "application/json", 400),
-    ("a 5000-digit number", b'{"queries": ["x"], "topk": ' + b"9" * 5000 + b"}",
-     "application/json", 400),
-    ("nested 100k deep", DEEP, "application/json", 400),
-    ("not UTF-8", b'{"queries": ["caf\xe9"]}', "application/json", 400),
-    ("huge topk", b'{"queries": ["x"], "topk": 1' + b"0" * 300 + b"}", "application/json", 422),
-    ("topk 0", b'{"queries": ["x"], "topk": 0}', "application/json", 422),
-    ("topk -3", b'{"queries": ["x"], "topk": -3}', "application/json", 422),
-    ("topk 101", b'{"queries": ["x"], "topk": 101}', "application/json", 422),
-    ("topk a string", b'{"queries": ["x"], "topk": "3"}', "application/json", 422),
-    ("topk a float", b'{"queries": ["x"], "topk": 2.5}', "application/json", 422),
-    ("topk true", b'{"queries": ["x"], "topk": true}', "application/json", 422),
-    ("no queries", b'{"topk": 3}', "application/json", 422),
-    ("queries a string", b'{"queries": "x"}', "application/json", 422),
-    ("queries null", b'{"queries": null}', "application/json", 422),
-    ("a query a number", b'{"queries": ["x", 3]}', "application/json", 422),
-    ("a query a list", b'{"queries": [["x"]]}', "application/json", 422),
-    ("return_scores a string", b'{"queries": ["x"], "return_scores": "yes"}',
-     "application/json", 422),
-    ("a list body", b'["x"]', "application/json", 422),
-    ("a null body", b"null", "application/json", 422),
-    ("a number body", b"3", "application/json", 422),
-    ("too many queries", json.dumps({"queries": ["x"] * 4097}).encode(), "application/json",
-     413),
-    ("plain text", b'{"queries": ["x"]}', "text/plain", 415),
-    ("a form", b"queries=x", "application/x-www-form-urlencoded", 415),
-    ("a large plain-text body", b"x" * 500_000, "text/plain", 415),
-]
-
-
 def test_every_malformed_request_gets_a_4xx_and_the_connection_lives_on(server_url):
     """Raw bytes over one kept-alive HTTP/1.1 connection: each malformed request gets
     its 4xx and a JSON message, and a valid request right after it on the same
     connection is answered."""
+    assert [(what, problem) for what, problem in send_malformed(server_url) if problem] == []
     port = int(server_url.rsplit(":", 1)[1])
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
 
@@ -244,16 +173,9 @@ def test_every_malformed_request_gets_a_4xx_and_the_connection_lives_on(server_u
         response = conn.getresponse()
         return response.status, response.read()
 
-    valid = b'{"queries": ["Dumont born"], "topk": 1}'
+    valid = VALID
     assert send(valid)[0] == 200
     sock = conn.sock
-    for what, body, content_type, status in MALFORMED:
-        got, text = send(body, content_type)
-        assert got == status, (what, got, text[:300])
-        assert json.loads(text)["detail"], what
-        got, text = send(valid)
-        assert got == 200 and json.loads(text)["result"][0][0]["id"] == "person-3"
-        assert conn.sock is sock, f"{what}: the connection was closed"
     # No content type (curl --data-binary): read as JSON. GET is not the API.
     assert send(valid, content_type=None)[0] == 200
     assert send(None, method="GET")[0] == 405
