@@ -127,22 +127,32 @@ def decode(weights, cache, lengths, rows, last_tokens, active, keys, steps, budg
 
 def new_cache(weights: LayerwiseWeights, config: ModelConfig, rows: int, max_len: int,
               dtype) -> LayerKVCache:
-    """An empty cache of `rows` x `max_len` slots, placed beside the weights."""
+    """An empty cache of `rows` x `max_len` slots, placed beside the weights: on their
+    mesh by the rules their model was sharded with (so the programs take keys and values
+    where the weights' shardings produce them), else on their device."""
     cache = init_layer_cache(config, rows, max_len, dtype)
-    sharding = _params_mesh_sharding(weights)
-    if sharding is None:
+    placement = mesh_and_rules(weights)
+    if placement is None:
         device = next(iter(jax.tree.leaves(weights)[0].sharding.device_set))
         return jax.device_put(cache, device)
     from agentjax.parallel import tree_shardings
     axes = LayerKVCache.logical_axes(config.num_layers)
-    return jax.device_put(cache, tree_shardings(axes, cache, *sharding))
+    return jax.device_put(cache, tree_shardings(axes, cache, *placement))
 
 
-def _params_mesh_sharding(params):
-    """(mesh, rules) when params live on a multi-device mesh, else None."""
-    for leaf in jax.tree.leaves(params):
+def mesh_and_rules(weights: LayerwiseWeights):
+    """(mesh, rules) of weights that span a multi-device mesh, else None.
+
+    The model's own LogicalSharding (set by `parallel.shard_model`, `create_sharded` and
+    `load_hf(mesh=...)`) gives the rules its params were placed by; weights put on a mesh
+    without one (`parallel.shard_params` alone) are taken to follow the default rules
+    (None). Every leaf is looked at, not only the first.
+    """
+    model_sharding = weights.activation_sharding
+    if model_sharding is not None and model_sharding.mesh.size > 1:
+        return model_sharding.mesh, model_sharding.rules
+    for leaf in jax.tree.leaves(weights):
         sharding = getattr(leaf, "sharding", None)
         if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.size > 1:
             return sharding.mesh, None
-        return None
     return None
