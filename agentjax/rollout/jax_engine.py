@@ -6,24 +6,19 @@
 
 Over 450 lines because the scheduler is one thread's state machine (intake, admission,
 prefill and decode rounds, finishing) over one set of fields: split further, each piece
-would reach into the others' state. Its device side (the cache, gathered rows, the
-prefill and decode programs, attention spans) is `rollout.device_programs`; its rows and
-sessions are `rollout.slots`.
+would reach into the others' state. What it drives lives beside it: the device programs
+and the KV cache in `rollout.device_programs`, the shape of each call (rows gathered,
+chunk width, attention span) in `rollout.program_shapes`, the rows and sessions in
+`rollout.slots`.
 
 Design:
-- Batch buckets: a program call gathers the rows it needs into the smallest of
-  `batch_buckets` that holds them; a call touching more rows than the largest bucket
-  runs over every row without gathering.
-- Prefill: each admitted sequence's next tokens go into a right-padded [P, C] chunk. C
-  is picked per sequence from its own remaining tokens (`_chunk_width`: little padding,
-  else several rounds), and the sequences of a round are grouped by C, one call per
-  group.
+- Prefill: each admitted sequence's next tokens go into a right-padded [P, C] chunk, C
+  picked per sequence from its own remaining tokens; the sequences of a round are
+  grouped by C, one call per group.
 - Decode: one program call runs `decode_steps` tokens over the decoding rows. Stop
   strings are checked on the host by decoding a window of each row's newest tokens;
   tokens sampled after a stop string are discarded and the row's cache length rolled
   back.
-- Attention spans: a decode call attends over the smallest of `attention_spans` holding
-  the longest active row.
 - Compilations: one decode program per (batch bucket, span) and one prefill program per
   (batch bucket, chunk), compiled when first used; `warmup()` compiles them all upfront.
 - Continuous batching: a scheduler thread admits waiting requests into free rows
@@ -56,7 +51,7 @@ a row's result does not depend on its row index or on the other rows' contents, 
 deterministic mode every program a sequence passes through has a shape that does not
 depend on the other sequences: decode always runs all rows at span max_len; prefill
 always gathers `deterministic_prefill_rows` rows; chunk boundaries depend only on the
-sequence's own tokens (`_chunk_width`, from the cached prefix its session holds). A
+sequence's own tokens (`ProgramShapes.chunk_width`, from the cached prefix its session holds). A
 seeded request's output ids and log-probs are then bitwise identical whatever else runs,
 in whatever order requests arrive (same engine settings, same machine and XLA build).
 A parked session is never evicted (re-prefilling its history would compute its keys in
@@ -92,6 +87,7 @@ from agentjax.models.decoder import LayerwiseWeights
 from agentjax.rollout.device_programs import (COMPILE_COUNTS, decode, engine_weights,
                                               new_cache, prefill)
 from agentjax.rollout.engine import Completion, GenerateRequest, SamplingParams
+from agentjax.rollout.program_shapes import ProgramShapes
 from agentjax.rollout.slots import SlotTable
 
 
@@ -152,7 +148,7 @@ class JaxEngine:
       max_slots: sequences in flight at once (the decode batch).
       max_len: cache slots per sequence: prompt + output must fit.
       prefill_chunks: chunk lengths for prefill programs (a sequence's tokens are
-        prefilled in rounds of these widths, see `_chunk_width`).
+        prefilled in rounds of these widths, see `ProgramShapes.chunk_width`).
       batch_buckets: batch sizes of gathered-row programs: a prefill or decode call
         touching n rows gathers them into the smallest bucket >= n (padding rows are
         inert) and computes only that many rows; more rows than the largest bucket run
@@ -224,22 +220,11 @@ class JaxEngine:
         self.max_slots, self.max_len = max_slots, max_len
         self.deterministic = deterministic
         self.deterministic_prefill_rows = deterministic_prefill_rows
-        # Padding rows of a gathered program point past the last row: they read zeros
-        # and their writes are dropped.
-        self._padding_row = max_slots
-        self._chunks = tuple(sorted(set(int(c) for c in prefill_chunks)))
-        if batch_buckets is None:
-            batch_buckets = [4 ** i for i in range(8) if 4 ** i < max_slots]
-        self._batch_buckets = tuple(sorted({int(b) for b in batch_buckets
-                                            if 0 < b < max_slots}))
         self.decode_steps = decode_steps
-        if attention_spans is None:
-            # A call copies its span out of the cache: about as much traffic as two
-            # decode steps' attention, worth it only well below max_len.
-            attention_spans = [2 ** i for i in range(7, max_len.bit_length())
-                               if 2 ** i <= max_len // 2]
-        self._spans = tuple(sorted({int(w) for w in attention_spans if 0 < w < max_len}
-                                   | {max_len}))
+        self._shapes = ProgramShapes(
+            max_slots, max_len, prefill_chunks=prefill_chunks, batch_buckets=batch_buckets,
+            attention_spans=attention_spans, deterministic=deterministic,
+            deterministic_prefill_rows=deterministic_prefill_rows)
         self.batch_wait_s = batch_wait_s
         self.max_stop_ids = max_stop_ids
         if eos_token_ids is None:
@@ -334,11 +319,11 @@ class JaxEngine:
     # ---------------------------------------------------------------- public extras
 
     def warmup(self) -> int:
-        """Compiles every program the engine can call (`_programs`) with inert inputs, so
-        later requests never wait on XLA; returns the number of programs. Safe while
-        requests run."""
+        """Compiles every program the engine can call (`ProgramShapes.programs`) with
+        inert inputs, so later requests never wait on XLA; returns the number of programs.
+        Safe while requests run."""
         self._call_scheduler("warmup", None)
-        return len(self._programs())
+        return len(self._shapes.programs())
 
     @property
     def compile_counts(self) -> dict[str, int]:
@@ -463,24 +448,14 @@ class JaxEngine:
         finally:
             done.set()
 
-    def _programs(self) -> list[tuple[str, int | None, int]]:
-        """Every program the scheduler may call: (kind, rows gathered — None: all rows —,
-        prefill chunk width or decode span)."""
-        if self.deterministic:
-            return ([("prefill", self.deterministic_prefill_rows, w) for w in self._chunks]
-                    + [("decode", None, self.max_len)])
-        layouts = list(self._batch_buckets) + [None]
-        return ([("prefill", rows, w) for rows in layouts for w in self._chunks]
-                + [("decode", rows, span) for rows in layouts for span in self._spans])
-
     def _warmup(self) -> None:
         """Runs every program once on inert rows (all padding / inactive: no cache row
         changes)."""
-        for kind, gathered, size in self._programs():
+        for kind, gathered, size in self._shapes.programs():
             if gathered is None:
-                cache_rows = np.arange(self.max_slots, dtype=np.int32)
+                cache_rows = self._shapes.all_rows()
             else:
-                cache_rows = np.full(gathered, self._padding_row, np.int32)
+                cache_rows = np.full(gathered, self._shapes.padding_row, np.int32)
             run = self._run_prefill if kind == "prefill" else self._run_decode
             run([], gathered is not None, cache_rows, [], size)
         jax.block_until_ready(self._cache)
@@ -512,26 +487,6 @@ class JaxEngine:
             still_waiting.clear()
         self._waiting = still_waiting
 
-    def _layout(self, seqs: Sequence[_Sequence], kind: str) -> tuple[bool, np.ndarray, list[int]]:
-        """How a `kind` ("prefill" / "decode") call covers `seqs`: gathered into a batch
-        of fixed size (padding rows point past the last row), or run over all rows.
-        Deterministic: prefill gathers `deterministic_prefill_rows` rows, decode runs all
-        rows. Else the smallest batch bucket that holds them, or all rows.
-
-        Returns (gather, cache row of each program row, program row of each sequence)."""
-        if self.deterministic:
-            size = self.deterministic_prefill_rows if kind == "prefill" else None
-        elif self._batch_buckets and len(seqs) <= self._batch_buckets[-1]:
-            size = next(b for b in self._batch_buckets if b >= len(seqs))
-        else:
-            size = None
-        if size is None:
-            return False, np.arange(self.max_slots, dtype=np.int32), [s.slot for s in seqs]
-        assert len(seqs) <= size, (len(seqs), size)
-        cache_rows = np.full(size, self._padding_row, np.int32)
-        cache_rows[:len(seqs)] = [s.slot for s in seqs]
-        return True, cache_rows, list(range(len(seqs)))
-
     def _sampling_arrays(self, seqs: Sequence[_Sequence], rows: Sequence[int], size: int):
         keys = np.zeros((size, 2), np.uint32)
         steps = np.zeros(size, np.int32)
@@ -546,38 +501,19 @@ class JaxEngine:
             top_p[row] = seq.sampling.top_p
         return keys, steps, temperature, top_k, top_p
 
-    def _span(self, needed: int) -> int:
-        """The smallest attention span holding `needed` slots (max_len when
-        deterministic: the span is a shape shared by the whole batch)."""
-        if self.deterministic:
-            return self.max_len
-        return next((w for w in self._spans if w >= needed), self.max_len)
-
-    def _chunk_width(self, remaining: int) -> int:
-        """Prefill chunk width for a sequence with `remaining` tokens left to prefill: the
-        smallest chunk holding them if at most a quarter of it would be padding (or none
-        is smaller), else the largest chunk they fill. On CPU prefill is compute bound:
-        padding costs as much as tokens, an extra round little. The width depends on the
-        sequence alone, so its chunk boundaries do too (deterministic mode relies on it).
-        """
-        holding = next((c for c in self._chunks if c >= remaining), None)
-        if holding is not None and (4 * (holding - remaining) <= holding
-                                    or holding == self._chunks[0]):
-            return holding
-        return max((c for c in self._chunks if c <= remaining), default=self._chunks[0])
-
     def _prefill_round(self) -> None:
         """One prefill call per chunk width in use (per `deterministic_prefill_rows`
         sequences when deterministic)."""
-        by_width = collections.defaultdict(list)
+        shapes, by_width = self._shapes, collections.defaultdict(list)
         for seq in self._table.in_flight():
             if not seq.decoding:
-                by_width[self._chunk_width(len(seq.input_ids) - seq.prefilled)].append(seq)
-        per_call = self.deterministic_prefill_rows if self.deterministic else self.max_slots
+                by_width[shapes.chunk_width(len(seq.input_ids) - seq.prefilled)].append(seq)
+        per_call = shapes.prefill_rows_per_call
         for width, seqs in sorted(by_width.items()):
             for start in range(0, len(seqs), per_call):
                 batch = seqs[start:start + per_call]
-                self._run_prefill(batch, *self._layout(batch, "prefill"), width)
+                layout = shapes.layout([s.slot for s in batch], "prefill")
+                self._run_prefill(batch, *layout, width)
 
     def _run_prefill(self, seqs: Sequence[_Sequence], gather: bool, cache_rows: np.ndarray,
                      rows: Sequence[int], width: int) -> None:
@@ -607,8 +543,9 @@ class JaxEngine:
     def _decode_round(self) -> None:
         seqs = [s for s in self._table.in_flight() if s.decoding]
         if seqs:
-            span = self._span(max(int(self._table.lengths[s.slot]) for s in seqs) + self.decode_steps)
-            self._run_decode(seqs, *self._layout(seqs, "decode"), span)
+            needed = max(int(self._table.lengths[s.slot]) for s in seqs) + self.decode_steps
+            layout = self._shapes.layout([s.slot for s in seqs], "decode")
+            self._run_decode(seqs, *layout, self._shapes.span(needed))
 
     def _run_decode(self, seqs: Sequence[_Sequence], gather: bool, cache_rows: np.ndarray,
                     rows: Sequence[int], span: int) -> None:
@@ -627,8 +564,8 @@ class JaxEngine:
         keys, steps, temperature, top_k, top_p = self._sampling_arrays(seqs, rows, size)
         start = time.perf_counter()
         self._cache, tokens, logprobs, emitted = decode(
-            self._weights, self._cache, self._table.lengths, cache_rows, last, active, keys, steps,
-            budget, stop_ids, temperature, top_k, top_p, gather=gather,
+            self._weights, self._cache, self._table.lengths, cache_rows, last, active, keys,
+            steps, budget, stop_ids, temperature, top_k, top_p, gather=gather,
             num_steps=self.decode_steps, span=span)
         tokens, logprobs, emitted = (np.asarray(a) for a in (tokens, logprobs, emitted))
         if seqs:
