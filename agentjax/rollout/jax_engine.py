@@ -40,7 +40,8 @@ Design:
   (`config.dtype`: float32 master weights become a bfloat16 copy), so nothing
   recompiles and the trainer may donate its own buffers afterwards.
 - Sharding: params may live on a mesh (e.g. `parallel.shard_model`); the cache is then
-  placed by `LayerKVCache.logical_axes` and the same rules, and jit propagates the rest.
+  placed on it by `LayerKVCache.logical_axes` and the rules the model was sharded with
+  (`device_programs.new_cache`), and jit propagates the rest.
 
 Batch invariance (`deterministic=True`). Same noise is not same tokens: XLA:CPU's matmul
 result for a row depends on the program's row count (a row of `x[:k] @ w` differs from
@@ -51,8 +52,8 @@ a row's result does not depend on its row index or on the other rows' contents, 
 deterministic mode every program a sequence passes through has a shape that does not
 depend on the other sequences: decode always runs all rows at span max_len; prefill
 always gathers `deterministic_prefill_rows` rows; chunk boundaries depend only on the
-sequence's own tokens (`ProgramShapes.chunk_width`, from the cached prefix its session holds). A
-seeded request's output ids and log-probs are then bitwise identical whatever else runs,
+sequence's own tokens (`ProgramShapes.chunk_width`, from the cached prefix its session
+holds). A seeded request's output ids and log-probs are then bitwise identical whatever else runs,
 in whatever order requests arrive (same engine settings, same machine and XLA build).
 A parked session is never evicted (re-prefilling its history would compute its keys in
 another program than the decode steps that wrote them): the caller keeps sessions in
