@@ -4,43 +4,30 @@
     [[completion]] = await engine.generate([GenerateRequest(ids, SamplingParams(...))])
     engine.update_weights(new_params, version=3)     # in place, no recompilation
 
-Design (static shapes, so XLA compiles a bounded set of programs once):
-- A cache of `max_slots` rows x `max_len` slots (`models.cache.LayerKVCache`: one
-  buffer per layer, a write offset per row). Each in-flight sequence owns one row. The
-  programs run the model's layers unrolled over the engine's per-layer copy of the
-  weights (`Decoder.layerwise_weights`): on CPU, slicing a layer out of stacked weights
-  or a stacked cache inside a layer scan copies it, which on a decode step cost about as
-  much as the matmuls.
-- Batch buckets: a program call computes only the rows it needs: they are gathered
-  from the cache into the smallest of `batch_buckets` that holds them, run, and
-  scattered back (padding rows point past the last row: they read zeros and their
-  writes are dropped); a call touching more rows than the largest bucket runs over
-  every row without gathering.
-- Prefill: each admitted sequence's next tokens go into a right-padded [P, C] chunk. C
-  is picked per sequence from its own remaining tokens (`_chunk_width`: little padding,
-  else several rounds), and the sequences of a round are grouped by C, one call per
-  group. The last real token's logits give the first sampled token.
-- Decode: one jitted program runs `decode_steps` single-token steps over the decoding
-  rows (`lax.scan`); rows stop on device at a stop id, their token budget or a full
-  cache, so the host syncs once per `decode_steps` tokens. Stop strings are checked on
-  the host by decoding a window of each row's newest tokens; tokens sampled after a stop
-  string are discarded and the row's cache length rolled back.
-- Attention spans: decode attends only to the first `span` cache slots, span the
-  smallest of `attention_spans` holding the longest active row, so short contexts do not
-  pay for max_len (decode reads every cached key/value once per token; prefill reads
-  them once per chunk, so it always attends over the whole row). A call copies its span
-  out once and writes back only the slots it appended.
+Over 450 lines because the scheduler is one thread's state machine (intake, admission,
+prefill and decode rounds, finishing) over one set of fields: split further, each piece
+would reach into the others' state. What it drives lives beside it: the device programs
+and the KV cache in `rollout.device_programs`, the shape of each call (rows gathered,
+chunk width, attention span) in `rollout.program_shapes`, the rows and sessions in
+`rollout.slots`.
+
+Design:
+- Prefill: each admitted sequence's next tokens go into a right-padded [P, C] chunk, C
+  picked per sequence from its own remaining tokens; the sequences of a round are
+  grouped by C, one call per group.
+- Decode: one program call runs `decode_steps` tokens over the decoding rows. Stop
+  strings are checked on the host by decoding a window of each row's newest tokens;
+  tokens sampled after a stop string are discarded and the row's cache length rolled
+  back.
 - Compilations: one decode program per (batch bucket, span) and one prefill program per
   (batch bucket, chunk), compiled when first used; `warmup()` compiles them all upfront.
 - Continuous batching: a scheduler thread admits waiting requests into free rows
   between decode rounds; when idle it waits `batch_wait_s` after the first arrival to
   gather concurrent callers. Sequences finish independently.
 - Sessions (`GenerateRequest.session_id`): after a turn the row stays parked with its
-  cache. The next request of the session is checked token by token against the cached
-  ids; the common prefix is reused and only the rest is prefilled (`meta
-  ["cached_tokens"]`). When rows run out, the least recently used parked session is
-  evicted; if it returns, it is prefilled from scratch (`meta["reprefilled"]`).
-  `update_weights` drops every parked session (their caches hold old-policy keys).
+  cache and the session's next request prefills only past their common prefix
+  (`rollout.slots`). `update_weights` drops every parked session (their caches hold
+  old-policy keys).
 - Sampling and log-probs: `rollout.sampling` (temperature, then top-k, then top-p,
   renormalized; the returned log-prob is that of the distribution sampled from; greedy
   reports the untempered log-prob). Each sequence's key is `fold_in(PRNGKey(seed),
@@ -53,7 +40,8 @@ Design (static shapes, so XLA compiles a bounded set of programs once):
   (`config.dtype`: float32 master weights become a bfloat16 copy), so nothing
   recompiles and the trainer may donate its own buffers afterwards.
 - Sharding: params may live on a mesh (e.g. `parallel.shard_model`); the cache is then
-  placed by `LayerKVCache.logical_axes` and the same rules, and jit propagates the rest.
+  placed on it by `LayerKVCache.logical_axes` and the rules the model was sharded with
+  (`device_programs.new_cache`), and jit propagates the rest.
 
 Batch invariance (`deterministic=True`). Same noise is not same tokens: XLA:CPU's matmul
 result for a row depends on the program's row count (a row of `x[:k] @ w` differs from
@@ -64,8 +52,8 @@ a row's result does not depend on its row index or on the other rows' contents, 
 deterministic mode every program a sequence passes through has a shape that does not
 depend on the other sequences: decode always runs all rows at span max_len; prefill
 always gathers `deterministic_prefill_rows` rows; chunk boundaries depend only on the
-sequence's own tokens (`_chunk_width`, from the cached prefix its session holds). A
-seeded request's output ids and log-probs are then bitwise identical whatever else runs,
+sequence's own tokens (`ProgramShapes.chunk_width`, from the cached prefix its session
+holds). A seeded request's output ids and log-probs are then bitwise identical whatever else runs,
 in whatever order requests arrive (same engine settings, same machine and XLA build).
 A parked session is never evicted (re-prefilling its history would compute its keys in
 another program than the decode steps that wrote them): the caller keeps sessions in
@@ -74,9 +62,8 @@ row held by a parked session is aborted with that error rather than left waiting
 Weight swaps change outputs, as they should; the caller makes them at the same points.
 The price: decode pays for every row at full span (the benchmark prints it).
 
-Compilations of the module-level jitted programs (shared by every engine with the same
-model and shapes) are counted from JAX's compile events (`compile_counts`). Weights and
-cache are committed to their devices at construction, and `update_weights` places new
+Compilations of the device programs are counted process-wide (`compile_counts`). Weights
+and cache are committed to their devices at construction, and `update_weights` places new
 params on the same shardings, so a weight swap hits the same executables.
 """
 from __future__ import annotations
@@ -97,93 +84,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from agentjax.models.cache import LayerKVCache, cache_positions, init_layer_cache
 from agentjax.models.decoder import LayerwiseWeights
+from agentjax.rollout.device_programs import (COMPILE_COUNTS, decode, engine_weights,
+                                              new_cache, prefill)
 from agentjax.rollout.engine import Completion, GenerateRequest, SamplingParams
-from agentjax.rollout.sampling import sample
-
-# XLA compilations of the engine's jitted programs, by program name ("prefill",
-# "decode"), counted from JAX's backend-compile events (a retrace and a recompilation
-# for new argument shardings / committedness both count).
-COMPILE_COUNTS: collections.Counter = collections.Counter()
-_PROGRAMS = {"jit(_prefill)": "prefill", "jit(_decode)": "decode"}
-
-
-def _count_compilations(event: str, duration: float, **kwargs) -> None:
-    program = _PROGRAMS.get(kwargs.get("fun_name"))
-    if event == "/jax/core/compile/backend_compile_duration" and program is not None:
-        COMPILE_COUNTS[program] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_compilations)
-
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def _layerwise_weights(graphdef: nnx.GraphDef, params: Any) -> LayerwiseWeights:
-    """The engine's copy of the weights: the layer stack split per layer, cast to the
-    compute dtype (`Decoder.layerwise_weights`; float32 master params make a bfloat16
-    copy, half their size). Every leaf is a fresh buffer, even one the program would
-    pass through unchanged, so the caller may donate `params` afterwards."""
-    return jax.tree.map(jnp.copy, nnx.merge(graphdef, params).layerwise_weights())
-
-
-@functools.partial(jax.jit, static_argnames=("gather",), donate_argnames=("cache",))
-def _prefill(weights, cache, lengths, rows, tokens, segment_ids, keys, steps, temperature,
-             top_k, top_p, *, gather):
-    """Appends a right-padded chunk to the cache rows `rows` (gathered into a smaller
-    batch when `gather`, else every row); samples after each row's last real token.
-    Returns (cache, tokens [P], logprobs [P]).
-
-    Prefill attends over the whole row (no span): its key/value reads are shared by the
-    chunk's C queries, so a span would save little and multiply the programs to compile."""
-    cache = cache.replace(lengths=lengths)
-    sub = cache.take_rows(rows) if gather else cache
-    positions = cache_positions(sub.lengths, segment_ids)
-    hidden, sub = weights.forward(tokens, positions, segment_ids, sub)
-    last = jnp.maximum(jnp.sum(segment_ids != 0, axis=1) - 1, 0)
-    hidden_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)
-    new_tokens, logprobs = sample(weights.logits(hidden_last)[:, 0], keys, steps, temperature,
-                                  top_k, top_p)
-    return (cache.put_rows(rows, sub) if gather else sub), new_tokens, logprobs
-
-
-@functools.partial(jax.jit, static_argnames=("gather", "num_steps", "span"),
-                   donate_argnames=("cache",))
-def _decode(weights, cache, lengths, rows, last_tokens, active, keys, steps, budget, stop_ids,
-            temperature, top_k, top_p, *, gather, num_steps, span):
-    """`num_steps` single-token steps over the cache rows `rows` (gathered into a smaller
-    batch when `gather`, else every row). A row is fed while active; it stops after
-    sampling a stop id, exhausting its budget or filling its cache row.
-
-    Only the first `span` cache slots are attended (the host picks a span that holds every
-    active row's length plus num_steps): attention cost follows the live context, not
-    max_len. The span is sliced out once per call; only the slots the call appended are
-    written back.
-
-    Returns (cache, tokens [R, num_steps], logprobs [R, num_steps], emitted [R, num_steps]
-    bool — whether the row was active and sampled at that step)."""
-    max_len = cache.max_len
-    cache = cache.replace(lengths=lengths)
-    full = cache.take_rows(rows) if gather else cache
-    window = full.window(span) if span < max_len else full
-
-    def step(carry, _):
-        window, tokens, active, steps, budget = carry
-        segment_ids = active.astype(jnp.int32)[:, None]
-        positions = cache_positions(window.lengths, segment_ids)
-        hidden, window = weights.forward(tokens[:, None], positions, segment_ids, window)
-        new, logprobs = sample(weights.logits(hidden)[:, 0], keys, steps, temperature, top_k,
-                               top_p)
-        emitted = active
-        budget = budget - emitted
-        hit_stop = jnp.any(new[:, None] == stop_ids, axis=1)
-        active = active & ~hit_stop & (budget > 0) & (window.lengths < max_len)
-        tokens = jnp.where(emitted, new, tokens)
-        return (window, tokens, active, steps + emitted, budget), (new, logprobs, emitted)
-
-    carry = (window, last_tokens, active, steps, budget)
-    (window, *_), (tokens, logprobs, emitted) = jax.lax.scan(step, carry, length=num_steps)
-    full = full.put_window(window, full.lengths, num_steps) if span < max_len else window
-    return (cache.put_rows(rows, full) if gather else full), tokens.T, logprobs.T, emitted.T
+from agentjax.rollout.program_shapes import ProgramShapes
+from agentjax.rollout.slots import SlotTable
 
 
 class _StopStrings:
@@ -233,20 +139,6 @@ class _Sequence:
         return self.prefilled == len(self.input_ids)
 
 
-@dataclasses.dataclass(eq=False)
-class _Session:
-    """A multi-turn session: its cache row (None once evicted) and the ids cached there.
-
-    busy: a request of the session is in flight; ended: `end_session` arrived while busy.
-    """
-
-    slot: int | None
-    cached_ids: list[int]
-    last_used: float
-    busy: bool = False
-    ended: bool = False
-
-
 class JaxEngine:
     """In-process batched sampler implementing the Engine protocol (module docstring).
 
@@ -257,7 +149,7 @@ class JaxEngine:
       max_slots: sequences in flight at once (the decode batch).
       max_len: cache slots per sequence: prompt + output must fit.
       prefill_chunks: chunk lengths for prefill programs (a sequence's tokens are
-        prefilled in rounds of these widths, see `_chunk_width`).
+        prefilled in rounds of these widths, see `ProgramShapes.chunk_width`).
       batch_buckets: batch sizes of gathered-row programs: a prefill or decode call
         touching n rows gathers them into the smallest bucket >= n (padding rows are
         inert) and computes only that many rows; more rows than the largest bucket run
@@ -329,37 +221,24 @@ class JaxEngine:
         self.max_slots, self.max_len = max_slots, max_len
         self.deterministic = deterministic
         self.deterministic_prefill_rows = deterministic_prefill_rows
-        # Padding rows of a gathered program point past the last row: they read zeros
-        # and their writes are dropped.
-        self._padding_row = max_slots
-        self._chunks = tuple(sorted(set(int(c) for c in prefill_chunks)))
-        if batch_buckets is None:
-            batch_buckets = [4 ** i for i in range(8) if 4 ** i < max_slots]
-        self._batch_buckets = tuple(sorted({int(b) for b in batch_buckets
-                                            if 0 < b < max_slots}))
         self.decode_steps = decode_steps
-        if attention_spans is None:
-            # A call copies its span out of the cache: about as much traffic as two
-            # decode steps' attention, worth it only well below max_len.
-            attention_spans = [2 ** i for i in range(7, max_len.bit_length())
-                               if 2 ** i <= max_len // 2]
-        self._spans = tuple(sorted({int(w) for w in attention_spans if 0 < w < max_len}
-                                   | {max_len}))
+        self._shapes = ProgramShapes(
+            max_slots, max_len, prefill_chunks=prefill_chunks, batch_buckets=batch_buckets,
+            attention_spans=attention_spans, deterministic=deterministic,
+            deterministic_prefill_rows=deterministic_prefill_rows)
         self.batch_wait_s = batch_wait_s
         self.max_stop_ids = max_stop_ids
         if eos_token_ids is None:
             eos_token_ids = _default_eos_ids(tokenizer, self.config)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
-        self._cache = self._new_cache(cache_dtype)
-        self._lengths = np.zeros(max_slots, np.int32)
-        self._slots: list[_Sequence | str | None] = [None] * max_slots  # seq, parked session
-        self._sessions: dict[str, _Session] = {}
+        self._cache = new_cache(self._weights, self.config, max_slots, max_len, cache_dtype)
+        self.stats = collections.Counter()
+        self._table = SlotTable(max_slots, evict_parked=not deterministic, stats=self.stats)
         self._waiting: collections.deque[_Sequence] = collections.deque()
         self._inbox: queue.Queue = queue.Queue()
         self._base_key = jax.random.PRNGKey(seed)
         self._unseeded = itertools.count()
         self.weight_version = 0
-        self.stats = collections.Counter()
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="jax-engine", daemon=True)
         self._thread.start()
@@ -371,7 +250,7 @@ class JaxEngine:
         caller may donate or mutate its own afterwards)."""
         placed = [jax.device_put(x, sharding, may_alias=True)
                   for x, (_, _, sharding) in zip(leaves, self._param_specs)]
-        return _layerwise_weights(self._graphdef, jax.tree.unflatten(self._params_tree, placed))
+        return engine_weights(self._graphdef, jax.tree.unflatten(self._params_tree, placed))
 
     @classmethod
     def from_model(cls, model: nnx.Module, **kwargs) -> "JaxEngine":
@@ -441,11 +320,11 @@ class JaxEngine:
     # ---------------------------------------------------------------- public extras
 
     def warmup(self) -> int:
-        """Compiles every program the engine can call (`_programs`) with inert inputs, so
-        later requests never wait on XLA; returns the number of programs. Safe while
-        requests run."""
+        """Compiles every program the engine can call (`ProgramShapes.programs`) with
+        inert inputs, so later requests never wait on XLA; returns the number of programs.
+        Safe while requests run."""
         self._call_scheduler("warmup", None)
-        return len(self._programs())
+        return len(self._shapes.programs())
 
     @property
     def compile_counts(self) -> dict[str, int]:
@@ -527,7 +406,7 @@ class JaxEngine:
         self._abort_all("engine closed", None)
 
     def _busy(self) -> bool:
-        return bool(self._waiting) or self._busy_rows()
+        return bool(self._waiting) or bool(self._table.in_flight())
 
     def _receive(self) -> bool:
         """Handles inbox messages (blocking while idle); False once asked to stop."""
@@ -551,7 +430,7 @@ class JaxEngine:
             if kind == "sequence":
                 self._enqueue(payload)
             elif kind == "end_session":
-                self._end_session(payload)
+                self._table.end_session(payload)
             else:
                 self._control(kind, *payload)
         return True
@@ -564,31 +443,20 @@ class JaxEngine:
             else:
                 self._weights, version = payload
                 self.weight_version = self.weight_version + 1 if version is None else version
-                for session_id in [k for k, v in self._sessions.items() if not v.busy]:
-                    self._end_session(session_id)
+                self._table.end_idle_sessions()
         except Exception as error:  # noqa: BLE001 - handed to the waiting caller
             outcome["error"] = error
         finally:
             done.set()
 
-    def _programs(self) -> list[tuple[str, int | None, int]]:
-        """Every program the scheduler may call: (kind, rows gathered — None: all rows —,
-        prefill chunk width or decode span)."""
-        if self.deterministic:
-            return ([("prefill", self.deterministic_prefill_rows, w) for w in self._chunks]
-                    + [("decode", None, self.max_len)])
-        layouts = list(self._batch_buckets) + [None]
-        return ([("prefill", rows, w) for rows in layouts for w in self._chunks]
-                + [("decode", rows, span) for rows in layouts for span in self._spans])
-
     def _warmup(self) -> None:
         """Runs every program once on inert rows (all padding / inactive: no cache row
         changes)."""
-        for kind, gathered, size in self._programs():
+        for kind, gathered, size in self._shapes.programs():
             if gathered is None:
-                cache_rows = np.arange(self.max_slots, dtype=np.int32)
+                cache_rows = self._shapes.all_rows()
             else:
-                cache_rows = np.full(gathered, self._padding_row, np.int32)
+                cache_rows = np.full(gathered, self._shapes.padding_row, np.int32)
             run = self._run_prefill if kind == "prefill" else self._run_decode
             run([], gathered is not None, cache_rows, [], size)
         jax.block_until_ready(self._cache)
@@ -601,55 +469,15 @@ class JaxEngine:
         seq.meta["weight_version_start"] = self.weight_version
         self._waiting.append(seq)
 
-    def _end_session(self, session_id: str) -> None:
-        session = self._sessions.get(session_id)
-        if session is None:
-            return
-        if session.busy:  # a request still runs: free the row when it finishes
-            session.ended = True
-            return
-        del self._sessions[session_id]
-        if session.slot is not None and self._slots[session.slot] == session_id:
-            self._slots[session.slot] = None
-
     def _drop_cancelled(self) -> None:
         self._waiting = collections.deque(s for s in self._waiting if not s.cancelled)
-        for seq in [s for s in self._slots if isinstance(s, _Sequence) and s.cancelled]:
-            self._release(seq)
+        for seq in [s for s in self._table.in_flight() if s.cancelled]:
+            self._table.release(seq)
 
     def _admit(self) -> None:
-        """Moves waiting sequences into cache rows (sessions first: they own a row)."""
-        ordered = sorted(self._waiting, key=lambda s: not (
-            s.session_id in self._sessions and self._sessions[s.session_id].slot is not None))
-        still_waiting = collections.deque()
-        for seq in ordered:
-            session = self._sessions.get(seq.session_id) if seq.session_id else None
-            if session is not None and session.busy:
-                still_waiting.append(seq)  # one request per session at a time
-                continue
-            if session is not None and session.slot is not None:
-                slot = session.slot
-                reuse = _common_prefix(session.cached_ids, seq.input_ids)
-                seq.meta["prefix_mismatch"] = reuse < len(session.cached_ids)
-            else:
-                slot = self._free_slot()
-                if slot is None:
-                    still_waiting.append(seq)
-                    continue
-                reuse = 0
-                if session is not None:
-                    seq.meta["reprefilled"] = True
-            # At least one token is prefilled: its logits give the first sample.
-            reuse = min(reuse, len(seq.input_ids) - 1)
-            if seq.session_id is not None:
-                session = session or _Session(slot=slot, cached_ids=[], last_used=0.0)
-                session.slot, session.busy = slot, True
-                self._sessions[seq.session_id] = session
-            seq.slot, seq.prefilled = slot, reuse
-            seq.meta["cached_tokens"] = reuse
-            self._lengths[slot] = reuse
-            self._slots[slot] = seq
-        if self.deterministic and still_waiting and not self._busy_rows():
+        """Moves waiting sequences into cache rows (`SlotTable.admit`)."""
+        still_waiting = self._table.admit(self._waiting)
+        if self.deterministic and still_waiting and not self._table.in_flight():
             # Every row holds a parked session and none may be evicted: nothing will free
             # a row until the caller ends sessions, so waiting would hang the caller.
             for seq in still_waiting:
@@ -659,47 +487,6 @@ class JaxEngine:
                     f"sessions in flight <= max_slots and end_session() finished ones"))
             still_waiting.clear()
         self._waiting = still_waiting
-
-    def _busy_rows(self) -> bool:
-        """Whether a row holds a sequence in flight."""
-        return any(isinstance(s, _Sequence) for s in self._slots)
-
-    def _free_slot(self) -> int | None:
-        """A free row; else (not deterministic) the least recently used parked session's
-        row, evicting it; else None."""
-        for slot, owner in enumerate(self._slots):
-            if owner is None:
-                return slot
-        parked = [(self._sessions[o].last_used, slot) for slot, o in enumerate(self._slots)
-                  if isinstance(o, str)]
-        if not parked or self.deterministic:
-            return None
-        _, slot = min(parked)
-        evicted = self._sessions[self._slots[slot]]
-        evicted.slot, evicted.cached_ids = None, []
-        self._slots[slot] = None
-        self.stats["evictions"] += 1
-        return slot
-
-    def _layout(self, seqs: Sequence[_Sequence], kind: str) -> tuple[bool, np.ndarray, list[int]]:
-        """How a `kind` ("prefill" / "decode") call covers `seqs`: gathered into a batch
-        of fixed size (padding rows point past the last row), or run over all rows.
-        Deterministic: prefill gathers `deterministic_prefill_rows` rows, decode runs all
-        rows. Else the smallest batch bucket that holds them, or all rows.
-
-        Returns (gather, cache row of each program row, program row of each sequence)."""
-        if self.deterministic:
-            size = self.deterministic_prefill_rows if kind == "prefill" else None
-        elif self._batch_buckets and len(seqs) <= self._batch_buckets[-1]:
-            size = next(b for b in self._batch_buckets if b >= len(seqs))
-        else:
-            size = None
-        if size is None:
-            return False, np.arange(self.max_slots, dtype=np.int32), [s.slot for s in seqs]
-        assert len(seqs) <= size, (len(seqs), size)
-        cache_rows = np.full(size, self._padding_row, np.int32)
-        cache_rows[:len(seqs)] = [s.slot for s in seqs]
-        return True, cache_rows, list(range(len(seqs)))
 
     def _sampling_arrays(self, seqs: Sequence[_Sequence], rows: Sequence[int], size: int):
         keys = np.zeros((size, 2), np.uint32)
@@ -715,38 +502,19 @@ class JaxEngine:
             top_p[row] = seq.sampling.top_p
         return keys, steps, temperature, top_k, top_p
 
-    def _span(self, needed: int) -> int:
-        """The smallest attention span holding `needed` slots (max_len when
-        deterministic: the span is a shape shared by the whole batch)."""
-        if self.deterministic:
-            return self.max_len
-        return next((w for w in self._spans if w >= needed), self.max_len)
-
-    def _chunk_width(self, remaining: int) -> int:
-        """Prefill chunk width for a sequence with `remaining` tokens left to prefill: the
-        smallest chunk holding them if at most a quarter of it would be padding (or none
-        is smaller), else the largest chunk they fill. On CPU prefill is compute bound:
-        padding costs as much as tokens, an extra round little. The width depends on the
-        sequence alone, so its chunk boundaries do too (deterministic mode relies on it).
-        """
-        holding = next((c for c in self._chunks if c >= remaining), None)
-        if holding is not None and (4 * (holding - remaining) <= holding
-                                    or holding == self._chunks[0]):
-            return holding
-        return max((c for c in self._chunks if c <= remaining), default=self._chunks[0])
-
     def _prefill_round(self) -> None:
         """One prefill call per chunk width in use (per `deterministic_prefill_rows`
         sequences when deterministic)."""
-        by_width = collections.defaultdict(list)
-        for seq in self._slots:
-            if isinstance(seq, _Sequence) and not seq.decoding:
-                by_width[self._chunk_width(len(seq.input_ids) - seq.prefilled)].append(seq)
-        per_call = self.deterministic_prefill_rows if self.deterministic else self.max_slots
+        shapes, by_width = self._shapes, collections.defaultdict(list)
+        for seq in self._table.in_flight():
+            if not seq.decoding:
+                by_width[shapes.chunk_width(len(seq.input_ids) - seq.prefilled)].append(seq)
+        per_call = shapes.prefill_rows_per_call
         for width, seqs in sorted(by_width.items()):
             for start in range(0, len(seqs), per_call):
                 batch = seqs[start:start + per_call]
-                self._run_prefill(batch, *self._layout(batch, "prefill"), width)
+                layout = shapes.layout([s.slot for s in batch], "prefill")
+                self._run_prefill(batch, *layout, width)
 
     def _run_prefill(self, seqs: Sequence[_Sequence], gather: bool, cache_rows: np.ndarray,
                      rows: Sequence[int], width: int) -> None:
@@ -761,23 +529,24 @@ class JaxEngine:
             segments[row, :len(chunk)] = 1
             chunks.append(len(chunk))
         start = time.perf_counter()
-        self._cache, new_tokens, logprobs = _prefill(
-            self._weights, self._cache, self._lengths, cache_rows, tokens, segments,
+        self._cache, new_tokens, logprobs = prefill(
+            self._weights, self._cache, self._table.lengths, cache_rows, tokens, segments,
             *self._sampling_arrays(seqs, rows, size), gather=gather)
         new_tokens, logprobs = np.asarray(new_tokens), np.asarray(logprobs)
         if seqs:
             self._count("prefill", start, len(seqs), sum(chunks))
         for seq, row, count in zip(seqs, rows, chunks):
-            self._lengths[seq.slot] += count
+            self._table.lengths[seq.slot] += count
             seq.prefilled += count
             if seq.decoding:
                 self._append(seq, int(new_tokens[row]), float(logprobs[row]))
 
     def _decode_round(self) -> None:
-        seqs = [s for s in self._slots if isinstance(s, _Sequence) and s.decoding]
+        seqs = [s for s in self._table.in_flight() if s.decoding]
         if seqs:
-            span = self._span(max(int(self._lengths[s.slot]) for s in seqs) + self.decode_steps)
-            self._run_decode(seqs, *self._layout(seqs, "decode"), span)
+            needed = max(int(self._table.lengths[s.slot]) for s in seqs) + self.decode_steps
+            layout = self._shapes.layout([s.slot for s in seqs], "decode")
+            self._run_decode(seqs, *layout, self._shapes.span(needed))
 
     def _run_decode(self, seqs: Sequence[_Sequence], gather: bool, cache_rows: np.ndarray,
                     rows: Sequence[int], span: int) -> None:
@@ -795,15 +564,15 @@ class JaxEngine:
             stop_ids[row, :len(ids)] = ids
         keys, steps, temperature, top_k, top_p = self._sampling_arrays(seqs, rows, size)
         start = time.perf_counter()
-        self._cache, tokens, logprobs, emitted = _decode(
-            self._weights, self._cache, self._lengths, cache_rows, last, active, keys, steps,
-            budget, stop_ids, temperature, top_k, top_p, gather=gather,
+        self._cache, tokens, logprobs, emitted = decode(
+            self._weights, self._cache, self._table.lengths, cache_rows, last, active, keys,
+            steps, budget, stop_ids, temperature, top_k, top_p, gather=gather,
             num_steps=self.decode_steps, span=span)
         tokens, logprobs, emitted = (np.asarray(a) for a in (tokens, logprobs, emitted))
         if seqs:
             self._count("decode", start, len(seqs), int(emitted.sum()))
         for seq, row in zip(seqs, rows):
-            self._lengths[seq.slot] += int(emitted[row].sum())
+            self._table.lengths[seq.slot] += int(emitted[row].sum())
             for step in np.flatnonzero(emitted[row]):
                 if self._append(seq, int(tokens[row, step]), float(logprobs[row, step])):
                     break
@@ -833,8 +602,8 @@ class JaxEngine:
     def _finish(self, seq: _Sequence, reason: str, matched, error: str | None = None) -> bool:
         if seq.slot is not None:
             # The cache holds the input and every output but the last (never fed).
-            self._lengths[seq.slot] = len(seq.input_ids) + len(seq.outputs) - 1
-            self._release(seq)
+            self._table.lengths[seq.slot] = len(seq.input_ids) + len(seq.outputs) - 1
+            self._table.release(seq)
         meta = dict(seq.meta, prompt_tokens=len(seq.input_ids),
                     completion_tokens=len(seq.outputs), weight_version=self.weight_version)
         if error is not None:
@@ -842,49 +611,17 @@ class JaxEngine:
         _resolve(seq, Completion(list(seq.outputs), list(seq.logprobs), reason, matched, meta))
         return True
 
-    def _release(self, seq: _Sequence) -> None:
-        """Frees the sequence's row, or parks it for its session."""
-        slot, seq.slot = seq.slot, None
-        session = self._sessions.get(seq.session_id) if seq.session_id else None
-        if session is None or session.ended:
-            self._sessions.pop(seq.session_id, None)
-            self._slots[slot] = None
-            return
-        session.busy = False
-        session.cached_ids = list((seq.input_ids + tuple(seq.outputs))[:self._lengths[slot]])
-        session.last_used = time.perf_counter()
-        self._slots[slot] = seq.session_id
-
     def _abort_all(self, message: str, details: str | None) -> None:
-        seqs = list(self._waiting) + [s for s in self._slots if isinstance(s, _Sequence)]
+        seqs = list(self._waiting) + self._table.in_flight()
         self._waiting.clear()
-        self._slots = [None] * self.max_slots
-        self._sessions.clear()
-        self._lengths[:] = 0
+        self._table.clear()
         for seq in seqs:
             seq.slot = None
             seq.meta["traceback"] = details
             self._finish(seq, "abort", None, error=message)
         if details is not None:  # buffers may have been donated to the failed call
-            self._cache = self._new_cache(self._cache.v[0].dtype)
-
-    def _new_cache(self, dtype) -> LayerKVCache:
-        cache = init_layer_cache(self.config, self.max_slots, self.max_len, dtype)
-        sharding = _params_mesh_sharding(self._weights)
-        if sharding is None:
-            device = next(iter(jax.tree.leaves(self._weights)[0].sharding.device_set))
-            return jax.device_put(cache, device)
-        from agentjax.parallel import tree_shardings
-        axes = LayerKVCache.logical_axes(self.config.num_layers)
-        return jax.device_put(cache, tree_shardings(axes, cache, *sharding))
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+            self._cache = new_cache(self._weights, self.config, self.max_slots, self.max_len,
+                                    self._cache.v[0].dtype)
 
 
 def _mark_cancelled(seq: _Sequence, future: asyncio.Future) -> None:
@@ -911,12 +648,3 @@ def _default_eos_ids(tokenizer, config) -> tuple[int, ...]:
         return tuple(sorted(set(model_eos)))
     return stop_token_ids(tokenizer, model_eos)
 
-
-def _params_mesh_sharding(params):
-    """(mesh, rules) when params live on a multi-device mesh, else None."""
-    for leaf in jax.tree.leaves(params):
-        sharding = getattr(leaf, "sharding", None)
-        if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.size > 1:
-            return sharding.mesh, None
-        return None
-    return None

@@ -2,12 +2,12 @@
 
     engine = LanedEngine.from_model(model, lanes=2, tokenizer=tok, max_slots=32, max_len=160)
 
-XLA:CPU runs a decode program of a few dozen rows on about one core (a 32-row call takes
-twice a 16-row one), and programs dispatched from one thread run one after another; but
+XLA:CPU runs a decode program of a few dozen rows on about one core (its time grows
+with its rows), and programs dispatched from one thread run one after another; but
 programs launched from different threads overlap. Each lane is a JaxEngine with its own
 KV cache (max_slots / lanes rows), weights copy and scheduler thread, so the lanes'
-prefill and decode rounds run concurrently (2 lanes on 2 cores: 32-prompt generation
-1.2-1.5x faster than one 32-slot engine, scripts/bench/rollout.py).
+prefill and decode rounds run concurrently, one core each (scripts/bench/rollout.py
+measures lanes against one engine).
 
 Routing: a request with a session id goes to the lane that holds the session, so its
 KV cache is reused; a new session or a request without one goes to the least loaded lane

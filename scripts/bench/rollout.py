@@ -89,8 +89,9 @@ from agentjax.envs.base import EpisodeLog, StepResult, Task, TurnLog  # noqa: E4
 from agentjax.models.hf import load_hf, make_tiny_hf  # noqa: E402
 from agentjax.models.tokenizer import build_tokenizer  # noqa: E402
 from agentjax.rollout.agent_loop import EpisodeLimits  # noqa: E402
+from agentjax.rollout.device_programs import COMPILE_COUNTS  # noqa: E402
 from agentjax.rollout.engine import GenerateRequest, SamplingParams  # noqa: E402
-from agentjax.rollout.jax_engine import COMPILE_COUNTS, JaxEngine  # noqa: E402
+from agentjax.rollout.jax_engine import JaxEngine  # noqa: E402
 from agentjax.rollout.lanes import LanedEngine  # noqa: E402
 from agentjax.rollout.pool import RolloutPool  # noqa: E402
 
