@@ -16,6 +16,7 @@ from agentjax.models.tokenizer import load_tokenizer
 from agentjax.rewards.composite import make_reward_fn
 from agentjax.train import config as config_lib
 from agentjax.train import presets
+from agentjax.train import sft
 from agentjax.train import step as step_lib
 from agentjax.train import trainer as trainer_lib
 from agentjax.train import suites
@@ -239,13 +240,13 @@ def test_sft_with_a_real_qwen_template_trains_the_end_of_turn_token(tmp_path):
         tokenizer = trainer.tokenizer
         im_end, endoftext = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
         assert {im_end, endoftext} <= set(trainer.engine.lanes[0].eos_token_ids)
-        demos = trainer._demonstration_trajectories()
+        demos = sft.demonstration_trajectories(trainer)
         assert demos
         for demo in demos:
             assert tokenizer.decode(demo.prompt_ids).endswith("<think>\n\n</think>\n\n")
             for turn in demo.turns:
                 assert turn.action_ids[-1] == im_end and turn.trainable
-        trainer._export(trainer.initial_params, "sft")
+        trainer.export(trainer.initial_params, "sft")
     finally:
         trainer.close()
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
