@@ -8,8 +8,8 @@ Sections, in the order a run meets them:
                 masked next-token loss on demonstrations (config.sft.steps > 0), corpus
                 documents mixed in (config.sft.corpus_mix): train/sft.py
   3. RL         sample tasks -> roll out groups -> prepare (log-probs, advantages)
-                -> jitted update -> sync weights to the engine (`run_rl`'s rl_step),
-                then the hooks due (train/hooks.py): evaluate / log / checkpoint
+                -> jitted update -> sync weights to the engine, then the hooks due:
+                evaluate / log / checkpoint: train/rl_loop.py
   4. report     held-out success of the demonstrator, the SFT agent and the RL agent
 
 Resume: every stage checkpoints into the workdir (orbax: device state; json: sampler
@@ -28,46 +28,36 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
 from agentjax import atomic, parallel
-from agentjax.data.curriculum import make_sampler
-from agentjax.models import Decoder, ModelConfig, ValueModel, load_hf, save_hf
+from agentjax.models import Decoder, ModelConfig, load_hf, save_hf
 from agentjax.models.tokenizer import AGENT_TAGS, build_tokenizer, load_tokenizer, prompt_ids
 from agentjax.rollout.agent_loop import EpisodeLimits
 from agentjax.rollout.engine import SamplingParams
 from agentjax.rollout.lanes import LanedEngine
 from agentjax.rollout.pool import RolloutPool
-from agentjax.rl.shaping import dynamic_sampling_keep, overlong_penalty
-from agentjax.rollout.trajectory import Trajectory, collate
-from agentjax.train import diagnostics, sft, step as step_lib
+from agentjax.train import rl_loop, sft
 from agentjax.train.checkpoint import Checkpointer, latest_committed_step
 from agentjax.train.config import ConfigError, validate
 from agentjax.train.episodes import EpisodeRecorder, check_failures
-from agentjax.train.evaluate import evaluate, group_of, solved
-from agentjax.train.hooks import Hook, run_hooks
+from agentjax.train.evaluate import evaluate, group_of
 from agentjax.train.memory import memory_plan
 from agentjax.train.metrics import MetricsWriter
-from agentjax.train.prepare import build_prepare, critic_value_fn, model_logprob_fn
-from agentjax.train.precision import master_copy, model_precision
+from agentjax.train.precision import model_precision
 from agentjax.train.preflight import check_runtime
+from agentjax.train.rl_loop import TrainingDiverged, temperature_at
 from agentjax.train.suites import build_suite
 
-class TrainingDiverged(RuntimeError):
-    """Optimizer updates stayed non-finite for optim.max_nonfinite_steps steps."""
-
+# TrainingDiverged is raised by the RL stage; scripts/train.py catches it from here.
+__all__ = ["HF_DIR", "CHECKPOINTS", "Trainer", "TrainingDiverged", "length_buckets",
+           "report_table"]
 
 HF_DIR = "hf"  # every stage exports its final policy here (init_from / SGLang / eval)
 CHECKPOINTS = "checkpoints"  # in the workdir (RL) or in <workdir>/<stage> (pretrain, sft)
-
-
-def _copy(tree):
-    return jax.tree.map(jnp.copy, tree)
 
 
 def length_buckets(max_tokens: int, count: int = 4, multiple: int = 32) -> tuple[int, ...]:
@@ -75,26 +65,6 @@ def length_buckets(max_tokens: int, count: int = 4, multiple: int = 32) -> tuple
     sizes = {max(multiple, -(-max_tokens * (i + 1) // count // multiple) * multiple)
              for i in range(count)}
     return tuple(sorted(min(s, max_tokens) for s in sizes))
-
-
-def optimizer_updates(config) -> int:
-    """Optimizer updates an RL run makes (the lr schedule's horizon): each of its
-    total_steps runs ppo_epochs x minibatches of them."""
-    return config.total_steps * config.algo.ppo_epochs * config.algo.minibatches
-
-
-def episode_action_budget(config) -> int:
-    """The most action tokens one episode can generate: max_new_tokens per turn for
-    env.max_turns turns, within the context of rollout.max_tokens."""
-    r = config.rollout
-    return min(config.env.max_turns * r.max_new_tokens, r.max_tokens)
-
-
-def temperature_at(config, step: int) -> float:
-    """Linear rollout-temperature schedule from rollout.temperature to final_temperature."""
-    fraction = step / max(config.total_steps - 1, 1)
-    r = config.rollout
-    return float(r.temperature + fraction * (r.final_temperature - r.temperature))
 
 
 class Trainer:
@@ -335,234 +305,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ RL
 
-    def _init_rl_state(self, params):
-        config, algo = self.config, self.config.algo
-        optimizer = step_lib.make_optimizer(
-            config.optim.lr, total_steps=optimizer_updates(config),
-            warmup_steps=config.optim.warmup_steps, schedule=config.optim.schedule,
-            weight_decay=config.optim.weight_decay, b1=config.optim.b1, b2=config.optim.b2,
-            grad_clip=config.optim.grad_clip)
-        critic_graphdef = critic_optimizer = critic_params = critic_opt_state = None
-        params = master_copy(params)
-        if algo.advantage == "gae":
-            critic = ValueModel(nnx.merge(self.graphdef, _copy(params)))
-            critic_graphdef, critic_params = nnx.split(critic)
-            critic_optimizer = optax.chain(optax.clip_by_global_norm(config.optim.grad_clip),
-                                           optax.adamw(algo.critic_lr))
-            critic_opt_state = critic_optimizer.init(critic_params)
-        state = step_lib.TrainState(step=jnp.int32(0), params=params,
-                                    opt_state=optimizer.init(params),
-                                    rng=jax.random.key(config.seed),
-                                    critic_params=critic_params,
-                                    critic_opt_state=critic_opt_state,
-                                    ref_params=_copy(params) if algo.kl_coef > 0 else None)
-        return state, optimizer, critic_graphdef, critic_optimizer
-
-    def _shape_overlong(self, trajectories: list[Trajectory]) -> None:
-        """DAPO overlong shaping: penalize episodes whose action tokens enter the last
-        `overlong_buffer` tokens before `overlong_max_len` (added to the final reward)."""
-        algo = self.config.algo
-        lengths = np.array([t.num_action_tokens for t in trajectories], np.float32)
-        penalties = np.asarray(overlong_penalty(
-            lengths, max_len=algo.overlong_max_len, buffer=algo.overlong_buffer,
-            factor=algo.overlong_factor))
-        for traj, penalty in zip(trajectories, penalties):
-            traj.final_reward += float(penalty)
-            traj.metadata.setdefault("reward_components", {})["overlong"] = float(penalty)
-
-    def _rollout(self, sampler, step: int):
-        """One step's groups. With dynamic sampling (DAPO), groups whose rewards are all
-        equal are set aside and more tasks drawn until the batch is full; if the rounds
-        run out, set-aside groups (zero advantage: no policy-gradient signal) fill the
-        batch."""
-        config, r = self.config, self.config.rollout
-        kept, set_aside, rounds = [], [], 0
-        while len(kept) < r.prompts_per_step:
-            drawn = sampler.sample(r.prompts_per_step - len(kept))
-            collected = self.pool.collect_sync(
-                drawn, r.group_size, sampling=self.sampling(step * 100 + rounds),
-                first_group_id=0)
-            if config.algo.overlong_buffer:
-                self._shape_overlong([t for group in collected for t in group])
-            sampler.update(drawn, [np.mean([solved(t, self.suite.success_key) for t in g])
-                                   for g in collected])
-            if config.algo.dynamic_sampling:
-                rewards = np.array([t.total_reward for g in collected for t in g], np.float32)
-                keep = np.asarray(dynamic_sampling_keep(
-                    rewards, np.repeat(np.arange(len(collected)), r.group_size),
-                    len(collected)))[::r.group_size]
-            else:
-                keep = [True] * len(collected)
-            for group, varied in zip(collected, keep):
-                (kept if varied else set_aside).append(group)
-            rounds += 1
-            if rounds > config.algo.max_resample_rounds:
-                break
-        groups = (kept + set_aside)[:r.prompts_per_step]
-        return groups, {"rollout/rounds": rounds, "rollout/kept_groups": len(kept)}
-
-    def _rl_checkpointer(self, **options) -> Checkpointer:
-        return Checkpointer(os.path.join(self.workdir, CHECKPOINTS), **options)
-
-    def _guard_nonfinite(self, state, metrics, step: int, bad_steps: int, checkpointer,
-                         host: dict):
-        """Reacts to optimizer updates the jitted update refused (non-finite loss,
-        gradient or params; `step_lib.epoch_minibatch_steps`): warns, rolls the policy
-        back to the last checkpoint when optim.on_nonfinite='rollback', and after
-        optim.max_nonfinite_steps consecutive such steps saves a checkpoint and stops.
-        Returns (state, consecutive bad steps)."""
-        optim = self.config.optim
-        refused = metrics.get("nonfinite_updates", 0.0) + metrics.get(
-            "critic/nonfinite_updates", 0.0)
-        if not refused:
-            return state, 0
-        bad_steps += 1
-        where = (f"RL step {step}: {metrics.get('nonfinite_updates', 0.0):.0%} of the policy's "
-                 f"optimizer updates had a non-finite loss, gradient or result (loss "
-                 f"{metrics.get('loss')}, grad_norm {metrics.get('grad_norm')}) and were "
-                 "not applied")
-        if bad_steps >= optim.max_nonfinite_steps:
-            checkpointer.save(step, state, host, force=True)
-            checkpointer.wait()
-            raise TrainingDiverged(
-                f"{where}; {bad_steps} consecutive steps like it (optim.max_nonfinite_steps="
-                f"{optim.max_nonfinite_steps}): stopping. The last finite state is saved at "
-                f"step {step}; lower optim.lr, check the rewards (reward/* metrics) or set "
-                "optim.on_nonfinite='rollback'")
-        if optim.on_nonfinite == "rollback" and checkpointer.latest_step is not None:
-            checkpointer.wait()
-            restored, _ = checkpointer.restore(state)
-            self.log(f"warning: {where}; rolled the policy back to checkpoint "
-                     f"{checkpointer.latest_step}")
-            return restored, bad_steps
-        self.log(f"warning: {where}; skipped")
-        return state, bad_steps
-
     def restore_params(self, step: int | None = None):
         """Policy params of RL checkpoint `step` (default: the latest) of this workdir."""
-        state = self._init_rl_state(self.initial_params)[0]
-        checkpointer = self._rl_checkpointer(every=0, read_only=True)
+        state = rl_loop.init_rl_state(self, self.initial_params)[0]
+        checkpointer = Checkpointer(os.path.join(self.workdir, CHECKPOINTS), every=0,
+                                    read_only=True)
         restored = checkpointer.restore(state, step)
         if restored is None:
             raise FileNotFoundError(f"no RL checkpoint in {self.workdir}/{CHECKPOINTS}")
         return restored[0].params
-
-    def _build_rl_update(self, params):
-        """(initial state, update(state, batch), prepare(params, ref, critic, batch)) of
-        the configured algorithm, jitted."""
-        config, algo = self.config, self.config.algo
-        state, optimizer, critic_graphdef, critic_optimizer = self._init_rl_state(params)
-        policy_loss = step_lib.rl_loss(self.graphdef, algo, chunk_size=config.model.logprob_chunk)
-        critic_loss = (step_lib.value_loss_fn(critic_graphdef, algo) if critic_graphdef
-                       else None)
-        update, state = self.jit_update(step_lib.build_update(
-            policy_loss, optimizer, epochs=algo.ppo_epochs, minibatches=algo.minibatches,
-            micro_batches=self.micro_batches(self.batch_rows // algo.minibatches),
-            norm_constant=algo.agg_constant or None, critic_loss_fn=critic_loss,
-            critic_optimizer=critic_optimizer, critic_warmup_steps=algo.critic_warmup_steps),
-            state)
-        prepare = jax.jit(build_prepare(
-            model_logprob_fn(self.graphdef, chunk_size=config.model.logprob_chunk), algo,
-            num_groups=config.rollout.prompts_per_step,
-            mask_observations=config.env.mask_observations,
-            value_fn=critic_value_fn(critic_graphdef) if critic_graphdef else None))
-        return state, update, prepare
-
-    def run_rl(self, params):
-        """RL from `params` for total_steps; returns (final params, last eval metrics).
-
-        Each step rolls out groups (`_rollout`), updates the policy on them (`rl_step`),
-        then runs the hooks due: evaluation, logging with warnings, checkpoint.
-        """
-        config = self.config
-        state, update, prepare = self._build_rl_update(params)
-        sampler = make_sampler(config.data.curriculum, self.suite.train_tasks,
-                               seed=config.seed)
-        state, host, checkpointer, writer = self.restore_or_start(self.workdir, state, "RL")
-        start, last_eval = host.get("step", 0), host.get("last_eval", {})
-        if host:
-            sampler.load_state_dict(host["sampler"])
-        self.engine.update_weights(state.params)
-        bar = tqdm(range(start, config.total_steps), desc=config.algo.name,
-                   disable=not (self.is_main and config.log.progress))
-        bad_steps = 0
-
-        def host_state(done: int) -> dict:
-            """What a resumed run needs after `done` steps, beyond the device state."""
-            return {"step": done, "sampler": sampler.state_dict(), "last_eval": last_eval}
-
-        def rl_step(state, groups, step: int):
-            """The update on one step's groups; the engine then samples with its result."""
-            nonlocal bad_steps
-            trajectories = [t for group in groups for t in group]
-            batch = collate(trajectories, buckets=self.buckets,
-                            pad_id=self.tokenizer.pad_token_id, batch_size=self.batch_rows)
-            metrics = diagnostics.rollout_metrics(groups, batch)
-            batch["temperature"] = np.full((self.batch_rows,), temperature_at(config, step),
-                                           np.float32)
-            del batch["truncated"]
-            device_batch, prep_metrics = prepare(state.params, state.ref_params,
-                                                 state.critic_params, self.device_batch(batch))
-            state, update_metrics = update(state, device_batch)
-            jax.block_until_ready(state.params)
-            metrics.update(jax.device_get(prep_metrics))
-            metrics.update(jax.device_get(update_metrics))
-            state, bad_steps = self._guard_nonfinite(state, metrics, step + 1, bad_steps,
-                                                     checkpointer, host_state(step + 1))
-            self.engine.update_weights(state.params)
-            return state, metrics
-
-        def evaluate_now(step, state, metrics):
-            nonlocal last_eval
-            last_eval = self.evaluate(state.params, "eval")
-            metrics.update(last_eval)
-
-        def log(step, state, metrics):
-            row = writer.write(step, metrics)
-            bar.set_postfix(reward=f"{row['reward/mean']:.2f}",
-                            success=f"{row['success/train']:.2f}",
-                            ent=f"{row.get('entropy', 0):.2f}")
-            for warning in diagnostics.failure_warnings(
-                    row, max_action_tokens=episode_action_budget(config)):
-                self.log(f"step {step}: warning: {warning}")
-
-        def save(step, state, metrics):
-            checkpointer.save(step, state, host_state(step), force=True)
-
-        hooks = [Hook(config.eval.every, evaluate_now), Hook(config.log.every, log),
-                 Hook(config.checkpoint.every, save)]
-        for step in bar:
-            t0 = time.perf_counter()
-            groups, rollout_info = self._rollout(sampler, step)
-            for group_index, group in enumerate(groups):
-                for traj in group:
-                    traj.group_id = group_index
-            t1 = time.perf_counter()
-            self._inspect_episodes(groups, step + 1, first=step == start)
-            state, metrics = rl_step(state, groups, step)
-            t2 = time.perf_counter()
-            tokens = sum(t.num_action_tokens for group in groups for t in group)
-            metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
-                            "time/step_s": t2 - t0, "rollout/tokens_per_s": tokens / (t1 - t0),
-                            **rollout_info,
-                            "rollout/temperature": temperature_at(config, step),
-                            "success/train": np.mean([solved(t, self.suite.success_key)
-                                                      for group in groups for t in group])})
-            run_hooks(hooks, step + 1, config.total_steps, state, metrics)
-        checkpointer.wait()
-        writer.close()
-        self.export(state.params, "")
-        return state.params, last_eval
-
-    def _inspect_episodes(self, groups, step: int, first: bool) -> None:
-        """Records the episodes' errors and samples; warns when many failed (stops when
-        all of the first step's did: `check_failures`)."""
-        episodes = [t for group in groups for t in group]
-        for message in self.recorder.record(step, "rl", episodes):
-            self.log(f"step {step}: new episode error: {message}")
-        warning = check_failures(episodes, where=f"RL step {step}", fatal=first)
-        if warning:
-            self.log(f"step {step}: warning: {warning}")
 
     # ------------------------------------------------------------------ the run
 
@@ -603,7 +354,7 @@ class Trainer:
                     atomic.write_json(sft_file, sft_results)
             results.update(sft_results)
         if config.stage == "rl":
-            _, last_eval = self.run_rl(params)
+            _, last_eval = rl_loop.run_rl(self, params)
             results.update(last_eval)
         results["time/total_s"] = time.perf_counter() - self.started
         if self.is_main:

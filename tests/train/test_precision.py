@@ -61,7 +61,7 @@ def _linear_loss(params):
 
 
 def _train(config, params):
-    """STEPS updates with the config's RL optimizer (as Trainer._init_rl_state makes
+    """STEPS updates with the config's RL optimizer (as rl_loop.init_rl_state makes
     it); returns (final state, metrics of each step)."""
     o = config.optim
     optimizer = step_lib.make_optimizer(

@@ -16,7 +16,7 @@ from agentjax.models.tokenizer import load_tokenizer
 from agentjax.rewards.composite import make_reward_fn
 from agentjax.train import config as config_lib
 from agentjax.train import presets
-from agentjax.train import sft
+from agentjax.train import rl_loop, sft
 from agentjax.train import step as step_lib
 from agentjax.train import trainer as trainer_lib
 from agentjax.train import suites
@@ -197,7 +197,7 @@ def test_renamed_demonstrations_change_sft_data_not_the_tokenizer_texts(tmp_path
 def test_lr_schedule_spans_every_optimizer_update_of_the_run():
     config = presets.search_config("grpo", "test")
     config.total_steps, config.algo.minibatches, config.algo.ppo_epochs = 5, 2, 3
-    updates = trainer_lib.optimizer_updates(config)
+    updates = rl_loop.optimizer_updates(config)
     assert updates == 30
     optimizer = step_lib.make_optimizer(1.0, total_steps=updates, schedule="cosine")
     params = {"w": jnp.zeros(())}
