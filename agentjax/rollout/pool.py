@@ -2,10 +2,10 @@
 
 Episodes run as asyncio tasks (at most `concurrency` at a time); env construction,
 `reset`, `step` and the reward function run in a thread pool, so while one episode waits
-on a slow tool the engine keeps batching the other episodes' generation requests (seed
-§8.3, §9.3: tool latency must not idle the sampler).
+on a slow tool the engine keeps batching the other episodes' generation requests: tool
+latency must not idle the sampler.
 
-`collect(tasks, group_size)` returns one list of `group_size` trajectories per task, in
+`collect(tasks, group_size, sampling=...)` returns one list of `group_size` trajectories per task, in
 task order. Every group is complete: an episode whose env factory, env, engine or reward
 function raises, or that runs past `episode_timeout_s`, is returned flagged
 (`metadata["failed"]`, `["stop_reason"]`, `["error"]`), never dropped, and the pool
@@ -67,9 +67,6 @@ class RolloutPool:
       engine: the rollout engine shared by all episodes.
       env_factory: builds a fresh env per episode (called in a worker thread).
       tokenizer: the policy's tokenizer.
-      sampling: sampling parameters of every turn. With a seed, each episode samples
-        with its own seed derived from (seed, group id, member index): reproducible,
-        yet the members of a group differ.
       limits: per-episode bounds (`timeout_s` is overridden by episode_timeout_s).
       concurrency: most episodes in flight at once.
       reward_fn: `reward_fn(task, env.log) -> (total, components)`; sets each
@@ -86,7 +83,6 @@ class RolloutPool:
         env_factory: Callable[[], Env],
         tokenizer,
         *,
-        sampling: SamplingParams = SamplingParams(),
         limits: EpisodeLimits = EpisodeLimits(),
         concurrency: int = 64,
         reward_fn: RewardFn | None = None,
@@ -99,7 +95,6 @@ class RolloutPool:
         self.engine = engine
         self.env_factory = env_factory
         self.tokenizer = tokenizer
-        self.sampling = sampling
         self.limits = dataclasses.replace(
             limits, timeout_s=episode_timeout_s if episode_timeout_s is not None
             else limits.timeout_s)
@@ -121,17 +116,23 @@ class RolloutPool:
         self.close()
 
     def collect_sync(self, tasks: Sequence[Task], group_size: int, *,
+                     sampling: SamplingParams,
                      first_group_id: int | None = None) -> list[list[Trajectory]]:
         """`collect` for callers without an event loop."""
-        return asyncio.run(self.collect(tasks, group_size, first_group_id=first_group_id))
+        return asyncio.run(self.collect(tasks, group_size, sampling=sampling,
+                                        first_group_id=first_group_id))
 
     async def collect(self, tasks: Sequence[Task], group_size: int, *,
+                      sampling: SamplingParams,
                       first_group_id: int | None = None) -> list[list[Trajectory]]:
         """Runs `group_size` episodes per task; returns the groups in task order.
 
         Args:
           tasks: the tasks, one group each.
           group_size: episodes per task (the GRPO group size G).
+          sampling: sampling parameters of every turn. With a seed, each episode samples
+            with its own seed derived from (seed, group id, member index): reproducible,
+            yet the members of a group differ.
           first_group_id: the groups get ids first_group_id, first_group_id + 1, ...
             (which, with a seeded `sampling`, fix every episode's seed: a resumed run
             passes the same ids to get the same episodes); None continues the pool's
@@ -148,7 +149,7 @@ class RolloutPool:
             async with semaphore:
                 stats["in_flight"] += 1
                 try:
-                    traj = await self._episode(task, group_id, member)
+                    traj = await self._episode(task, sampling, group_id, member)
                 finally:
                     stats["in_flight"] -= 1
             stats["done"] += 1
@@ -167,10 +168,10 @@ class RolloutPool:
             for member in range(group_size)))
         return [list(flat[i * group_size:(i + 1) * group_size]) for i in range(len(tasks))]
 
-    async def _episode(self, task: Task, group_id: int, member: int) -> Trajectory:
+    async def _episode(self, task: Task, sampling: SamplingParams, group_id: int,
+                       member: int) -> Trajectory:
         """One episode plus its reward; every failure comes back as a flagged trajectory."""
         loop = asyncio.get_running_loop()
-        sampling = self.sampling
         if sampling.seed is not None:
             sampling = dataclasses.replace(sampling, seed=episode_seed(sampling.seed, group_id,
                                                                        member))

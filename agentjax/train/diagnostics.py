@@ -1,9 +1,10 @@
-"""The debug checklist of seed §9.4, computed every step, and §9.1 failure warnings.
+"""The debug checklist computed every RL step, and the warnings drawn from it.
 
 `rollout_metrics(groups, batch)` summarizes what the policy did (rewards and their
 components, lengths, truncation, tool calls, mask coverage, zero-variance groups);
-`failure_warnings(metrics, config)` turns the numbers into the warnings a researcher
-would want printed before a run silently collapses.
+`failure_warnings(metrics, max_action_tokens=...)` turns the numbers into the warnings a
+researcher would want printed before a run silently collapses (entropy collapse, KL
+blow-up, no learning signal, length explosion, broken masks, rounded-away updates).
 """
 from __future__ import annotations
 
@@ -103,10 +104,16 @@ def rounding_warnings(metrics: dict[str, float]) -> list[str]:
     return warnings
 
 
-def failure_warnings(metrics: dict[str, float], *, max_response_tokens: int,
+def failure_warnings(metrics: dict[str, float], *, max_action_tokens: int,
                      entropy_floor: float = 0.05, kl_ceiling: float = 1.0) -> list[str]:
-    """Warnings for the §9.1 failure modes visible in one step's metrics (and updates
-    lost to rounding, `rounding_warnings`)."""
+    """Warnings for the failure modes visible in one step's metrics (and updates lost to
+    rounding, `rounding_warnings`).
+
+    Args:
+      metrics: one step's metrics row (`rollout_metrics` plus the update's).
+      max_action_tokens: the most action tokens an episode can generate (max turns x
+        new tokens per turn, within the context): responses near it are exploding.
+    """
     warnings = rounding_warnings(metrics)
     if metrics.get("entropy", 1.0) < entropy_floor:
         warnings.append(f"entropy collapse: mean entropy {metrics['entropy']:.3f} < "
@@ -120,7 +127,7 @@ def failure_warnings(metrics: dict[str, float], *, max_response_tokens: int,
             metrics.get("stop/failed", 0.0) < 1.0:
         warnings.append("all groups have zero reward variance: no learning signal "
                         "(tasks too easy/hard; use dynamic sampling or a curriculum)")
-    if metrics.get("length/response_mean", 0.0) > 0.8 * max_response_tokens or \
+    if metrics.get("length/response_mean", 0.0) > 0.8 * max_action_tokens or \
             metrics.get("stop/max_turns", 0.0) > 0.5:
         warnings.append("length explosion: responses near the budget or most episodes "
                         "stop at max turns (add a length penalty)")

@@ -83,14 +83,11 @@ def evaluate(pool: RolloutPool, tasks: Sequence[Task], *, success_key: str,
       `{prefix}/success_greedy[...]`, `{prefix}/success_sampled[...]` metrics (see
       `success_table`), plus mean turns and failure counts.
     """
-    saved = pool.sampling
-    try:
-        pool.sampling = dataclasses.replace(sampling, temperature=0.0, top_p=1.0, top_k=-1)
-        greedy = pool.collect_sync(tasks, 1, first_group_id=0)
-        pool.sampling = sampling
-        sampled = pool.collect_sync(tasks, samples, first_group_id=0) if samples else []
-    finally:
-        pool.sampling = saved
+    greedy = pool.collect_sync(
+        tasks, 1, sampling=dataclasses.replace(sampling, temperature=0.0, top_p=1.0, top_k=-1),
+        first_group_id=0)
+    sampled = (pool.collect_sync(tasks, samples, sampling=sampling, first_group_id=0)
+               if samples else [])
     metrics = success_table(tasks, greedy, success_key, f"{prefix}/success_greedy")
     if sampled:
         metrics.update(success_table(tasks, sampled, success_key, f"{prefix}/success_sampled"))

@@ -6,9 +6,10 @@ Sections, in the order a run meets them:
   1. setup      validate config, mesh, task suite, tokenizer + model, engine + pool
   2. SFT        next-token loss on a text corpus (config.pretrain.steps > 0), then
                 masked next-token loss on demonstrations (config.sft.steps > 0), corpus
-                documents mixed in (config.sft.corpus_mix)
+                documents mixed in (config.sft.corpus_mix): train/sft.py
   3. RL         sample tasks -> roll out groups -> prepare (log-probs, advantages)
-                -> jitted update -> sync weights to the engine -> log / eval / save
+                -> jitted update -> sync weights to the engine, then the hooks due:
+                evaluate / log / checkpoint: train/rl_loop.py
   4. report     held-out success of the demonstrator, the SFT agent and the RL agent
 
 Resume: every stage checkpoints into the workdir (orbax: device state; json: sampler
@@ -27,58 +28,36 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
 from agentjax import atomic, parallel
-from agentjax.data.curriculum import make_sampler
-from agentjax.models import Decoder, ModelConfig, ValueModel, load_hf, save_hf
+from agentjax.models import Decoder, ModelConfig, load_hf, save_hf
 from agentjax.models.tokenizer import AGENT_TAGS, build_tokenizer, load_tokenizer, prompt_ids
 from agentjax.rollout.agent_loop import EpisodeLimits
 from agentjax.rollout.engine import SamplingParams
 from agentjax.rollout.lanes import LanedEngine
 from agentjax.rollout.pool import RolloutPool
-from agentjax.rl.shaping import overlong_penalty
-from agentjax.rollout.trajectory import Trajectory, collate
-from agentjax.train import diagnostics, step as step_lib
+from agentjax.train import rl_loop, sft
 from agentjax.train.checkpoint import Checkpointer, latest_committed_step
 from agentjax.train.config import ConfigError, validate
 from agentjax.train.episodes import EpisodeRecorder, check_failures
-from agentjax.train.evaluate import evaluate, group_of, solved
+from agentjax.train.evaluate import evaluate, group_of
 from agentjax.train.memory import memory_plan
 from agentjax.train.metrics import MetricsWriter
-from agentjax.train.packing import pack
-from agentjax.train.prepare import build_prepare, critic_value_fn, model_logprob_fn
+from agentjax.train.precision import model_precision
 from agentjax.train.preflight import check_runtime
+from agentjax.train.rl_loop import TrainingDiverged, temperature_at
 from agentjax.train.suites import build_suite
 
-class TrainingDiverged(RuntimeError):
-    """Optimizer updates stayed non-finite for optim.max_nonfinite_steps steps."""
-
+# TrainingDiverged is raised by the RL stage; scripts/train.py catches it from here.
+__all__ = ["HF_DIR", "CHECKPOINTS", "Trainer", "TrainingDiverged", "length_buckets",
+           "report_table"]
 
 HF_DIR = "hf"  # every stage exports its final policy here (init_from / SGLang / eval)
 CHECKPOINTS = "checkpoints"  # in the workdir (RL) or in <workdir>/<stage> (pretrain, sft)
-
-
-def _copy(tree):
-    return jax.tree.map(jnp.copy, tree)
-
-
-def model_precision(config: ml_collections.ConfigDict) -> dict[str, str]:
-    """ModelConfig fields of the trainer's policy: float32 params (the master weights
-    the optimizer updates), computed in config.model.dtype."""
-    return dict(param_dtype="float32", dtype=config.model.dtype, remat=config.model.remat)
-
-
-def _master_copy(params):
-    """Fresh float32 copies of `params` on their shardings: the master weights a
-    TrainState owns (every update donates them), whatever dtype the model was loaded in
-    — the model computes in its `config.dtype` either way."""
-    return jax.tree.map(lambda x: jnp.array(x, dtype=jnp.float32, copy=True), params)
 
 
 def length_buckets(max_tokens: int, count: int = 4, multiple: int = 32) -> tuple[int, ...]:
@@ -86,43 +65,6 @@ def length_buckets(max_tokens: int, count: int = 4, multiple: int = 32) -> tuple
     sizes = {max(multiple, -(-max_tokens * (i + 1) // count // multiple) * multiple)
              for i in range(count)}
     return tuple(sorted(min(s, max_tokens) for s in sizes))
-
-
-def shuffled_stream(items: list, seed: int, position: int, count: int) -> list:
-    """Items `position .. position + count` of an endless stream over `items` that
-    visits them in a fresh seeded permutation each epoch — a function of (seed,
-    position) only, so a checkpointed cursor resumes the data order exactly."""
-    out = []
-    while len(out) < count:
-        epoch, offset = divmod(position + len(out), len(items))
-        order = np.random.default_rng([seed, 1, epoch]).permutation(len(items))
-        out += [items[i] for i in order[offset:offset + count - len(out)]]
-    return out
-
-
-def corpus_sample(corpus: list[Trajectory], demos: list[Trajectory], fraction: float,
-                  seed: int) -> list[Trajectory]:
-    """Corpus documents to mix into SFT so that they hold about `fraction` of its tokens:
-    a seeded sample, whole documents, as many as the corpus has."""
-    if not fraction:
-        return []
-    wanted = fraction / (1.0 - fraction) * sum(t.num_tokens for t in demos)
-    order = np.random.default_rng(seed).permutation(len(corpus))
-    tokens = np.cumsum([corpus[i].num_tokens for i in order])
-    return [corpus[i] for i in order[:int(np.searchsorted(tokens, wanted)) + 1]]
-
-
-def optimizer_updates(config) -> int:
-    """Optimizer updates an RL run makes (the lr schedule's horizon): each of its
-    total_steps runs ppo_epochs x minibatches of them."""
-    return config.total_steps * config.algo.ppo_epochs * config.algo.minibatches
-
-
-def temperature_at(config, step: int) -> float:
-    """Linear rollout-temperature schedule from rollout.temperature to final_temperature."""
-    fraction = step / max(config.total_steps - 1, 1)
-    r = config.rollout
-    return float(r.temperature + fraction * (r.final_temperature - r.temperature))
 
 
 class Trainer:
@@ -183,7 +125,7 @@ class Trainer:
             max_slots=r.engine_slots, max_len=r.max_tokens,
             decode_steps=r.decode_steps, deterministic=r.deterministic, seed=config.seed)
         self.pool = RolloutPool(
-            self.engine, self.suite.make_env, self.tokenizer, sampling=self.sampling(0),
+            self.engine, self.suite.make_env, self.tokenizer,
             limits=EpisodeLimits(max_turns=config.env.max_turns,
                                  max_context_tokens=r.max_tokens),
             concurrency=r.concurrency, reward_fn=self.suite.reward_fn,
@@ -285,10 +227,16 @@ class Trainer:
         return {k: self.batch_sharding if v.ndim == 2 else self.row_sharding
                 for k, v in batch.items()}
 
-    def _device_batch(self, batch: dict) -> dict:
+    def device_batch(self, batch: dict) -> dict:
+        """A numpy batch on the devices, sharded by the rules."""
         return jax.device_put(batch, self._batch_shardings(batch))
 
-    def _jit_update(self, update_fn, state):
+    def micro_batches(self, rows: int) -> int:
+        """Micro-batches a minibatch of `rows` is split into (algo.microbatch_size)."""
+        size = self.config.algo.microbatch_size
+        return rows // size if size else 1
+
+    def jit_update(self, update_fn, state):
         """(jitted update, state placed on its shardings). The update is jitted with
         explicit shardings — the state keeps its placement (`parallel.placed_shardings`,
         donated), the batch takes the rules' batch shardings, metrics come back
@@ -307,13 +255,32 @@ class Trainer:
 
         return update, jax.device_put(state, state_shardings)
 
-    def _export(self, params, stage: str) -> None:
+    def export(self, params, stage: str) -> None:
+        """Saves `params` as an HF folder: <workdir>/<stage>/hf (<workdir>/hf for RL)."""
         path = os.path.join(self.workdir, stage, HF_DIR) if stage else \
             os.path.join(self.workdir, HF_DIR)
         # In the compute dtype, what inference runs: a bfloat16 model exports bfloat16
         # (as it was published), not its float32 training masters.
         save_hf(nnx.merge(self.graphdef, params), self.model_config, path,
                 dtype=self.model_config.dtype, tokenizer=self.tokenizer)
+
+    def restore_or_start(self, stage_dir: str, state, stage: str):
+        """(state, host state, checkpointer, metrics writer) of a stage checkpointing
+        into <stage_dir>/checkpoints and logging into <stage_dir>: the latest committed
+        checkpoint's state and host state when there is one, else `state` and {}; the
+        writer continues after the restored step."""
+        config = self.config
+        checkpointer = Checkpointer(os.path.join(stage_dir, CHECKPOINTS),
+                                    every=config.checkpoint.every, keep=config.checkpoint.keep,
+                                    async_save=config.checkpoint.async_save)
+        restored = checkpointer.restore(state)
+        host = {}
+        if restored is not None:
+            state, host = restored
+            self.log(f"{stage}: resumed at step {host['step']}")
+        writer = MetricsWriter(stage_dir, tensorboard=config.log.tensorboard,
+                               resume_step=host.get("step", 0), enabled=self.is_main)
+        return state, host, checkpointer, writer
 
     # ------------------------------------------------------------------ evaluation
 
@@ -336,300 +303,17 @@ class Trainer:
                         sampling=sampling, samples=self.config.eval.samples, prefix=prefix,
                         inspect=inspect)
 
-    # ------------------------------------------------------------------ SFT
-
-    def _demonstration_trajectories(self) -> list[Trajectory]:
-        max_tokens = self.config.rollout.max_tokens
-        trajs = [Trajectory.from_demonstration(
-            self.tokenizer, d.messages, d.turns, observation_role=self.suite.observation_role,
-            reward=d.reward, task=d.task) for d in self.suite.demonstrations]
-        kept = [t for t in trajs if t.num_tokens <= max_tokens]
-        if len(kept) < len(trajs):
-            self.log(f"SFT: {len(trajs) - len(kept)} demonstrations longer than "
-                     f"rollout.max_tokens={max_tokens} left out")
-        if not kept:
-            raise ValueError("SFT: no demonstration fits rollout.max_tokens")
-        return kept
-
-    def _corpus_trajectories(self) -> list[Trajectory]:
-        if self.suite.pretrain_corpus is None:
-            raise ValueError(f"pretrain.steps > 0 or sft.corpus_mix > 0 but the "
-                             f"{self.config.env.name!r} suite has no pretraining corpus "
-                             "(synthetic search worlds have one)")
-        return [Trajectory.from_text(self.tokenizer, text)
-                for text in self.suite.pretrain_corpus()]
-
-    def run_sft(self, params):
-        """Pretraining on the suite's corpus (pretrain.steps), then SFT on the
-        demonstrations (sft.steps), with corpus documents mixed in (sft.corpus_mix);
-        returns the new params."""
-        config = self.config
-        corpus = (self._corpus_trajectories()
-                  if config.pretrain.steps or (config.sft.steps and config.sft.corpus_mix)
-                  else [])
-        if config.pretrain.steps:
-            params = self._fit_next_token("pretrain", corpus, config.pretrain, params)
-        if config.sft.steps:
-            demos = self._demonstration_trajectories()
-            params = self._fit_next_token(
-                "sft", demos + corpus_sample(corpus, demos, config.sft.corpus_mix, config.seed),
-                config.sft, params)
-        return params
-
-    def _fit_next_token(self, stage: str, trajs: list[Trajectory], section, params):
-        """`section.steps` steps (batch `section.batch_size` packed rows, lr `section.lr`,
-        cosine) of next-token loss on the trainable tokens of `trajs`, checkpointed and
-        resumable under <workdir>/<stage>; exports to <workdir>/<stage>/hf."""
-        config = self.config
-        workdir = os.path.join(self.workdir, stage)
-        optimizer = step_lib.make_optimizer(section.lr, total_steps=section.steps,
-                                            warmup_steps=min(20, section.steps // 10),
-                                            schedule="cosine", grad_clip=config.optim.grad_clip)
-        params = _master_copy(params)
-        state = step_lib.TrainState(step=jnp.int32(0), params=params,
-                                    opt_state=optimizer.init(params),
-                                    rng=jax.random.key(config.seed))
-        update, state = self._jit_update(step_lib.build_update(
-            step_lib.sft_loss(self.graphdef, chunk_size=config.model.logprob_chunk), optimizer,
-            epochs=1, minibatches=1, micro_batches=self._micro_batches(section.batch_size)),
-            state)
-        checkpointer = Checkpointer(os.path.join(workdir, CHECKPOINTS),
-                                    every=config.checkpoint.every, keep=config.checkpoint.keep,
-                                    async_save=config.checkpoint.async_save)
-        restored = checkpointer.restore(state)
-        start, cursor = 0, 0
-        if restored is not None:
-            state, host = restored
-            start, cursor = host["step"], host["cursor"]
-            self.log(f"{stage}: resumed at step {start}")
-        writer = MetricsWriter(workdir, tensorboard=config.log.tensorboard, resume_step=start,
-                               enabled=self.is_main)
-        bar = tqdm(range(start, section.steps), desc=stage,
-                   disable=not (self.is_main and config.log.progress))
-        for step in bar:
-            upcoming = shuffled_stream(trajs, config.seed, cursor, section.batch_size * 16)
-            batch, used = pack(upcoming, length=self.buckets[-1], rows=section.batch_size,
-                               pad_id=self.tokenizer.pad_token_id)
-            cursor += used
-            batch["loss_mask"] = batch.pop("action_mask")
-            state, metrics = update(state, self._device_batch(batch))
-            if (step + 1) % config.log.every == 0 or step + 1 == section.steps:
-                row = writer.write(step + 1, {**jax.device_get(metrics),
-                                              "episodes_per_step": used})
-                bar.set_postfix(nll=f"{row['nll']:.3f}")
-            checkpointer.save(step + 1, state, {"step": step + 1, "cursor": cursor})
-        checkpointer.save(section.steps, state, {"step": section.steps, "cursor": cursor},
-                          force=True)
-        checkpointer.wait()
-        writer.close()
-        self._export(state.params, stage)
-        return state.params
-
-    def _micro_batches(self, rows: int) -> int:
-        size = self.config.algo.microbatch_size
-        return rows // size if size else 1
-
     # ------------------------------------------------------------------ RL
-
-    def _init_rl_state(self, params):
-        config, algo = self.config, self.config.algo
-        optimizer = step_lib.make_optimizer(
-            config.optim.lr, total_steps=optimizer_updates(config),
-            warmup_steps=config.optim.warmup_steps, schedule=config.optim.schedule,
-            weight_decay=config.optim.weight_decay, b1=config.optim.b1, b2=config.optim.b2,
-            grad_clip=config.optim.grad_clip)
-        critic_graphdef = critic_optimizer = critic_params = critic_opt_state = None
-        params = _master_copy(params)
-        if algo.advantage == "gae":
-            critic = ValueModel(nnx.merge(self.graphdef, _copy(params)))
-            critic_graphdef, critic_params = nnx.split(critic)
-            critic_optimizer = optax.chain(optax.clip_by_global_norm(config.optim.grad_clip),
-                                           optax.adamw(algo.critic_lr))
-            critic_opt_state = critic_optimizer.init(critic_params)
-        state = step_lib.TrainState(step=jnp.int32(0), params=params,
-                                    opt_state=optimizer.init(params),
-                                    rng=jax.random.key(config.seed),
-                                    critic_params=critic_params,
-                                    critic_opt_state=critic_opt_state,
-                                    ref_params=_copy(params) if algo.kl_coef > 0 else None)
-        return state, optimizer, critic_graphdef, critic_optimizer
-
-    def _shape_overlong(self, trajectories: list[Trajectory]) -> None:
-        """DAPO overlong shaping: penalize episodes whose action tokens enter the last
-        `overlong_buffer` tokens before `overlong_max_len` (added to the final reward)."""
-        algo = self.config.algo
-        lengths = np.array([t.num_action_tokens for t in trajectories], np.float32)
-        penalties = np.asarray(overlong_penalty(
-            lengths, max_len=algo.overlong_max_len, buffer=algo.overlong_buffer,
-            factor=algo.overlong_factor))
-        for traj, penalty in zip(trajectories, penalties):
-            traj.final_reward += float(penalty)
-            traj.metadata.setdefault("reward_components", {})["overlong"] = float(penalty)
-
-    def _rollout(self, sampler, step: int):
-        """One step's groups. With dynamic sampling (DAPO), zero-variance groups are set
-        aside and more tasks drawn until the batch is full; if the rounds run out, set-
-        aside groups (zero advantage: no policy-gradient signal) fill the batch."""
-        config, r = self.config, self.config.rollout
-        kept, set_aside, rounds = [], [], 0
-        while len(kept) < r.prompts_per_step:
-            self.pool.sampling = self.sampling(step * 100 + rounds)
-            drawn = sampler.sample(r.prompts_per_step - len(kept))
-            collected = self.pool.collect_sync(drawn, r.group_size, first_group_id=0)
-            if config.algo.overlong_buffer:
-                self._shape_overlong([t for group in collected for t in group])
-            sampler.update(drawn, [np.mean([solved(t, self.suite.success_key) for t in g])
-                                   for g in collected])
-            for group in collected:
-                varied = np.std([t.total_reward for t in group]) > 0
-                (kept if varied or not config.algo.dynamic_sampling else set_aside).append(group)
-            rounds += 1
-            if rounds > config.algo.max_resample_rounds:
-                break
-        groups = (kept + set_aside)[:r.prompts_per_step]
-        return groups, {"rollout/rounds": rounds, "rollout/kept_groups": len(kept)}
-
-    def _rl_checkpointer(self, **options) -> Checkpointer:
-        return Checkpointer(os.path.join(self.workdir, CHECKPOINTS), **options)
-
-    def _guard_nonfinite(self, state, metrics, step: int, bad_steps: int, checkpointer,
-                         host: dict):
-        """Reacts to optimizer updates the jitted update refused (non-finite loss,
-        gradient or params; `step_lib.epoch_minibatch_steps`): warns, rolls the policy
-        back to the last checkpoint when optim.on_nonfinite='rollback', and after
-        optim.max_nonfinite_steps consecutive such steps saves a checkpoint and stops.
-        Returns (state, consecutive bad steps)."""
-        optim = self.config.optim
-        refused = metrics.get("nonfinite_updates", 0.0) + metrics.get(
-            "critic/nonfinite_updates", 0.0)
-        if not refused:
-            return state, 0
-        bad_steps += 1
-        where = (f"RL step {step}: {metrics.get('nonfinite_updates', 0.0):.0%} of the policy's "
-                 f"optimizer updates had a non-finite loss, gradient or result (loss "
-                 f"{metrics.get('loss')}, grad_norm {metrics.get('grad_norm')}) and were "
-                 "not applied")
-        if bad_steps >= optim.max_nonfinite_steps:
-            checkpointer.save(step, state, host, force=True)
-            checkpointer.wait()
-            raise TrainingDiverged(
-                f"{where}; {bad_steps} consecutive steps like it (optim.max_nonfinite_steps="
-                f"{optim.max_nonfinite_steps}): stopping. The last finite state is saved at "
-                f"step {step}; lower optim.lr, check the rewards (reward/* metrics) or set "
-                "optim.on_nonfinite='rollback'")
-        if optim.on_nonfinite == "rollback" and checkpointer.latest_step is not None:
-            checkpointer.wait()
-            restored, _ = checkpointer.restore(state)
-            self.log(f"warning: {where}; rolled the policy back to checkpoint "
-                     f"{checkpointer.latest_step}")
-            return restored, bad_steps
-        self.log(f"warning: {where}; skipped")
-        return state, bad_steps
 
     def restore_params(self, step: int | None = None):
         """Policy params of RL checkpoint `step` (default: the latest) of this workdir."""
-        state = self._init_rl_state(self.initial_params)[0]
-        checkpointer = self._rl_checkpointer(every=0, read_only=True)
+        state = rl_loop.init_rl_state(self, self.initial_params)[0]
+        checkpointer = Checkpointer(os.path.join(self.workdir, CHECKPOINTS), every=0,
+                                    read_only=True)
         restored = checkpointer.restore(state, step)
         if restored is None:
             raise FileNotFoundError(f"no RL checkpoint in {self.workdir}/{CHECKPOINTS}")
         return restored[0].params
-
-    def run_rl(self, params):
-        """RL from `params` for total_steps; returns (final params, last eval metrics)."""
-        config, algo = self.config, self.config.algo
-        state, optimizer, critic_graphdef, critic_optimizer = self._init_rl_state(params)
-        policy_loss = step_lib.rl_loss(self.graphdef, algo, chunk_size=config.model.logprob_chunk)
-        critic_loss = (step_lib.value_loss_fn(critic_graphdef, algo) if critic_graphdef
-                       else None)
-        update, state = self._jit_update(step_lib.build_update(
-            policy_loss, optimizer, epochs=algo.ppo_epochs, minibatches=algo.minibatches,
-            micro_batches=self._micro_batches(self.batch_rows // algo.minibatches),
-            norm_constant=algo.agg_constant or None, critic_loss_fn=critic_loss,
-            critic_optimizer=critic_optimizer, critic_warmup_steps=algo.critic_warmup_steps),
-            state)
-        prepare = jax.jit(build_prepare(
-            model_logprob_fn(self.graphdef, chunk_size=config.model.logprob_chunk), algo,
-            num_groups=config.rollout.prompts_per_step,
-            mask_observations=config.env.mask_observations,
-            value_fn=critic_value_fn(critic_graphdef) if critic_graphdef else None))
-        sampler = make_sampler(config.data.curriculum, self.suite.train_tasks,
-                               seed=config.seed)
-        checkpointer = self._rl_checkpointer(every=config.checkpoint.every,
-                                             keep=config.checkpoint.keep,
-                                             async_save=config.checkpoint.async_save)
-        restored = checkpointer.restore(state)
-        start, last_eval = 0, {}
-        if restored is not None:
-            state, host = restored
-            start, last_eval = host["step"], host.get("last_eval", {})
-            sampler.load_state_dict(host["sampler"])
-            self.log(f"RL: resumed at step {start}")
-        writer = MetricsWriter(self.workdir, tensorboard=config.log.tensorboard,
-                               resume_step=start, enabled=self.is_main)
-        self.engine.update_weights(state.params)
-        bar = tqdm(range(start, config.total_steps), desc=config.algo.name,
-                   disable=not (self.is_main and config.log.progress))
-        bad_steps = 0
-
-        def host_state(step):
-            return {"step": step + 1, "sampler": sampler.state_dict(), "last_eval": last_eval}
-
-        for step in bar:
-            t0 = time.perf_counter()
-            groups, rollout_info = self._rollout(sampler, step)
-            trajectories = []
-            for group_index, group in enumerate(groups):
-                for traj in group:
-                    traj.group_id = group_index
-                    trajectories.append(traj)
-            t1 = time.perf_counter()
-            for message in self.recorder.record(step + 1, "rl", trajectories):
-                self.log(f"step {step + 1}: new episode error: {message}")
-            failure_warning = check_failures(trajectories, where=f"RL step {step + 1}",
-                                             fatal=step == start)
-            batch = collate(trajectories, buckets=self.buckets,
-                            pad_id=self.tokenizer.pad_token_id, batch_size=self.batch_rows)
-            metrics = diagnostics.rollout_metrics(groups, batch)
-            batch["temperature"] = np.full((self.batch_rows,), temperature_at(config, step),
-                                           np.float32)
-            del batch["truncated"]
-            device_batch, prep_metrics = prepare(state.params, state.ref_params, state.critic_params,
-                                                 self._device_batch(batch))
-            state, update_metrics = update(state, device_batch)
-            jax.block_until_ready(state.params)
-            t2 = time.perf_counter()
-            metrics.update(jax.device_get(prep_metrics))
-            metrics.update(jax.device_get(update_metrics))
-            state, bad_steps = self._guard_nonfinite(state, metrics, step + 1, bad_steps,
-                                                     checkpointer, host_state(step))
-            self.engine.update_weights(state.params)
-            tokens = sum(t.num_action_tokens for t in trajectories)
-            metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
-                            "time/step_s": t2 - t0, "rollout/tokens_per_s": tokens / (t1 - t0),
-                            **rollout_info,
-                            "rollout/temperature": temperature_at(config, step),
-                            "success/train": np.mean([solved(t, self.suite.success_key)
-                                                      for t in trajectories])})
-            if step + 1 == config.total_steps or (config.eval.every and
-                                                  (step + 1) % config.eval.every == 0):
-                last_eval = self.evaluate(state.params, "eval")
-                metrics.update(last_eval)
-            if (step + 1) % config.log.every == 0 or step + 1 == config.total_steps:
-                row = writer.write(step + 1, metrics)
-                bar.set_postfix(reward=f"{row['reward/mean']:.2f}",
-                                success=f"{row['success/train']:.2f}",
-                                ent=f"{row.get('entropy', 0):.2f}")
-                warnings = diagnostics.failure_warnings(
-                    row, max_response_tokens=config.rollout.max_tokens)
-                for warning in ([failure_warning] if failure_warning else []) + warnings:
-                    self.log(f"step {step + 1}: warning: {warning}")
-            checkpointer.save(step + 1, state, host_state(step),
-                              force=step + 1 == config.total_steps)
-        checkpointer.wait()
-        writer.close()
-        self._export(state.params, "")
-        return state.params, last_eval
 
     # ------------------------------------------------------------------ the run
 
@@ -663,14 +347,14 @@ class Trainer:
             rl_resumes = config.stage == "rl" and latest_committed_step(
                 os.path.join(self.workdir, CHECKPOINTS)) is not None
             if sft_results is None or not rl_resumes:
-                params = self.run_sft(params)
+                params = sft.run_sft(self, params)
             if sft_results is None:
                 sft_results = self.evaluate(params, "sft")
                 if self.is_main:
                     atomic.write_json(sft_file, sft_results)
             results.update(sft_results)
         if config.stage == "rl":
-            _, last_eval = self.run_rl(params)
+            _, last_eval = rl_loop.run_rl(self, params)
             results.update(last_eval)
         results["time/total_s"] = time.perf_counter() - self.started
         if self.is_main:

@@ -297,10 +297,10 @@ def bench_pool(tokenizer, model, episodes=64, turns=4, new_tokens=48, latency=0.
 
     def run(engine, latency_s, concurrency, task_list, group):
         pool = RolloutPool(engine, lambda: LatencyEnv(latency_s, turns), tokenizer,
-                           sampling=sampling, limits=limits, concurrency=concurrency)
+                           limits=limits, concurrency=concurrency)
         with pool:
             start = time.perf_counter()
-            groups = pool.collect_sync(task_list, group)
+            groups = pool.collect_sync(task_list, group, sampling=sampling)
             elapsed = time.perf_counter() - start
         trajs = [t for g in groups for t in g]
         assert not any(t.metadata["failed"] for t in trajs)

@@ -20,6 +20,9 @@ def _two_turns(tokenizer):
     return lambda context, index: ANSWER if information in context else SEARCH
 
 
+SAMPLING = SamplingParams(max_new_tokens=32)
+
+
 def _reward(task, log):
     correct = float(log.final_answer == "Paris")
     return correct, {"outcome": correct, "tool_calls": log.num_tool_calls}
@@ -29,9 +32,9 @@ def test_collect_returns_complete_ordered_groups_with_rewards(tokenizer):
     engine = ScriptedEngine(tokenizer, _two_turns(tokenizer))
     seen = []
     with RolloutPool(engine, ToyEnv, tokenizer, concurrency=8, reward_fn=_reward,
-                     progress=seen.append, sampling=SamplingParams(max_new_tokens=32)) as pool:
-        groups = pool.collect_sync(TASKS, group_size=3)
-        more = pool.collect_sync(TASKS[:1], group_size=2)
+                     progress=seen.append) as pool:
+        groups = pool.collect_sync(TASKS, group_size=3, sampling=SAMPLING)
+        more = pool.collect_sync(TASKS[:1], group_size=2, sampling=SAMPLING)
     assert [len(g) for g in groups] == [3, 3, 3, 3]
     for task, group in zip(TASKS, groups):
         assert {t.task_id for t in group} == {task.task_id}
@@ -57,7 +60,7 @@ def test_slow_tools_overlap(tokenizer):
     with RolloutPool(engine, lambda: ToyEnv(tool_latency_s=latency), tokenizer,
                      concurrency=episodes) as pool:
         start = time.perf_counter()
-        groups = pool.collect_sync(TASKS, group_size=episodes // len(TASKS))
+        groups = pool.collect_sync(TASKS, group_size=episodes // len(TASKS), sampling=SAMPLING)
         elapsed = time.perf_counter() - start
     assert sum(len(g) for g in groups) == episodes
     # 16 episodes x 2 tool calls x 0.1 s = 3.2 s one at a time; concurrently ~0.2 s.
@@ -90,7 +93,7 @@ def test_raising_hanging_and_unbuildable_envs_are_flagged_never_dropped(tokenize
                        episode_timeout_s=0.5, limits=EpisodeLimits(max_turns=3))
     try:
         start = time.perf_counter()
-        groups = pool.collect_sync(TASKS[:2], group_size=4)
+        groups = pool.collect_sync(TASKS[:2], group_size=4, sampling=SAMPLING)
         elapsed = time.perf_counter() - start
     finally:
         release.set()
@@ -118,14 +121,14 @@ def test_pool_validates_arguments(tokenizer):
         RolloutPool(engine, ToyEnv, tokenizer, concurrency=0)
     with RolloutPool(engine, ToyEnv, tokenizer) as pool:
         with pytest.raises(ValueError, match="group_size"):
-            pool.collect_sync(TASKS, group_size=0)
+            pool.collect_sync(TASKS, group_size=0, sampling=SAMPLING)
 
 
 def test_seeded_pool_gives_each_member_its_own_reproducible_seed(tokenizer):
     def seeds():
         engine = ScriptedEngine(tokenizer, _two_turns(tokenizer))
-        with RolloutPool(engine, ToyEnv, tokenizer, sampling=SamplingParams(seed=11)) as pool:
-            pool.collect_sync(TASKS[:2], group_size=3)
+        with RolloutPool(engine, ToyEnv, tokenizer) as pool:
+            pool.collect_sync(TASKS[:2], group_size=3, sampling=SamplingParams(seed=11))
         return sorted({r.sampling.seed for r in engine.requests})
 
     first = seeds()

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from agentjax.train import presets
+from agentjax.train import presets, rl_loop
 from agentjax.train import trainer as trainer_lib
 from agentjax.train.checkpoint import Checkpointer
 from agentjax.train.episodes import EpisodesFailed
@@ -25,19 +25,19 @@ def _config(**overrides):
     return config
 
 
-def _poison_rewards(trainer, steps):
+def _poison_rewards(monkeypatch, steps):
     """Rollouts of the given RL steps (0-based) get NaN rewards."""
-    rollout = trainer._rollout
+    collect = rl_loop.collect_groups
 
-    def poisoned(sampler, step):
-        groups, info = rollout(sampler, step)
+    def poisoned(trainer, sampler, step):
+        groups, info = collect(trainer, sampler, step)
         if step in steps:
             for group in groups:
                 for traj in group:
                     traj.final_reward = math.nan
         return groups, info
 
-    trainer._rollout = poisoned
+    monkeypatch.setattr(rl_loop, "collect_groups", poisoned)
 
 
 def test_every_episode_failing_stops_the_first_step_with_the_error(tmp_path):
@@ -55,27 +55,28 @@ def test_every_episode_failing_stops_the_first_step_with_the_error(tmp_path):
     assert "FAILED: reward_fn failed: KeyError" in sample and "trained" in sample
 
 
-def test_a_nonfinite_step_is_skipped_and_training_goes_on(tmp_path):
+def test_a_nonfinite_step_is_skipped_and_training_goes_on(tmp_path, monkeypatch):
     trainer = trainer_lib.Trainer(_config(), str(tmp_path))
-    _poison_rewards(trainer, steps={0})
+    _poison_rewards(monkeypatch, steps={0})
     trainer.run()
     first, second = read_metrics(tmp_path)
     assert first["nonfinite_updates"] == 1.0 and first["reward/mean"] == "nan"
     assert second["nonfinite_updates"] == 0.0 and np.isfinite(second["loss"])
 
 
-def test_consecutive_nonfinite_steps_roll_back_then_stop_with_a_checkpoint(tmp_path):
+def test_consecutive_nonfinite_steps_roll_back_then_stop_with_a_checkpoint(tmp_path,
+                                                                          monkeypatch):
     config = _config(optim__on_nonfinite="rollback", optim__max_nonfinite_steps=2,
                      checkpoint__every=1, checkpoint__keep=5)
     config.total_steps = 4
     trainer = trainer_lib.Trainer(config, str(tmp_path))
-    _poison_rewards(trainer, steps={1, 2})
+    _poison_rewards(monkeypatch, steps={1, 2})
     with pytest.raises(trainer_lib.TrainingDiverged,
                        match=r"RL step 3: .*2 consecutive steps.*saved at step 3"):
         trainer.run()
     checkpoints = Checkpointer(tmp_path / "checkpoints", every=0)
     assert checkpoints._manager.all_steps() == [1, 2, 3]
-    state = trainer._init_rl_state(trainer.initial_params)[0]
+    state = rl_loop.init_rl_state(trainer, trainer.initial_params)[0]
     after_one, _ = checkpoints.restore(state, 1)
     at_stop, _ = checkpoints.restore(state, 3)
     # Step 2 was rolled back to checkpoint 1, step 3 was refused: the saved policy is

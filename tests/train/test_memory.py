@@ -6,7 +6,7 @@ from agentjax import parallel
 from agentjax.models import ModelConfig
 from agentjax.train.memory import memory_plan
 from agentjax.train.presets import search_config
-from agentjax.train.trainer import model_precision
+from agentjax.train.precision import model_precision
 
 GIB = 2 ** 30
 V, D, L, H, K, HD, F = 151936, 2048, 36, 16, 2, 128, 11008

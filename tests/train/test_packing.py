@@ -1,5 +1,4 @@
-"""Packed SFT batches: same loss as the episodes one per row; exact data-order resume."""
-import jax
+"""Packed SFT batches: the same loss as one episode per row."""
 import numpy as np
 from flax import nnx
 
@@ -8,7 +7,6 @@ from agentjax.rl.losses import loss_norm
 from agentjax.rollout.trajectory import Trajectory, Turn, collate
 from agentjax.train import step as step_lib
 from agentjax.train.packing import pack
-from agentjax.train.trainer import corpus_sample, shuffled_stream
 
 V = 50
 CONFIG = ModelConfig(arch="qwen2", vocab_size=V, hidden_size=16, intermediate_size=32,
@@ -48,31 +46,3 @@ def test_pack_stops_at_the_first_episode_that_does_not_fit():
     packed, used = pack(trajs, length=50, rows=2, pad_id=0)
     assert used == 4
     assert (packed["segment_ids"].max(axis=1) == 2).all()
-
-
-def test_shuffled_stream_resumes_from_any_cursor():
-    items = list(range(7))
-    whole = shuffled_stream(items, 3, 0, 30)
-    assert sorted(whole[:7]) == items and sorted(whole[7:14]) == items
-    for cursor in (0, 5, 7, 13):
-        assert shuffled_stream(items, 3, cursor, 10) == whole[cursor:cursor + 10]
-
-
-def test_corpus_sample_holds_the_asked_fraction_of_tokens():
-    rng = np.random.default_rng(0)
-    demos = [_trajectory(rng, 6, (4, 3)) for _ in range(40)]
-    corpus = [_trajectory(rng, int(n), (1,)) for n in rng.integers(5, 30, 200)]
-    demo_tokens = sum(t.num_tokens for t in demos)
-    assert corpus_sample(corpus, demos, 0.0, seed=1) == []
-    for fraction in (0.2, 0.5):
-        mixed = corpus_sample(corpus, demos, fraction, seed=1)
-        tokens = sum(t.num_tokens for t in mixed)
-        # Whole documents: just past the asked share, by less than one document.
-        assert tokens / (tokens + demo_tokens) >= fraction
-        assert (tokens - mixed[-1].num_tokens) / (tokens - mixed[-1].num_tokens
-                                                  + demo_tokens) < fraction
-        assert mixed == corpus_sample(corpus, demos, fraction, seed=1)
-        assert mixed != corpus_sample(corpus, demos, fraction, seed=2)
-    # More than the corpus holds: all of it, each document once.
-    everything = corpus_sample(corpus, demos[:1] * 10_000, 0.9, seed=1)
-    assert sorted(map(id, everything)) == sorted(map(id, corpus))

@@ -10,8 +10,8 @@ from agentjax import parallel
 from agentjax.models import Decoder, ModelConfig, ValueModel
 from agentjax.rollout.jax_engine import JaxEngine
 from agentjax.train import diagnostics, step as step_lib
+from agentjax.train.precision import master_copy, model_precision
 from agentjax.train.presets import search_config
-from agentjax.train.trainer import _master_copy, model_precision
 
 STEPS, B, T = 3, 4, 16
 
@@ -61,7 +61,7 @@ def _linear_loss(params):
 
 
 def _train(config, params):
-    """STEPS updates with the config's RL optimizer (as Trainer._init_rl_state makes
+    """STEPS updates with the config's RL optimizer (as rl_loop.init_rl_state makes
     it); returns (final state, metrics of each step)."""
     o = config.optim
     optimizer = step_lib.make_optimizer(
@@ -86,13 +86,13 @@ def _changed_fraction(before, after) -> float:
 
 
 def test_hf_preset_trains_at_lr_1e6():
-    """The trainer's policy under the hf preset (model_precision, _master_copy) moves
+    """The trainer's policy under the hf preset (model_precision, master_copy) moves
     most of its weights in a few steps at lr 1e-6, with the preset's warmup."""
     config, vocab = _hf_config()
     assert config.optim.lr == 1e-6 and config.model.dtype == "bfloat16"
     _, params = _policy(config, vocab)
     initial = jax.tree.map(np.asarray, params)
-    state, history = _train(config, _master_copy(params))
+    state, history = _train(config, master_copy(params))
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float32)}
     assert {x.dtype for x in jax.tree.leaves(state.opt_state)
             if jnp.issubdtype(x.dtype, jnp.floating)} == {jnp.dtype(jnp.float32)}
@@ -162,7 +162,7 @@ def test_policy_and_critic_forwards_compute_in_bfloat16_from_float32_params():
 def test_engine_holds_its_own_compute_dtype_copy():
     config, vocab = _hf_config()
     graphdef, params = _policy(config, vocab)
-    params = _master_copy(params)
+    params = master_copy(params)
     engine = JaxEngine(graphdef, params, max_slots=2, max_len=16)
     try:
         def matrices():
@@ -187,7 +187,7 @@ def test_master_copy_is_fresh_float32_on_the_same_shardings(eight_devices):
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
     source = {"w": jax.device_put(jnp.arange(16, dtype=jnp.bfloat16), sharding),
               "b": jax.device_put(jnp.ones(8, jnp.float32), sharding)}
-    copy = _master_copy(source)
+    copy = master_copy(source)
     for key in source:
         assert copy[key].dtype == jnp.float32 and copy[key].sharding == sharding
         np.testing.assert_array_equal(np.asarray(copy[key]),
@@ -207,5 +207,5 @@ def test_master_copy_is_fresh_float32_on_the_same_shardings(eight_devices):
 def test_rounding_warning_rule(metrics, warns):
     """Warns when gradients are nonzero and the params moved by less than half of what
     the optimizer asked for; a step that asked for nothing (lr 0) never warns."""
-    warnings = diagnostics.failure_warnings(metrics, max_response_tokens=100)
+    warnings = diagnostics.failure_warnings(metrics, max_action_tokens=100)
     assert any("rounded away" in w for w in warnings) == warns

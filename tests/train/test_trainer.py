@@ -16,6 +16,7 @@ from agentjax.models.tokenizer import load_tokenizer
 from agentjax.rewards.composite import make_reward_fn
 from agentjax.train import config as config_lib
 from agentjax.train import presets
+from agentjax.train import rl_loop, sft
 from agentjax.train import step as step_lib
 from agentjax.train import trainer as trainer_lib
 from agentjax.train import suites
@@ -196,7 +197,7 @@ def test_renamed_demonstrations_change_sft_data_not_the_tokenizer_texts(tmp_path
 def test_lr_schedule_spans_every_optimizer_update_of_the_run():
     config = presets.search_config("grpo", "test")
     config.total_steps, config.algo.minibatches, config.algo.ppo_epochs = 5, 2, 3
-    updates = trainer_lib.optimizer_updates(config)
+    updates = rl_loop.optimizer_updates(config)
     assert updates == 30
     optimizer = step_lib.make_optimizer(1.0, total_steps=updates, schedule="cosine")
     params = {"w": jnp.zeros(())}
@@ -239,13 +240,13 @@ def test_sft_with_a_real_qwen_template_trains_the_end_of_turn_token(tmp_path):
         tokenizer = trainer.tokenizer
         im_end, endoftext = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
         assert {im_end, endoftext} <= set(trainer.engine.lanes[0].eos_token_ids)
-        demos = trainer._demonstration_trajectories()
+        demos = sft.demonstration_trajectories(trainer)
         assert demos
         for demo in demos:
             assert tokenizer.decode(demo.prompt_ids).endswith("<think>\n\n</think>\n\n")
             for turn in demo.turns:
                 assert turn.action_ids[-1] == im_end and turn.trainable
-        trainer._export(trainer.initial_params, "sft")
+        trainer.export(trainer.initial_params, "sft")
     finally:
         trainer.close()
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
