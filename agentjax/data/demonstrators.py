@@ -1,4 +1,4 @@
-"""Scripted demonstrators for the multi-hop search world (SFT warm-start, seed §6.2/§6.3).
+"""Scripted demonstrators for the multi-hop search world (SFT warm-start).
 
 A demonstrator acts in a real `SearchEnv` (real BM25 retrieval, real observations) the
 way a model would: it parses the question into a start entity and relation chain, issues

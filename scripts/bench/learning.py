@@ -5,7 +5,7 @@
 
 Each seed is a full `scripts/train.py` run (world, demonstrator, SFT, RL; ~30 minutes
 on 2 CPU cores). The baselines are measured in the same runs: the scripted demonstrator
-that wrote the SFT data and the SFT agent. The target (issue 6): the RL agent's held-out
+that wrote the SFT data and the SFT agent. The target: the RL agent's held-out
 sampled success beats both by at least 25 points on every seed. Writes
 <out>/learning.md and prints it.
 """

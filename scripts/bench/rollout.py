@@ -1,4 +1,4 @@
-"""Rollout benchmarks (issue 4): every figure comes with its baseline measured in the same run.
+"""Rollout benchmarks: every figure comes with its baseline measured in the same run.
 
     python scripts/bench/rollout.py                  # all three
     python scripts/bench/rollout.py --only generate  # generate | multiturn | pool
