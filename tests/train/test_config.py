@@ -6,7 +6,6 @@ import os
 import ml_collections
 import pytest
 
-from agentjax.models import config as model_config_lib
 from agentjax.models.tokenizer import build_tokenizer
 from agentjax.train import config as config_lib
 from agentjax.train import presets
@@ -117,11 +116,6 @@ def test_nan_and_infinity_are_rejected_for_every_float_key():
     for key in float_keys:
         for value in (math.nan, math.inf):
             assert f"config key {key!r}" in _error(_with(key, value))
-
-
-def test_mirrored_model_constants_match_the_model_package():
-    assert config_lib.ARCHS == model_config_lib.SUPPORTED_ARCHS
-    assert config_lib.REMAT_POLICIES == model_config_lib.REMAT_POLICIES
 
 
 def test_the_smallest_allowed_vocabulary_builds_a_tokenizer():
