@@ -6,6 +6,11 @@ heavy is imported, so a misspelled name stops a run within its first second. Eac
 is the exact set of names its implementation accepts (named in the comment above it).
 """
 
+# The envs (train/suites.py: SUITES builds each one's tasks, env and reward) and their
+# outcomes: env.name -> {reward.outcome: the reward component it rewards}; "em" names the
+# success criterion (evaluation counts an episode solved when it reaches 1), logged
+# either way.
+OUTCOMES = {"search": {"em": "exact_match", "f1": "f1"}, "python": {"em": "math_match"}}
 # models/config.py (`_ARCHS`: the HF architectures entry of each) and models/decoder.py.
 ARCHS = ("llama", "qwen2", "qwen3")
 # models/decoder.py: remat_policy.

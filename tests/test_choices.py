@@ -3,6 +3,11 @@ from agentjax import choices
 from agentjax.data import curriculum
 from agentjax.models import config as model_config
 from agentjax.rl import losses
+from agentjax.train import suites
+
+
+def test_every_env_has_a_task_suite():
+    assert tuple(suites.SUITES) == tuple(choices.OUTCOMES)
 
 
 def test_every_arch_has_an_hf_architectures_entry():

@@ -28,6 +28,7 @@ from agentjax.choices import (
     CURRICULA,
     KL_KINDS,
     OLD_LOGP,
+    OUTCOMES,
     POLICY_LOSSES,
     REMAT_POLICIES,
     SCHEDULES,
@@ -52,10 +53,6 @@ ALGORITHM_PRESETS = {
                 value_clip=0.2),
 }
 ALGORITHMS = tuple(ALGORITHM_PRESETS)
-
-# env.name -> {reward.outcome: the reward component it rewards}; "em" names the success
-# criterion (evaluation counts an episode solved when it reaches 1), logged either way.
-OUTCOMES = {"search": {"em": "exact_match", "f1": "f1"}, "python": {"em": "math_match"}}
 
 
 def default_config() -> ml_collections.ConfigDict:
