@@ -1,4 +1,4 @@
-"""Run a config's ablation sweep (arms x seeds) and report it; see agentjax/train/sweep.py.
+"""Run a config's ablation sweep (arms x seeds) and report it; see agentjax/sweep/.
 
     python scripts/sweep.py --config configs/grpo_search.py --sweep group_size \
         --seeds 0,1,2 --parallel 2 --out runs/group_size [-- --config.total_steps=30]
@@ -10,7 +10,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from agentjax.train.sweep import main  # noqa: E402
+from agentjax.sweep.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())
