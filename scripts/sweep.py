@@ -5,12 +5,9 @@
     python scripts/sweep.py ... --print-commands   # one command per run, for a scheduler
     python scripts/sweep.py ... --report           # table + plots of existing runs
 """
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from agentjax.sweep.cli import main  # noqa: E402
+from agentjax.sweep.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,6 +1,7 @@
 """ModelConfig: one frozen dataclass for the Llama 3.x / Qwen2 / Qwen3 decoder family.
 
-    cfg = ModelConfig.from_hf(json.load(open("ckpt/config.json")))   # HF -> agentjax
+    with open("ckpt/config.json") as f:
+        cfg = ModelConfig.from_hf(json.load(f))                       # HF -> agentjax
     hf_dict = cfg.to_hf()                                             # agentjax -> HF
     cfg = dataclasses.replace(cfg, dtype="bfloat16", remat="full")    # tweak
 

@@ -7,10 +7,17 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-
 from agentjax.sweep.launch import is_finished, run_all
-from agentjax.sweep.plan import (TRAIN_SCRIPT, Run, expand, load_arms, parse_seeds, shell_command,
-                                 split_config_arg, train_command)
+from agentjax.sweep.plan import (
+    TRAIN_SCRIPT,
+    Run,
+    expand,
+    load_arms,
+    parse_seeds,
+    shell_command,
+    split_config_arg,
+    train_command,
+)
 from agentjax.sweep.report import DEFAULT_CURVES, DEFAULT_METRICS, write_report
 
 

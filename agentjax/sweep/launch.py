@@ -7,7 +7,6 @@ import os
 import subprocess
 from typing import Callable, Sequence
 
-
 from agentjax.sweep.plan import Run, shell_command
 
 

@@ -7,7 +7,6 @@ import os
 import re
 from typing import Any, Mapping, Sequence
 
-
 from agentjax.sweep.launch import is_finished, read_final
 from agentjax.sweep.plan import Run
 
@@ -149,6 +148,7 @@ def plot_curves(runs: Sequence[Run], metric: str, path: str) -> bool:
     lines = {arm: line for arm, line in lines.items() if line is not None}
     if not lines:
         return False
+    # Imported only when there is something to plot: matplotlib takes seconds to import.
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -13,11 +13,9 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from agentjax.sweep import launch, plan  # noqa: E402
-from agentjax.sweep import report as sweep_report  # noqa: E402
-from agentjax.train.evaluate import group_of  # noqa: E402
+from agentjax.sweep import launch, plan
+from agentjax.sweep import report as sweep_report
+from agentjax.train.evaluate import group_of
 
 TARGET_MARGIN = 0.25
 

@@ -208,7 +208,7 @@ def test_a_loaded_model_may_leave_the_tiny_model_keys_inconsistent(tmp_path):
     config_lib.validate(config)
 
 
-# Values from the issue that used to run minutes of work, exit 0 or crash elsewhere.
+# Values that used to run minutes of work, exit 0 or crash elsewhere before validation.
 @pytest.mark.parametrize("key,value", [
     ("optim.lr", math.nan), ("algo.minibatches", 0), ("rollout.prompts_per_step", 0),
     ("total_steps", -3), ("rollout.max_new_tokens", 0), ("log.every", 0),

@@ -2,6 +2,7 @@
 finished run (resume after SIGKILL: test_resume.py)."""
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -153,7 +154,7 @@ def test_every_config_key_is_read_outside_the_config_module():
     sources = []
     for folder in ("agentjax", "scripts", "configs"):
         for dirpath, _, names in os.walk(os.path.join(ROOT, folder)):
-            sources += [open(os.path.join(dirpath, n)).read() for n in names
+            sources += [pathlib.Path(dirpath, n).read_text() for n in names
                         if n.endswith(".py") and os.path.join(dirpath, n) != config_lib.__file__]
     text = "\n".join(sources)
     config = config_lib.default_config()
