@@ -1,5 +1,4 @@
 """Packed SFT batches: same loss as the episodes one per row; exact data-order resume."""
-import jax
 import numpy as np
 from flax import nnx
 
