@@ -12,7 +12,8 @@ Each arm is crossed with the seeds (`seed` and `data.world_seed` set to each see
 runs. A run is one `scripts/train.py` process with its own workdir
 `<out>/<arm>/seed<seed>`; it writes `metrics.jsonl` while training and `final.json`
 (flat final numbers) when done, so a run with a final.json is finished and a sweep can
-be resumed by starting it again. `scripts/sweep.py` is the command line (`agentjax.sweep.cli`):
+be resumed by starting it again. `scripts/sweep.py` is the command line
+(`agentjax.sweep.cli`):
 
     python scripts/sweep.py --config configs/grpo_search.py --sweep group_size \
         --seeds 0,1,2 --parallel 2 --out runs/group_size
