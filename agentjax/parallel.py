@@ -13,7 +13,7 @@ plain data that lives in the training config, maps logical names to mesh axes:
 Meshes have three axes, outer to inner: `data` (pure data parallel), `fsdp` (data
 parallel with parameters sharded along `embed`), `tensor` (Megatron-style: heads, MLP
 width and vocabulary split). Their axis types are `AxisType.Auto`, so XLA's GSPMD
-propagates shardings through the program (REFERENCES.md "JAX facts").
+propagates shardings through the program.
 
 Logical names: `batch`, `seq`, `embed` (parameter D), `act_embed` (activation D; kept
 whole by default so FSDP all-gathers weights rather than activations), `mlp`, `heads`,

@@ -8,13 +8,11 @@ Uses the run's own config (<workdir>/config.json) to rebuild its world, env and 
 """
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
+from absl import app, flags, logging
 
-from absl import app, flags, logging  # noqa: E402
-
-from agentjax.train.config import exit_on_config_error, is_run_folder  # noqa: E402
+from agentjax.train.config import exit_on_config_error, is_run_folder
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "the run folder (has config.json)")
 _MODEL = flags.DEFINE_string("model", None, "HF folder of the policy (default <workdir>/hf)")
@@ -35,8 +33,7 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    import numpy as np
-
+    # Imported after flag validation: a wrong flag fails before JAX and the trainer load.
     from agentjax.train.config import load_saved
     from agentjax.train.trainer import Trainer
 

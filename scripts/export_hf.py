@@ -7,13 +7,10 @@ Runs already export their final policy to <workdir>/hf; this script exports any
 intermediate orbax checkpoint.
 """
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags, logging
 
-from absl import app, flags, logging  # noqa: E402
-
-from agentjax.train.config import exit_on_config_error, is_run_folder  # noqa: E402
+from agentjax.train.config import exit_on_config_error, is_run_folder
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "the run folder (has config.json)")
 _OUT = flags.DEFINE_string("out", None, "output HF folder")
@@ -27,6 +24,7 @@ flags.mark_flags_as_required(["workdir", "out"])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
+    # Imported after flag validation: a wrong flag fails before JAX and the trainer load.
     from flax import nnx
 
     from agentjax.models import save_hf

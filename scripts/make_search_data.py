@@ -10,15 +10,12 @@ success of the gold policy, the demonstrator and a closed-book guesser.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from agentjax.data.demonstrators import DemonstratorConfig  # noqa: E402
-from agentjax.data.search_data import default_env_kwargs, make_search_dataset  # noqa: E402
-from agentjax.data.world import WorldConfig  # noqa: E402
+from agentjax.data.demonstrators import DemonstratorConfig
+from agentjax.data.search_data import default_env_kwargs, make_search_dataset
+from agentjax.data.world import WorldConfig
 
 
 def hop_counts(text: str) -> dict[int, int]:

@@ -27,8 +27,6 @@ import argparse
 import json
 import logging
 import math
-import os
-import sys
 from typing import Any
 
 import fastapi
@@ -37,9 +35,7 @@ import uvicorn
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from agentjax.envs.retrieval import BM25Retriever, Retriever  # noqa: E402
+from agentjax.envs.retrieval import BM25Retriever, Retriever
 
 logger = logging.getLogger("serve_retrieval")
 

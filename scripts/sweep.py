@@ -1,16 +1,13 @@
-"""Run a config's ablation sweep (arms x seeds) and report it; see agentjax/train/sweep.py.
+"""Run a config's ablation sweep (arms x seeds) and report it; see agentjax/sweep/.
 
     python scripts/sweep.py --config configs/grpo_search.py --sweep group_size \
         --seeds 0,1,2 --parallel 2 --out runs/group_size [-- --config.total_steps=30]
     python scripts/sweep.py ... --print-commands   # one command per run, for a scheduler
     python scripts/sweep.py ... --report           # table + plots of existing runs
 """
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from agentjax.train.sweep import main  # noqa: E402
+from agentjax.sweep.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,13 +12,11 @@ the script at once with `error: <the key, its value, what is allowed>` (exit sta
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags, logging
+from ml_collections import config_flags
 
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from agentjax.train.config import exit_on_config_error, validate  # noqa: E402
-from agentjax.train.preflight import MissingDependency, check_runtime  # noqa: E402
+from agentjax.train.config import exit_on_config_error, validate
+from agentjax.train.preflight import MissingDependency, check_runtime
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "config file[:variant]",
                                           lock_config=True)

@@ -23,6 +23,9 @@ import jax  # noqa: E402  (must come after XLA_FLAGS)
 import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
+# Implicit rank promotion ([B] + [B, T] broadcasting to [B, B, T]...) hides shape bugs; every
+# broadcast in the library and the tests is written out.
+jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Curriculum samplers: which tasks the next RL batch gets (seed §5.4).
+"""Curriculum samplers: which tasks the next RL batch gets.
 
 One small interface: `sample(n) -> list[Task]`,
 `update(tasks, successes)` after the rollouts are scored (a task may appear several

@@ -1,4 +1,4 @@
-"""Scripted demonstrators for the multi-hop search world (SFT warm-start, seed §6.2/§6.3).
+"""Scripted demonstrators for the multi-hop search world (SFT warm-start).
 
 A demonstrator acts in a real `SearchEnv` (real BM25 retrieval, real observations) the
 way a model would: it parses the question into a start entity and relation chain, issues
@@ -41,13 +41,14 @@ import collections
 import dataclasses
 import json
 import re
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 from agentjax.data.world import RELATIONS, Entity, parse_question
 from agentjax.envs.base import EpisodeLog, Task
 from agentjax.envs.parsers import parse_search_r1
+from agentjax.jsonl import read_jsonl
 from agentjax.rewards.outcome import episode_answer, exact_match
 
 _MALFORMED = ("{q}", "<query> {q} </query>", "<search> </search>", "<search> {q} </answer>")
@@ -417,21 +418,19 @@ def read_demonstrations_jsonl(path: str) -> list[Demonstration]:
       ValueError: naming the file and line of a malformed record.
     """
     demos = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r: dict[str, Any] = json.loads(line)
-                t = r["task"]
-                task = Task(t["task_id"], t["question"], tuple(t["answers"]),
-                            t.get("data_source", ""), t.get("metadata", {}))
-                turns = [DemoTurn(str(x["action"]), None if x["observation"] is None
-                                  else str(x["observation"]), bool(x["trainable"]))
-                         for x in r["turns"]]
-                demos.append(Demonstration(task, list(r["messages"]), turns, None,
-                                           float(r["reward"]), str(r.get("policy", ""))))
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise ValueError(f"{path}: line {line_no}: malformed demonstration "
-                                 f"({type(err).__name__}: {err})") from None
+    for index, r in read_jsonl(path):
+        try:
+            if isinstance(r, json.JSONDecodeError):
+                raise r
+            t = r["task"]
+            task = Task(t["task_id"], t["question"], tuple(t["answers"]),
+                        t.get("data_source", ""), t.get("metadata", {}))
+            turns = [DemoTurn(str(x["action"]), None if x["observation"] is None
+                              else str(x["observation"]), bool(x["trainable"]))
+                     for x in r["turns"]]
+            demos.append(Demonstration(task, list(r["messages"]), turns, None,
+                                       float(r["reward"]), str(r.get("policy", ""))))
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{path}: line {index + 1}: malformed demonstration "
+                             f"({type(err).__name__}: {err})") from None
     return demos

@@ -1,4 +1,5 @@
-"""Hindsight relabeling for the multi-hop search world (seed §4.3).
+"""Hindsight relabeling for the multi-hop search world (after Hindsight
+Experience Replay, arXiv 1707.01495).
 
 A failed episode whose final answer is nonetheless a true fact of the world becomes a
 success for the question it did answer. In the search world the common case is a policy

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from agentjax.envs.base import Task
 from agentjax.envs.search import DEFAULT_INSTRUCTION
 from agentjax.envs.turns import check_instruction, fill_question
+from agentjax.jsonl import read_jsonl
 
 class RowError(NamedTuple):
     """A row that did not load: its 0-based index in the file and why."""
@@ -190,17 +191,10 @@ def load_jsonl(path: str) -> LoadResult:
       path: the jsonl file.
     """
 
-    def rows():
-        with open(path, encoding="utf-8") as f:
-            for index, line in enumerate(f):
-                if not line.strip():
-                    continue
-                try:
-                    yield index, json.loads(line)
-                except json.JSONDecodeError as err:
-                    yield index, ValueError(f"invalid JSON: {err}")
-
-    return _load_rows(rows(), path)
+    rows = ((index, ValueError(f"invalid JSON: {row}")
+             if isinstance(row, json.JSONDecodeError) else row)
+            for index, row in read_jsonl(path))
+    return _load_rows(rows, path)
 
 
 def write_search_r1_parquet(path: str, tasks: Sequence[Task], *, split: str,

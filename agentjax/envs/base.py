@@ -6,12 +6,12 @@ tool calls, observations, errors, retrieved documents, the final answer); reward
 functions are pure functions of `(task, log)`, so they can be re-scored offline and
 relabeled (hindsight) without re-running the episode.
 
-Envs are chosen by name from config: `make_env(config.env.name, **config.env.kwargs)`.
+A run builds its env from `config.env.name` through `agentjax.train.suites.SUITES`.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Mapping, NamedTuple, Protocol, runtime_checkable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,24 +117,3 @@ class Env(Protocol):
     def step(self, action_text: str) -> StepResult:
         """Consumes one policy turn; returns the observation and whether it is done."""
 
-
-_ENVS: dict[str, Callable[..., Env]] = {}
-
-
-def register_env(name: str):
-    """Class decorator: makes an Env constructible by name from config."""
-
-    def wrap(factory):
-        if name in _ENVS:
-            raise ValueError(f"env {name!r} is already registered")
-        _ENVS[name] = factory
-        return factory
-
-    return wrap
-
-
-def make_env(name: str, **kwargs) -> Env:
-    """Builds the env registered under `name` with `kwargs` from config."""
-    if name not in _ENVS:
-        raise ValueError(f"unknown env {name!r}; registered: {sorted(_ENVS)}")
-    return _ENVS[name](**kwargs)

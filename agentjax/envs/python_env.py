@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Mapping, Sequence
 
-from agentjax.envs.base import Task, TurnLog, register_env
+from agentjax.envs.base import Task, TurnLog
 from agentjax.envs.parsers import Action, parse_tool_call
 from agentjax.envs.sandbox import Sandbox, SandboxResult
 from agentjax.envs.tools import (Tool, ToolError, make_tool, register_tool, tool_schema,
@@ -103,7 +103,6 @@ def format_result(result: SandboxResult, timeout_s: float, memory_mb: int) -> st
     return "\n".join(parts) if parts else "(no output)"
 
 
-@register_env("python")
 class PythonEnv(TurnEnv):
     """Multi-turn tool use with a sandboxed python tool.
 

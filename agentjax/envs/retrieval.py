@@ -23,6 +23,8 @@ import bm25s
 import httpx
 import numpy as np
 
+from agentjax.jsonl import read_jsonl
+
 
 @dataclasses.dataclass(frozen=True)
 class Document:
@@ -103,14 +105,10 @@ def read_corpus(path_or_records: str | os.PathLike | Iterable[Mapping[str, Any]]
 
 
 def _jsonl_records(path: str):
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                continue
-            try:
-                yield i, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {i + 1}: invalid JSON ({e.msg})") from None
+    for index, record in read_jsonl(path):
+        if isinstance(record, json.JSONDecodeError):
+            raise ValueError(f"{path}: line {index + 1}: invalid JSON ({record.msg})")
+        yield index, record
 
 
 _INDEX_META = "agentjax_bm25.json"

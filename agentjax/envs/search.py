@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from agentjax.envs.base import Task, TurnLog, register_env
+from agentjax.envs.base import Task, TurnLog
 from agentjax.envs.parsers import Action, invalid, parse_search_r1, parse_tool_call
 from agentjax.envs.retrieval import Document, Retriever, format_docs, make_retriever
 from agentjax.envs.tools import tools_system_prompt, validate_arguments
@@ -68,7 +68,6 @@ class _SearchTool:
     }
 
 
-@register_env("search")
 class SearchEnv(TurnEnv):
     """Search-R1-style multi-turn search.
 

@@ -1,4 +1,4 @@
-"""The Tool protocol and a registry, so tool-calling envs pick tools by name from config.
+"""The Tool protocol and a registry, so tool-calling envs can take tools by name.
 
 A tool is a name, a description, a JSON-schema for its arguments and a call that maps
 validated arguments to observation text. `ToolError` is how a tool reports bad input or
@@ -51,7 +51,7 @@ _TOOLS: dict[str, Callable[..., Tool]] = {}
 
 
 def register_tool(name: str):
-    """Class/function decorator: makes a Tool constructible by name from config."""
+    """Class/function decorator: makes a Tool constructible by name (`make_tool`)."""
 
     def wrap(factory):
         if name in _TOOLS:
@@ -63,7 +63,7 @@ def register_tool(name: str):
 
 
 def make_tool(name: str, **kwargs) -> Tool:
-    """Builds the tool registered under `name` with `kwargs` from config."""
+    """Builds the tool registered under `name` with `kwargs`."""
     if name not in _TOOLS:
         raise ValueError(f"unknown tool {name!r}; registered: {sorted(_TOOLS)}")
     return _TOOLS[name](**kwargs)

@@ -1,6 +1,7 @@
 """ModelConfig: one frozen dataclass for the Llama 3.x / Qwen2 / Qwen3 decoder family.
 
-    cfg = ModelConfig.from_hf(json.load(open("ckpt/config.json")))   # HF -> agentjax
+    with open("ckpt/config.json") as f:
+        cfg = ModelConfig.from_hf(json.load(f))                       # HF -> agentjax
     hf_dict = cfg.to_hf()                                             # agentjax -> HF
     cfg = dataclasses.replace(cfg, dtype="bfloat16", remat="full")    # tweak
 
@@ -23,16 +24,14 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 import numpy as np
 
+from agentjax.choices import ARCHS, REMAT_POLICIES
+
 # HF `model_type` -> (our arch name, HF architectures entry).
 _ARCHS = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
 }
-SUPPORTED_ARCHS = tuple(_ARCHS)
-
-# Names accepted for `ModelConfig.remat`; see `decoder.remat_policy`.
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 
 _ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -141,7 +140,7 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.arch not in _ARCHS:
-            raise ValueError(f"unsupported arch {self.arch!r}; supported: {SUPPORTED_ARCHS}")
+            raise ValueError(f"unsupported arch {self.arch!r}; supported: {ARCHS}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                      "num_heads", "num_kv_heads", "head_dim"):
             value = getattr(self, name)
@@ -183,7 +182,7 @@ class ModelConfig:
         if model_type not in _ARCHS:
             raise ValueError(
                 f"unsupported HF model_type {model_type!r} (architectures="
-                f"{config.get('architectures')}); supported: {SUPPORTED_ARCHS}")
+                f"{config.get('architectures')}); supported: {ARCHS}")
 
         def need(key: str) -> Any:
             if key not in config:

@@ -113,18 +113,26 @@ def _accumulation_dtype(dtype) -> jnp.dtype:
     return jnp.promote_types(dtype, jnp.float32)
 
 
+def over_leading_axes(param: jax.Array, x: jax.Array) -> jax.Array:
+    """`param` (a norm weight or bias over x's trailing axes) with x's leading axes added
+    as size 1, so that it broadcasts against x without implicit rank promotion."""
+    return param.reshape((1,) * (x.ndim - param.ndim) + param.shape)
+
+
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """x / rms(x) * weight over the last axis, in (at least) float32; returns x's dtype."""
     acc = _accumulation_dtype(x.dtype)
     xa = x.astype(acc)
     normed = xa * jax.lax.rsqrt(jnp.mean(xa * xa, axis=-1, keepdims=True) + eps)
-    return (weight.astype(acc) * normed).astype(x.dtype)
+    return (over_leading_axes(weight.astype(acc), normed) * normed).astype(x.dtype)
 
 
 def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
     """cos, sin [B, T, head_dim] of the HF half-split rotary embedding, in inv_freq's
     dtype (float32 as HF computes it)."""
-    freqs = positions.astype(inv_freq.dtype)[..., None] * jnp.asarray(inv_freq)
+    # positions [..., 1] x inv_freq [1..., head_dim / 2], the broadcast written out.
+    inv_freq = jnp.asarray(inv_freq).reshape((1,) * positions.ndim + inv_freq.shape)
+    freqs = positions.astype(inv_freq.dtype)[..., None] * inv_freq
     angles = jnp.concatenate([freqs, freqs], axis=-1)
     return jnp.cos(angles), jnp.sin(angles)
 
@@ -438,7 +446,7 @@ def _layer(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: jax.Arr
     out, kv = attend(q, k, v)
     attn = jnp.einsum("bthk,hkd->btd", out, p["o_proj"])
     if cfg.o_bias:
-        attn = attn + p["o_bias"]
+        attn = attn + over_leading_axes(p["o_bias"], attn)
     x = constrain(x + attn, ("batch", "seq", "act_embed"), shard)
     x = x + _mlp(p, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps), shard)
     return constrain(x, ("batch", "seq", "act_embed"), shard), kv
@@ -459,7 +467,8 @@ def _qkv(cfg: ModelConfig, p: dict[str, jax.Array], h: jax.Array, cos: jax.Array
     k = jnp.einsum("btd,dhk->bthk", h, p["k_proj"])
     v = jnp.einsum("btd,dhk->bthk", h, p["v_proj"])
     if cfg.qkv_bias:
-        q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
+        q, k, v = (q + over_leading_axes(p["q_bias"], q), k + over_leading_axes(p["k_bias"], k),
+                   v + over_leading_axes(p["v_bias"], v))
     if cfg.qk_norm:
         q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)

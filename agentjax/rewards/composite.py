@@ -1,4 +1,4 @@
-"""Composite reward chosen by config (seed §7.5): total = sum of weight * component.
+"""Composite reward chosen by config: total = sum of weight * component.
 
     reward_fn = make_reward_fn({
         "components": {
@@ -13,8 +13,8 @@
 
 Every component is a pure function of `(task, log)` with known bounds [low, high] and a
 kind: "outcome" (did the task succeed), "process" (subgoals) or "shaping" (format, tool
-use, length). The outcome must decide at least `min_outcome_share` (default one half,
-seed §7.5) of the total's range: sum over outcome components of |w| * (high - low) must
+use, length). The outcome must decide at least `min_outcome_share` (default one half)
+of the total's range: sum over outcome components of |w| * (high - low) must
 be at least that share of the sum over all components. Hence a policy that maxes every
 process and shaping term but fails the task can never out-score one that succeeds.
 Components that need objects (a sandbox, a judge) receive them as keyword resources:

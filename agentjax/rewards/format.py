@@ -1,4 +1,4 @@
-"""Format score: a tag-order state machine over the policy's turns (seed §3.3).
+"""Format score: a tag-order state machine over the policy's turns.
 
 Each policy turn must read `[<think> ... </think>] <ACTION> ... </ACTION>` where ACTION
 is one of `action_tags` (Search-R1: `search`, `answer`; hermes: `tool_call`), with only

@@ -1,4 +1,4 @@
-"""LLM-as-judge reward through any Engine (seed §3.6).
+"""LLM-as-judge reward through any Engine.
 
 A rubric prompt asks for a JSON verdict `{"success": true|false, "reason": "..."}`; an
 ensemble (several engines and/or several samples each) votes, and the majority decides.

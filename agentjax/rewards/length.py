@@ -1,11 +1,11 @@
-"""Length penalties of one episode (seed §3.4), computed by `agentjax.rl.shaping`.
+"""Length penalties of one episode, computed by `agentjax.rl.shaping`.
 
 Additive terms, always <= 0, so they sum into the composite reward:
   overlong: DAPO soft overlong punishment, in [-factor, 0].
   linear:   -coef * max(0, length - target), floored at -max_penalty (the composite needs
             bounded terms).
   sigmoid:  sigmoid(-(length - target) / tau) - 1, in (-1, 0): what a unit reward loses
-            to the seed's multiplicative discount r * sigmoid(...). Added to an outcome of
+            to a multiplicative length discount r * sigmoid(...). Added to an outcome of
             weight 1 it gives exactly the discounted reward when the outcome is 1.
 
 The length is measured from the log in turns, or in tokens by re-encoding each action

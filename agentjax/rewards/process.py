@@ -1,4 +1,4 @@
-"""Process (subgoal) reward for multi-hop search (seed §4.4).
+"""Process (subgoal) reward for multi-hop search.
 
 A hand-crafted check per hop: hop i is reached when a tool observation (the result of a
 valid call) contains that hop's bridge entity (whole words, after SQuAD normalization).
@@ -6,7 +6,7 @@ The subgoals are `task.metadata["bridge_entities"]` (objects of every hop but th
 last), plus the final answer's entity when `include_answer` (finding the document that
 states it).
 Being a process reward it can be gamed by searching without answering; the composite
-reward therefore lets the outcome decide at least half of the total (seed §7.5).
+reward therefore lets the outcome decide at least half of the total.
 """
 from __future__ import annotations
 

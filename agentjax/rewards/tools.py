@@ -1,4 +1,4 @@
-"""Tool-call shaping (seed §3.5): small, capped bonuses and penalties on tool use.
+"""Tool-call shaping: small, capped bonuses and penalties on tool use.
 
     score = valid_bonus * min(valid calls, max_bonus_calls)
             - duplicate_penalty * consecutive duplicate calls
@@ -7,7 +7,8 @@
 clipped to [-cap, cap]. Two calls are duplicates when they name the same tool with the
 same arguments after whitespace/case normalization of string values; only back-to-back
 repeats count (a repeat after another call may be a deliberate re-check). Shaping must
-stay far smaller than the outcome (seed: typically 0.1 : 1) — the composite enforces it.
+stay far smaller than the outcome (typically 0.1 : 1), or the policy learns the shaping
+instead of the task — the composite enforces it.
 """
 from __future__ import annotations
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from agentjax.choices import KL_KINDS
 from agentjax.rl import _common
 from agentjax.rl._common import as_float
 
-KL_KINDS = ("k1", "k2", "k3", "k1+", "k3+")
 # Clamps of k3, as in verl's kl_penalty ("low_var_kl").
 K3_LOG_RATIO_CLAMP = 20.0
 K3_VALUE_CLAMP = 10.0

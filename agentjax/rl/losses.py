@@ -26,12 +26,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from agentjax.choices import AGGREGATIONS, POLICY_LOSSES
 from agentjax.rl import _common
 from agentjax.rl import kl as kl_lib
 from agentjax.rl._common import as_float
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-POLICY_LOSS_KINDS = ("ppo", "gspo", "cispo", "reinforce")
 # exp() of the per-token log-ratio is taken after clamping to this range (verl).
 LOG_RATIO_CLAMP = 20.0
 # Upper clamp of GSPO's log sequence ratio (verl).
@@ -88,13 +87,13 @@ def aggregate(x, mask, mode, *, norm=None):
     Args:
       x: [B, T] float per-token values (may hold anything, even NaN, at mask-0 positions).
       mask: [B, T] action mask (non-zero = action token).
-      mode: one of AGG_MODES.
+      mode: one of AGGREGATIONS.
       norm: LossNorm of the full batch; None computes it from `mask` (full batch here).
 
     Returns:
       float32 scalar.
     """
-    _common.check_choice("mode", mode, AGG_MODES)
+    _common.check_choice("mode", mode, AGGREGATIONS)
     _common.check_tokens(x=x, mask=mask)
     if norm is None:
         norm = loss_norm(mask)
@@ -188,7 +187,7 @@ def _reinforce(logp, log_ratio, advantages, valid, *, clip_low, clip_high, dual_
     return -advantages * logp, {}
 
 
-_POLICY_LOSSES = {"ppo": _ppo, "gspo": _gspo, "cispo": _cispo, "reinforce": _reinforce}
+_POLICY_LOSS_FNS = {"ppo": _ppo, "gspo": _gspo, "cispo": _cispo, "reinforce": _reinforce}
 
 
 def _token_advantages(advantages, mask):
@@ -238,11 +237,11 @@ def policy_loss(
       old_logp: [B, T] float log-probs under the behaviour policy that sampled them.
       advantages: [B, T] per-token or [B] per-sequence advantages.
       mask: [B, T] action mask (non-zero = action token).
-      kind: one of POLICY_LOSS_KINDS.
+      kind: one of POLICY_LOSSES.
       clip_low: lower clip epsilon (ratio >= 1 - clip_low), >= 0.
       clip_high: upper clip epsilon (ratio <= 1 + clip_high), >= 0.
       dual_clip: None, or the dual-clip bound c > 1 (typically 3.0); only for kind="ppo".
-      agg: aggregation mode, one of AGG_MODES.
+      agg: aggregation mode, one of AGGREGATIONS.
       norm: LossNorm of the full batch (see `loss_norm`); None = this is the full batch.
 
     Returns:
@@ -252,8 +251,8 @@ def policy_loss(
       clipfrac_low, clipfrac_high, clipfrac_dual; for cispo the fractions of clipped IS
       weights; for gspo also seq_ratio_mean).
     """
-    _common.check_choice("kind", kind, POLICY_LOSS_KINDS)
-    _common.check_choice("agg", agg, AGG_MODES)
+    _common.check_choice("kind", kind, POLICY_LOSSES)
+    _common.check_choice("agg", agg, AGGREGATIONS)
     _common.check_tokens(logp=logp, old_logp=old_logp, mask=mask)
     advantages = _token_advantages(advantages, mask)
     _common.check_range("clip_low", clip_low, low=0.0)
@@ -270,7 +269,7 @@ def policy_loss(
     advantages = lax.stop_gradient(jnp.where(valid, advantages, 0.0))
     log_ratio = jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
-    token_loss, kind_metrics = _POLICY_LOSSES[kind](
+    token_loss, kind_metrics = _POLICY_LOSS_FNS[kind](
         logp, log_ratio, advantages, valid,
         clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
     )
@@ -302,7 +301,7 @@ def value_loss(values, old_values, returns, mask, *, clip=None, agg="token-mean"
       returns: [B, T] float targets (e.g. from `gae`).
       mask: [B, T] action mask.
       clip: None or the value clip range (> 0).
-      agg: aggregation mode, one of AGG_MODES.
+      agg: aggregation mode, one of AGGREGATIONS.
       norm: LossNorm of the full batch; None = this is the full batch.
 
     Returns:
@@ -310,7 +309,7 @@ def value_loss(values, old_values, returns, mask, *, clip=None, agg="token-mean"
       (1 - Var[R - V] / Var[R] over action tokens, 0 when Var[R] = 0) and, with clip,
       value_clipfrac.
     """
-    _common.check_choice("agg", agg, AGG_MODES)
+    _common.check_choice("agg", agg, AGGREGATIONS)
     _common.check_tokens(values=values, old_values=old_values, returns=returns, mask=mask)
     if clip is not None:
         _common.check_range("clip", clip, low=0.0, low_open=True)
@@ -350,8 +349,8 @@ def kl_penalty(logp, ref_logp, mask, *, kind="k3", agg="token-mean", norm=None):
       logp: [B, T] float log-probs of the taken tokens under the current policy.
       ref_logp: [B, T] float log-probs under the frozen reference policy (constant).
       mask: [B, T] action mask; KL never reaches observation tokens.
-      kind: KL estimator, one of agentjax.rl.kl.KL_KINDS (k3 as in GRPO).
-      agg: aggregation mode, one of AGG_MODES.
+      kind: KL estimator, one of agentjax.choices.KL_KINDS (k3 as in GRPO).
+      agg: aggregation mode, one of AGGREGATIONS.
       norm: LossNorm of the full batch; None = this is the full batch.
 
     Returns:
@@ -376,7 +375,7 @@ def entropy_bonus(entropy, mask, *, agg="token-mean", norm=None):
     Args:
       entropy: [B, T] float per-token entropy (e.g. from `token_logprobs`), differentiable.
       mask: [B, T] action mask.
-      agg: aggregation mode, one of AGG_MODES.
+      agg: aggregation mode, one of AGGREGATIONS.
       norm: LossNorm of the full batch; None = this is the full batch.
 
     Returns:
@@ -432,9 +431,9 @@ def rl_objective(
         (metric entropy) even with entropy_coef = 0; required when entropy_coef > 0.
       is_weights: [B, T] importance weights multiplying the advantages, or None.
       kind, clip_low, clip_high, dual_clip: the policy loss, see `policy_loss`.
-      agg: aggregation mode of every term, one of AGG_MODES.
+      agg: aggregation mode of every term, one of AGGREGATIONS.
       kl_coef: weight of the KL term (>= 0).
-      kl_kind: KL estimator, one of agentjax.rl.kl.KL_KINDS.
+      kl_kind: KL estimator, one of agentjax.choices.KL_KINDS.
       kl_in_reward: True when the KL penalty is in the rewards instead of the loss.
       entropy_coef: weight of the entropy bonus (>= 0).
       norm: LossNorm of the full batch (see `loss_norm`); None = this is the full batch.
@@ -507,7 +506,7 @@ def grpo_loss(
       clip_high: upper clip epsilon.
       dual_clip: None or the dual-clip bound c > 1.
       kl_coef: beta, weight of the KL term (Search-R1 / R1-Zero use 0.001; 0 disables).
-      kl_kind: KL estimator, one of agentjax.rl.kl.KL_KINDS.
+      kl_kind: KL estimator, one of agentjax.choices.KL_KINDS.
       agg: aggregation mode for both terms.
       norm: LossNorm of the full batch; None = this is the full batch.
 

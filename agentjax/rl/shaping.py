@@ -40,7 +40,7 @@ def overlong_penalty(lengths, *, max_len, buffer, factor):
 
 
 def length_penalty(rewards, lengths, *, target, kind="linear", coef=None, tau=None):
-    """Length-penalized reward (seed §3.4).
+    """Length-penalized reward.
 
     linear:  r - coef * max(0, length - target)
     sigmoid: r * sigmoid(-(length - target) / tau)   (note: halves r at length = target)

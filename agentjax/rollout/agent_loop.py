@@ -31,6 +31,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from agentjax.envs.base import Env, Task
+from agentjax.models.tokenizer import end_of_turn_id, prompt_ids
 from agentjax.rollout.engine import Engine, GenerateRequest, SamplingParams
 from agentjax.rollout.trajectory import Trajectory, Turn, observation_token_ids
 
@@ -75,8 +76,6 @@ def action_text(tokenizer, action_ids) -> str:
 
     Other special tokens (`<search>`, `</answer>`, ...) stay: they are the action.
     """
-    from agentjax.models.tokenizer import end_of_turn_id
-
     template = {end_of_turn_id(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id}
     return tokenizer.decode([t for t in action_ids if t not in template],
                             skip_special_tokens=False)
@@ -143,8 +142,6 @@ async def run_episode(
 async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
                 session_id) -> str:
     """Runs the turns, filling `traj` in place; returns the stop reason."""
-    from agentjax.models.tokenizer import prompt_ids
-
     loop = asyncio.get_running_loop()
     messages = await _env_call(loop, executor, env.reset, task)
     traj.prompt_ids = list(prompt_ids(tokenizer, messages))
@@ -187,8 +184,6 @@ async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
 def _close_last_turn(turn: Turn, tokenizer, room: int) -> None:
     """Appends the template's end-of-turn token (a template token) after the episode's
     last action unless the policy sampled it or the context is full."""
-    from agentjax.models.tokenizer import end_of_turn_id
-
     eot = end_of_turn_id(tokenizer)
     if turn.action_ids[-1:] != [eot] and room > 0:
         turn.observation_ids = [eot]

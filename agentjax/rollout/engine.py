@@ -1,6 +1,6 @@
 """The Engine protocol: token ids in, token ids + log-probs out.
 
-Shaped after SGLang's native `/generate` (REFERENCES.md) so that the in-process
+Shaped after SGLang's native `/generate` API so that the in-process
 JaxEngine and a pool of SGLang servers are interchangeable behind the agent loop.
 
 Multi-turn: a request may carry a `session_id`. Its `input_ids` are then the whole

@@ -35,6 +35,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from agentjax.envs.base import Task
+from agentjax.models.tokenizer import end_of_turn_id, observation_ids, prompt_ids
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -210,8 +211,6 @@ class Trajectory:
           task: the task (its id becomes task_id).
           group_id: the group id.
         """
-        from agentjax.models.tokenizer import end_of_turn_id, prompt_ids
-
         eot = end_of_turn_id(tokenizer)
         built = []
         for index, (action_text, observation, trainable) in enumerate(turns):
@@ -279,8 +278,6 @@ def observation_token_ids(
         A cut chat observation is re-encoded from its decoded prefix, which is fine
         because the trajectory records the ids actually fed to the policy.
     """
-    from agentjax.models.tokenizer import end_of_turn_id, observation_ids
-
     observation = strip_control_text(tokenizer, observation)
     content_ids = list(tokenizer.encode(observation, add_special_tokens=False))
     cut = max_tokens is not None and len(content_ids) > max_tokens

@@ -21,19 +21,38 @@ from typing import Callable
 
 import ml_collections
 
-ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
-              "gspo", "cispo", "ppo")
-ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
-POLICY_LOSSES = ("ppo", "gspo", "cispo", "reinforce")
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                "seq-mean-token-sum-norm")
-KL_KINDS = ("k1", "k2", "k3", "k1+", "k3+")
-CURRICULA = ("uniform", "learnability", "failure_buffer")
-SCHEDULES = ("constant", "cosine")
-OLD_LOGP = ("recompute", "behavior")
-# env.name -> {reward.outcome: the reward component it rewards}; "em" names the success
-# criterion (evaluation counts an episode solved when it reaches 1), logged either way.
-OUTCOMES = {"search": {"em": "exact_match", "f1": "f1"}, "python": {"em": "math_match"}}
+from agentjax.choices import (
+    ADVANTAGES,
+    AGGREGATIONS,
+    ARCHS,
+    CURRICULA,
+    KL_KINDS,
+    OLD_LOGP,
+    OUTCOMES,
+    POLICY_LOSSES,
+    REMAT_POLICIES,
+    SCHEDULES,
+)
+
+# What each algorithm changes from the defaults (the defaults are GRPO's).
+ALGORITHM_PRESETS = {
+    "grpo": dict(advantage="grpo", loss="ppo", agg="seq-mean-token-mean"),
+    "dr_grpo": dict(advantage="dr_grpo", loss="ppo", agg="seq-mean-token-sum-norm"),
+    "dapo": dict(advantage="grpo", loss="ppo", agg="token-mean", clip_low=0.2,
+                 clip_high=0.28, dynamic_sampling=True, kl_coef=0.0, overlong_buffer=64),
+    "rloo": dict(advantage="rloo", loss="ppo", agg="token-mean"),
+    "reinforce_pp": dict(advantage="reinforce_pp", loss="ppo", agg="token-mean",
+                         kl_in_reward=True),
+    "reinforce_pp_baseline": dict(advantage="reinforce_pp_baseline", loss="ppo",
+                                  agg="token-mean"),
+    "gspo": dict(advantage="grpo", loss="gspo", agg="seq-mean-token-mean", clip_low=3e-4,
+                 clip_high=4e-4),
+    "cispo": dict(advantage="grpo", loss="cispo", agg="token-mean", clip_low=1.0,
+                  clip_high=4.0),
+    "ppo": dict(advantage="gae", loss="ppo", agg="token-mean", gamma=1.0, lam=0.95,
+                value_clip=0.2),
+}
+ALGORITHMS = tuple(ALGORITHM_PRESETS)
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -422,10 +441,6 @@ HOST_PORT = Text("'' or 'host:port'", _host_port)
 # The byte alphabet (256), the chat control tokens and the agent tags of a tokenizer
 # built for a tiny model (models.tokenizer.build_tokenizer) need this many ids.
 MIN_TINY_VOCAB = 269
-# Mirrors of models.config.SUPPORTED_ARCHS and REMAT_POLICIES (that module imports jax;
-# validation runs before anything heavy is imported). A test keeps them equal.
-ARCHS = ("llama", "qwen2", "qwen3")
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16")
 
 POSITIVE = Integer(1)
@@ -762,26 +777,6 @@ def _check_combinations(config) -> None:
     if config.multihost.process_id >= config.multihost.num_processes:
         _reject("multihost.process_id", config.multihost.process_id,
                 f"it must be < multihost.num_processes={config.multihost.num_processes}")
-
-
-# What each algorithm changes from the defaults (the defaults are GRPO's).
-ALGORITHM_PRESETS = {
-    "grpo": dict(advantage="grpo", loss="ppo", agg="seq-mean-token-mean"),
-    "dr_grpo": dict(advantage="dr_grpo", loss="ppo", agg="seq-mean-token-sum-norm"),
-    "dapo": dict(advantage="grpo", loss="ppo", agg="token-mean", clip_low=0.2,
-                 clip_high=0.28, dynamic_sampling=True, kl_coef=0.0, overlong_buffer=64),
-    "rloo": dict(advantage="rloo", loss="ppo", agg="token-mean"),
-    "reinforce_pp": dict(advantage="reinforce_pp", loss="ppo", agg="token-mean",
-                         kl_in_reward=True),
-    "reinforce_pp_baseline": dict(advantage="reinforce_pp_baseline", loss="ppo",
-                                  agg="token-mean"),
-    "gspo": dict(advantage="grpo", loss="gspo", agg="seq-mean-token-mean", clip_low=3e-4,
-                 clip_high=4e-4),
-    "cispo": dict(advantage="grpo", loss="cispo", agg="token-mean", clip_low=1.0,
-                  clip_high=4.0),
-    "ppo": dict(advantage="gae", loss="ppo", agg="token-mean", gamma=1.0, lam=0.95,
-                value_clip=0.2),
-}
 
 
 def apply_algorithm(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:

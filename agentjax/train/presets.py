@@ -27,30 +27,27 @@ def _cpu(c):
     # distractor's name within this budget.
     c.env.topk = 1
     # A world three times the default: 3570 distinct demonstrations, so SFT learns to
-    # read observations rather than memorize its questions (with 600 it memorizes them
-    # and reads ~40% of held-out observations right).
+    # read observations rather than memorize its questions.
     c.data.num_people, c.data.num_companies = 360, 120
     c.data.num_cities, c.data.num_countries = 120, 48
     c.data.train_questions = "1:1400,2:2800"
     c.data.demo_hops = "1:0.85,2:0.85"  # SFT on 85% of the questions, RL on the rest
     c.data.rl_excludes_demo_tasks = True
     c.total_steps = 40
-    # Without pretraining, SFT teaches recall of the facts its demonstrations state; the
-    # agent then reads a never-demonstrated fact out of an observation ~3% of the time.
-    # 1200 steps on 100 other worlds' documents (4M tokens, ~1.8 epochs) teach it to
-    # copy from its context first (with 300, whether copying forms depends on the data
-    # order; 800 read worse on two of three seeds).
+    # Without pretraining, SFT teaches recall of the facts its demonstrations state and
+    # the agent rarely reads a never-demonstrated fact out of an observation; 1200 steps
+    # on 100 other worlds' documents (4M tokens, ~1.8 epochs) teach it to copy from its
+    # context first (fewer steps make copying fragile).
     c.pretrain.steps = 1200
     c.sft.steps = 1000
     c.sft.batch_size = 8  # packed rows of rollout.max_tokens
     c.sft.lr = 3e-3
-    # SFT on the world's own facts wears that copying down into recall, by how much
-    # depending on the seed; half the searching demonstrations with their entities
+    # SFT on the world's own facts wears that copying down into recall; half the searching demonstrations with their entities
     # renamed (facts false in this world) can only be fit by reading.
     c.sft.rename_frac = 0.5
     c.optim.lr = 5e-4
-    # Constant 5e-4 peaks around step 20 and slides back by step 40 (entropy rising);
-    # decaying it keeps the gains (seed 0: 0.471 -> 0.561 held-out sampled).
+    # A constant 5e-4 peaks mid-run and slides back as entropy rises; decaying it keeps
+    # the gains.
     c.optim.schedule = "cosine"
     c.algo.minibatches = 2
     # The demonstrator answers without searching in 60% of its episodes, with the most

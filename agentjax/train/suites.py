@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from agentjax.choices import OUTCOMES
 from agentjax.data import demonstrators as demo_lib
 from agentjax.data.arith import make_arith_splits
 from agentjax.data.loaders import load_jsonl, load_search_r1_parquet
@@ -28,7 +29,6 @@ from agentjax.envs.retrieval import BM25Retriever, HttpRetriever
 from agentjax.envs.search import DEFAULT_INSTRUCTION, SHORT_INSTRUCTION, SearchEnv
 from agentjax.rewards import process
 from agentjax.rewards.composite import make_reward_fn
-from agentjax.train.config import OUTCOMES
 
 
 @dataclasses.dataclass

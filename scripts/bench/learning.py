@@ -5,7 +5,7 @@
 
 Each seed is a full `scripts/train.py` run (world, demonstrator, SFT, RL; ~30 minutes
 on 2 CPU cores). The baselines are measured in the same runs: the scripted demonstrator
-that wrote the SFT data and the SFT agent. The target (issue 6): the RL agent's held-out
+that wrote the SFT data and the SFT agent. The target: the RL agent's held-out
 sampled success beats both by at least 25 points on every seed. Writes
 <out>/learning.md and prints it.
 """
@@ -13,10 +13,9 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from agentjax.train import sweep  # noqa: E402
-from agentjax.train.evaluate import group_of  # noqa: E402
+from agentjax.sweep import launch, plan
+from agentjax.sweep import report as sweep_report
+from agentjax.train.evaluate import group_of
 
 TARGET_MARGIN = 0.25
 
@@ -35,7 +34,7 @@ def report(runs, *, config_arg: str) -> str:
               "margin", f"target (+{TARGET_MARGIN:.2f})", "minutes"]
     rows, group_rows, groups = [], [], set()
     for run in runs:
-        final = sweep.read_final(run.workdir)
+        final = launch.read_final(run.workdir)
         demo = _get(final, "demonstrator/demonstrator")
         sft = _get(final, "sft/success_sampled")
         rl = _get(final, "eval/success_sampled")
@@ -49,7 +48,7 @@ def report(runs, *, config_arg: str) -> str:
                       if k.startswith("eval/success_sampled/") and group_of(k))
         group_rows.append((run.seed, final))
     groups = sorted(groups)
-    group_table = sweep.markdown_table(
+    group_table = sweep_report.markdown_table(
         ["seed", "policy"] + groups,
         [[str(seed), name] + [_fmt(_get(final, f"{prefix}/{g}")) for g in groups]
          for seed, final in group_rows
@@ -59,7 +58,7 @@ def report(runs, *, config_arg: str) -> str:
     return "\n\n".join([
         f"# Learning benchmark: {config_arg}",
         "Held-out success (exact match), sampled at the rollout temperature and greedy.",
-        sweep.markdown_table(header, rows),
+        sweep_report.markdown_table(header, rows),
         "Sampled success per task group (hops; taught: SFT trained the agent to state every "
         "fact the question needs, so recall can solve it):", group_table])
 
@@ -72,9 +71,9 @@ def main(argv=None) -> int:
     parser.add_argument("--parallel", type=int, default=1)
     parser.add_argument("extra", nargs="*", help="flags passed to every train.py run")
     args = parser.parse_args(argv)
-    runs = sweep.expand([{"name": "main", "overrides": {}}], sweep.parse_seeds(args.seeds),
+    runs = plan.expand([{"name": "main", "overrides": {}}], plan.parse_seeds(args.seeds),
                         args.out)
-    sweep.run_all(runs, lambda run: sweep.train_command(run, args.config,
+    launch.run_all(runs, lambda run: plan.train_command(run, args.config,
                                                         extra_args=args.extra),
                   parallel=args.parallel)
     text = report(runs, config_arg=args.config)

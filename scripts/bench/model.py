@@ -1,10 +1,10 @@
 """Benchmark the agentjax decoder against transformers' torch model, same weights, same
 CPU, measured in the same run.
 
-    python scripts/bench/model.py                       # issue 3 size (a few minutes)
+    python scripts/bench/model.py                       # the size below (a few minutes)
     python scripts/bench/model.py --layers 2 --seq 128  # quicker
 
-Config (issue 3): Qwen2-style, 4 layers, d=256, 4 heads x 64 (2 KV heads), SwiGLU 1024,
+Config: Qwen2-style, 4 layers, d=256, 4 heads x 64 (2 KV heads), SwiGLU 1024,
 vocab 8192, batch 8 x seq 512, float32, left-padded rows (lengths in [seq/2, seq]).
 
 1. Train step: forward + backward of the masked mean token NLL, gradients w.r.t. every

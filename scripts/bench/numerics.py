@@ -16,7 +16,7 @@ Measurements:
      compiled) minus the resident set at that point, on the first call.
 
 Usage:
-  python scripts/bench/numerics.py            # the issue's shapes (needs ~12 GB free RAM)
+  python scripts/bench/numerics.py            # the full shapes (needs ~12 GB free RAM)
   python scripts/bench/numerics.py --quick    # small shapes, a smoke run in seconds
 """
 from __future__ import annotations
@@ -29,7 +29,11 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
+import torch
+
+from agentjax.rl import advantages, logprobs, losses
 
 SHAPES = {
     "full": dict(gae=(64, 4096), loss=(64, 4096),
@@ -51,8 +55,6 @@ def _timed(fns: dict, repeats: int, warmup: bool = True, torch_threads=(None,)) 
     machine, OpenMP threads spinning for a busy core make small eager torch ops up to 30x
     slower with 2 threads than with 1, and the baseline should not pay for that.
     """
-    import torch
-
     default_threads = torch.get_num_threads()
     best = {name: float("inf") for name in fns}
     for threads in torch_threads:
@@ -87,8 +89,6 @@ def _token_batch(rng, batch, seq):
 
 def torch_gae(rewards, values, mask, gamma, lam):
     """verl compute_gae_advantage_return: reverse Python loop over T (without whitening)."""
-    import torch
-
     with torch.no_grad():
         next_values, last_gae_lam, reversed_adv = 0, 0, []
         for t in reversed(range(rewards.shape[-1])):
@@ -106,8 +106,6 @@ def _torch_masked_mean(x, mask):
 
 
 def _torch_agg(loss_mat, mask, mode):
-    import torch
-
     if mode == "token-mean":
         return _torch_masked_mean(loss_mat, mask)
     seq_losses = torch.sum(loss_mat * mask, dim=-1) / torch.sum(mask, dim=-1)
@@ -116,8 +114,6 @@ def _torch_agg(loss_mat, mask, mode):
 
 def _torch_ppo_token_loss(logp, old_logp, advantages):
     """verl compute_policy_loss_vanilla (clip-higher + dual-clip), per token."""
-    import torch
-
     negative_approx_kl = torch.clamp(logp - old_logp, min=-20.0, max=20.0)
     ratio = torch.exp(negative_approx_kl)
     pg_losses1 = -advantages * ratio
@@ -129,8 +125,6 @@ def _torch_ppo_token_loss(logp, old_logp, advantages):
 
 
 def _torch_k3(logp, ref_logp):
-    import torch
-
     kl = torch.clamp(ref_logp - logp, min=-20, max=20)
     return torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
 
@@ -151,8 +145,6 @@ def torch_full_logprobs(hidden, lm_head, targets):
     Written in place (one extra [B, T, V] buffer at a time) so the baseline peaks near two
     logits arrays instead of four; that only makes it a stronger baseline.
     """
-    import torch
-
     with torch.no_grad():
         logits = hidden @ lm_head
         log_probs = logits.sub_(torch.logsumexp(logits, dim=-1, keepdim=True))  # log_softmax
@@ -165,11 +157,6 @@ def torch_full_logprobs(hidden, lm_head, targets):
 
 
 def bench_gae(shape, repeats):
-    import jax
-    import torch
-
-    from agentjax.rl import advantages
-
     data = _token_batch(np.random.default_rng(0), *shape)
     args = (data["rewards"], data["values"], data["mask"])
     scan = jax.jit(lambda r, v, m: advantages.gae(r, v, m, gamma=GAMMA, lam=LAM))
@@ -187,11 +174,6 @@ def bench_gae(shape, repeats):
 
 
 def bench_losses(shape, repeats):
-    import jax
-    import torch
-
-    from agentjax.rl import losses
-
     d = _token_batch(np.random.default_rng(1), *shape)
     logp, mask, adv = d["logp"], d["mask"], d["advantages"]
     old_logp, ref_logp = logp - d["old_delta"], logp - d["ref_delta"]
@@ -242,11 +224,6 @@ def _logprobs_inputs(cfg):
 
 def _logprobs_callables(cfg, hidden, lm_head, targets):
     """name -> blocking call returning (logp, entropy) as numpy."""
-    import jax
-    import torch
-
-    from agentjax.rl import logprobs
-
     chunked = jax.jit(lambda h, w, t: logprobs.token_logprobs(h, w, t, chunk_size=cfg["chunk"]))
     full = jax.jit(logprobs.token_logprobs_full)
     compiled = {"jax_chunked": chunked.lower(hidden, lm_head, targets).compile(),
@@ -371,18 +348,15 @@ def main():
     if args.child == "time":
         return child_time(shapes["logprobs"], args.repeats or 1)
 
-    import jax
-    import torch
-
     load = os.getloadavg()
-    print(f"agentjax rl numerics benchmark ({'quick' if args.quick else 'issue'} shapes); "
+    print(f"agentjax rl numerics benchmark ({'quick' if args.quick else 'full'} shapes); "
           f"jax {jax.__version__} on {jax.default_backend()}, torch {torch.__version__} with "
           f"{torch.get_num_threads()} threads, {os.cpu_count()} CPUs, load average "
           f"{load[0]:.1f}; times are the best of interleaved repeats (shared machine), torch "
           f"at its better of 1 and {torch.get_num_threads()} threads for measurements 1-2")
     if args.quick:
         print("quick shapes: a smoke run; fixed per-call overheads dominate, so the targets "
-              "(set for the issue's shapes) are indicative only")
+              "(set for the full shapes) are indicative only")
     rows = []
 
     gae_times, gae_diff = bench_gae(shapes["gae"], args.repeats or 10)

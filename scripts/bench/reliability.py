@@ -26,6 +26,7 @@ There is no baseline to divide by here: the figure is the count of cases held.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -33,7 +34,8 @@ import time
 from pathlib import Path
 
 # The corpora and runners live with the tests (tests/ is not part of the installed
-# package), so the repository root goes on the path.
+# package), so the repository root goes on the path; each stage imports the helpers it
+# needs inside its function, so a stage run alone loads only its own.
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
@@ -73,8 +75,6 @@ def configs() -> tuple[int, int, list[str]]:
 
 
 def requests(workdir: str) -> tuple[int, int, list[str]]:
-    import json
-
     from tests.envs.conftest import world_records
     from tests.envs.retrieval_server import send_malformed, serve
 

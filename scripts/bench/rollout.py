@@ -1,4 +1,4 @@
-"""Rollout benchmarks (issue 4): every figure comes with its baseline measured in the same run.
+"""Rollout benchmarks: every figure comes with its baseline measured in the same run.
 
     python scripts/bench/rollout.py                  # all three
     python scripts/bench/rollout.py --only generate  # generate | multiturn | pool
@@ -51,6 +51,7 @@ def hf_generate_worker(folder: str, new_tokens: int, repeats: int, threads: int)
     """Times HF `generate` (torch only, no JAX in this process) with `threads` torch
     threads: reads the prompts as JSON from stdin, prints {"warmup_s", "runs_s", "tokens",
     "greedy"} as JSON."""
+    # Only this worker process imports torch (see the module docstring).
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -80,8 +81,9 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--hf-worker"]:
     hf_generate_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     sys.exit(0)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+# The torch worker above must never import JAX (their CPU thread pools slow each other
+# down), so JAX and agentjax are imported only below it.
 import jax  # noqa: E402
 from flax import nnx  # noqa: E402
 

@@ -1,7 +1,6 @@
 import collections
 import json
 
-import numpy as np
 import pytest
 
 from agentjax.data import curriculum

@@ -25,7 +25,8 @@ def test_dataset_folder_is_complete_and_consistent(tmp_path):
     demos = read_demonstrations_jsonl(data.paths["demos"])
     assert len(demos) == 80 and {d.task.metadata["hops"] for d in demos} == {1, 2}
     assert any(not t.trainable for d in demos for t in d.turns)
-    summary = json.loads(open(data.paths["summary"]).read())
+    with open(data.paths["summary"]) as f:
+        summary = json.load(f)
     success = summary["success"]
     assert success["gold"]["test"]["success"] == 1.0
     assert success["demonstrator"]["train"]["success"] == sum(d.reward for d in demos) / 80

@@ -3,7 +3,6 @@ import json
 
 import pytest
 
-from agentjax.envs import make_env
 from agentjax.envs.base import Env, Task
 from agentjax.envs.python_env import PythonEnv, PythonTool, format_result
 from agentjax.envs.sandbox import Sandbox, SandboxResult
@@ -44,7 +43,7 @@ class Crashing:
 
 
 def test_python_episode(sandbox):
-    env = make_env("python", sandbox=sandbox, max_turns=4)
+    env = PythonEnv(sandbox=sandbox, max_turns=4)
     assert isinstance(env, Env)
     assert env.stop == ("</tool_call>", "</answer>") and env.observation_role == "tool"
     system, user = env.reset(TASK)
@@ -121,7 +120,7 @@ def test_max_turns(sandbox):
 def test_config_building_and_duplicates():
     with pytest.raises(ValueError, match="appears twice"):
         PythonEnv(Sandbox(max_parallel=1), tools=(PythonTool(Sandbox(max_parallel=1)),))
-    env = make_env("python", sandbox={"max_parallel": 1, "timeout_s": 3})
+    env = PythonEnv(sandbox={"max_parallel": 1, "timeout_s": 3})
     assert env.tools["python"].sandbox.timeout_s == 3
 
 

@@ -1,4 +1,5 @@
-"""Sandbox: functional behaviour and the adversarial cases of issue 5.
+"""Sandbox: functional behaviour and adversarial programs (network, writes and reads
+outside the workdir, fork and memory bombs, runaway and flooding programs, orphans).
 
 Each adversarial test asserts containment (the attack failed), that the host is
 unaffected (no live process of the sandbox's uid remains, the host can still fork, host

@@ -3,7 +3,6 @@ import socket
 
 import pytest
 
-from agentjax.envs import make_env
 from agentjax.envs.base import Env, Task
 from agentjax.envs.retrieval import Document, HttpRetriever
 from agentjax.envs.search import (DEFAULT_INSTRUCTION, INVALID_OBSERVATION,
@@ -14,7 +13,7 @@ TASK = Task("q-dumont", "Which company does the person born in Thornbury work fo
 
 
 def test_search_r1_episode(bm25):
-    env = make_env("search", retriever=bm25)
+    env = SearchEnv(bm25)
     assert isinstance(env, Env)
     assert env.stop == ("</search>", "</answer>") and env.observation_role is None
     messages = env.reset(TASK)
@@ -209,7 +208,7 @@ def test_tool_call_format(bm25):
 
 def test_retriever_from_config_strings(tmp_path, bm25):
     bm25.save(tmp_path / "index")
-    env = make_env("search", retriever=str(tmp_path / "index"), topk=1)
+    env = SearchEnv(str(tmp_path / "index"), topk=1)
     env.reset(TASK)
     env.step("<search>Dumont</search>")
     assert env.log.turns[0].retrieved == ("person-3",)

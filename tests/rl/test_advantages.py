@@ -175,7 +175,7 @@ def test_gae_scan_equals_associative(rewards, values, mask, gamma, lam):
 @settings(max_examples=15, deadline=None, derandomize=True)
 @given(rewards=_token_floats, values=_token_floats, mask=hnp.arrays(np.bool_, (B, T)))
 def test_gae_lambda_one_is_reward_to_go_minus_values(rewards, values, mask):
-    # Seed §2.2: with gamma = lam = 1, GAE telescopes to the (masked) reward-to-go minus V.
+    # With gamma = lam = 1, GAE telescopes to the (masked) reward-to-go minus V.
     advantages, returns = _gae_jit(rewards, values, mask, gamma=1.0, lam=1.0)
     to_go = ref.reward_to_go(rewards, mask)
     np.testing.assert_allclose(advantages, np.where(mask, to_go - values, 0.0), **TOL)

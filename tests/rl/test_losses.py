@@ -50,8 +50,8 @@ class ReferenceTest(chex.TestCase):
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_policy_loss_kinds_and_modes(self):
-        cases = [(kind, "token-mean", None) for kind in losses.POLICY_LOSS_KINDS]
-        cases += [("ppo", mode, 3.0) for mode in losses.AGG_MODES]
+        cases = [(kind, "token-mean", None) for kind in losses.POLICY_LOSSES]
+        cases += [("ppo", mode, 3.0) for mode in losses.AGGREGATIONS]
         for kind, agg, dual_clip in cases:
             def loss_fn(logp, old_logp, adv, mask, kind=kind, agg=agg, dual_clip=dual_clip):
                 return losses.policy_loss(logp, old_logp, adv, mask, kind=kind, agg=agg,
@@ -174,7 +174,7 @@ def test_aggregate_hand_computed():
     np.testing.assert_allclose(
         losses.aggregate(x, mask, "seq-mean-token-sum-norm", norm=losses.loss_norm(mask, constant=7)),
         7 / (2 * 7), rtol=1e-6)
-    for mode in losses.AGG_MODES:  # an all-masked batch aggregates to 0, never NaN
+    for mode in losses.AGGREGATIONS:  # an all-masked batch aggregates to 0, never NaN
         assert losses.aggregate(x, jnp.zeros_like(mask), mode) == 0.0
 
 
@@ -193,7 +193,7 @@ def _loss_fns(kind):
 
 
 _ALL_LOSSES = {
-    **{f"policy-{kind}": _loss_fns(kind) for kind in losses.POLICY_LOSS_KINDS},
+    **{f"policy-{kind}": _loss_fns(kind) for kind in losses.POLICY_LOSSES},
     "grpo": lambda logp, other, adv, mask, norm: losses.grpo_loss(
         logp, other, other - 0.1, adv, mask, kl_coef=0.5, agg=_AGG, norm=norm)[0],
     "objective": lambda logp, other, adv, mask, norm: losses.rl_objective(
@@ -253,7 +253,7 @@ _MICRO = 2  # rows per micro-batch
        mask=hnp.arrays(np.bool_, (B, T)))
 def test_micro_batches_sum_to_the_full_batch(logp, old_logp, adv, mask):
     norm = losses.loss_norm(mask, constant=20.0)
-    cases = [("ppo", mode) for mode in losses.AGG_MODES]
+    cases = [("ppo", mode) for mode in losses.AGGREGATIONS]
     cases += [(kind, "seq-mean-token-mean")
               for kind in ("gspo", "cispo", "reinforce", "objective")]
     for kind, agg in cases:

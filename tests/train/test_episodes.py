@@ -45,7 +45,7 @@ def test_recorder_saves_each_distinct_error_once_and_samples_per_step(tmp_path, 
     step_two = [_episode(tokenizer, 0, error="KeyError: 'task_9'"),
                 _episode(tokenizer, 1, error="TimeoutError: retrieval")]
     assert recorder.record(2, "rl", step_two) == ["TimeoutError: retrieval"]
-    errors = [json.loads(line) for line in open(tmp_path / "errors.jsonl")]
+    errors = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
     assert [e["step"] for e in errors] == [1, 2] and "#### prompt" in errors[0]["episode"]
     assert sorted(p.name for p in (tmp_path / "samples").iterdir()) == [
         "rl_000001.md", "rl_000002.md"]

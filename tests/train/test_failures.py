@@ -49,7 +49,7 @@ def test_every_episode_failing_stops_the_first_step_with_the_error(tmp_path):
     trainer.pool.reward_fn = broken_reward
     with pytest.raises(EpisodesFailed, match=r"RL step 1: all 8 episodes failed.*KeyError"):
         trainer.run()
-    [error] = [json.loads(line) for line in open(tmp_path / "errors.jsonl")]
+    [error] = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
     assert "KeyError" in error["error"] and "#### prompt" in error["episode"]
     sample = (tmp_path / "samples" / "rl_000001.md").read_text()
     assert "FAILED: reward_fn failed: KeyError" in sample and "trained" in sample

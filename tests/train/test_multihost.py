@@ -13,8 +13,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.train import multihost_worker as worker
+
+pytestmark = pytest.mark.slow  # two training processes end to end
 
 NUM_PROCESSES = 2
 TIMEOUT_S = 150  # a hung collective fails the test instead of hanging CI

@@ -5,9 +5,9 @@ import os
 import ml_collections
 import pytest
 
+from agentjax.sweep import plan as sweep_plan
 from agentjax.train import config as config_lib
 from agentjax.train import presets, suites
-from agentjax.train import sweep as sweep_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG_FILES = sorted(name for name in os.listdir(os.path.join(ROOT, "configs"))
@@ -55,7 +55,7 @@ def built_suites(tmp_path_factory):
 @pytest.mark.parametrize("name", CONFIG_FILES)
 def test_every_variant_of_every_config_file_builds_its_task_suite(name, variant,
                                                                   built_suites, tmp_path):
-    config = sweep_lib.load_config_module(os.path.join(ROOT, "configs", name)).get_config(
+    config = sweep_plan.load_config_module(os.path.join(ROOT, "configs", name)).get_config(
         variant)
     if variant == "hf":  # a stand-in for the required HF folder; the suite never reads it
         config.model.path = str(tmp_path)

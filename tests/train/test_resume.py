@@ -7,6 +7,8 @@ import pytest
 
 from tests.train import runs
 
+pytestmark = pytest.mark.slow  # several end-to-end runs
+
 CONFIG = "grpo_search.py:test"
 
 

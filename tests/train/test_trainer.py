@@ -2,6 +2,7 @@
 finished run (resume after SIGKILL: test_resume.py)."""
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from tests.train.runs import train as _train
 EIGHT_DEVICES = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["grpo_search.py:test", "ppo_search.py:test",
                                     "dapo_search.py:test", "sft_search.py:test",
                                     "grpo_python.py:test"])
@@ -53,6 +55,7 @@ def test_every_config_runs_end_to_end(config, tmp_path):
         assert "sampled, taught=" in out
 
 
+@pytest.mark.slow
 def test_trains_on_search_r1_files(tmp_path):
     """Search-R1's own merged NQ + HotpotQA parquet and wiki-style corpus: every row
     loads, no episode fails, and the reward (EM, F1, tool shaping; the process reward
@@ -80,6 +83,7 @@ def test_trains_on_search_r1_files(tmp_path):
     assert final["eval/failed"] == 0
 
 
+@pytest.mark.slow
 def test_engine_lanes_give_the_same_run(tmp_path):
     """Deterministic sampling does not depend on the lane a request lands in, and each
     lane has the program shapes of a one-lane engine of its slots: same metrics."""
@@ -92,6 +96,7 @@ def test_engine_lanes_give_the_same_run(tmp_path):
     assert out[1] == out[2]
 
 
+@pytest.mark.slow
 def test_sharded_run_matches_one_device(tmp_path):
     # 8 rows per RL step and per SFT step: divisible by the data x fsdp = 8 devices.
     common = ("--config.total_steps=1", "--config.eval.every=0",
@@ -116,6 +121,7 @@ def _script(name, *args):
     return result.stdout
 
 
+@pytest.mark.slow
 def test_evaluate_and_export_a_finished_run(tmp_path):
     run = tmp_path / "run"
     _train("grpo_search.py:test", run, "--config.total_steps=2", "--config.eval.every=0")
@@ -154,7 +160,7 @@ def test_every_config_key_is_read_outside_the_config_module():
     sources = []
     for folder in ("agentjax", "scripts", "configs"):
         for dirpath, _, names in os.walk(os.path.join(ROOT, folder)):
-            sources += [open(os.path.join(dirpath, n)).read() for n in names
+            sources += [pathlib.Path(dirpath, n).read_text() for n in names
                         if n.endswith(".py") and os.path.join(dirpath, n) != config_lib.__file__]
     text = "\n".join(sources)
     config = config_lib.default_config()
@@ -221,6 +227,7 @@ def test_bad_override_fails_before_anything_runs(tmp_path):
     assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_sft_with_a_real_qwen_template_trains_the_end_of_turn_token(tmp_path):
     """A Qwen3 base checkpoint (eos <|endoftext|>; its template ends turns with
     <|im_end|>) with thinking off: SFT's python-tool demonstrations set up, every

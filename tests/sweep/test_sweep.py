@@ -15,7 +15,8 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from agentjax.train import sweep
+from agentjax.sweep import cli, launch, plan
+from agentjax.sweep import report as sweep_report
 
 REPO = Path(__file__).resolve().parents[2]
 SEEDS = [0, 1, 2]
@@ -103,19 +104,19 @@ def swept(files):
     """One local sweep, 2 runs at a time: (exit code, stdout, runs)."""
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        code = sweep.main(_argv(files, "--parallel", "2"))
-    arms, _ = sweep.load_arms(str(files / "fake_config.py"), "kl")
-    return code, stdout.getvalue(), sweep.expand(arms, SEEDS, str(files / "out"))
+        code = cli.main(_argv(files, "--parallel", "2"))
+    arms, _ = plan.load_arms(str(files / "fake_config.py"), "kl")
+    return code, stdout.getvalue(), plan.expand(arms, SEEDS, str(files / "out"))
 
 
 def test_expand_arms_times_seeds(files):
-    arms, config = sweep.load_arms(f"{files / 'fake_config.py'}:big", "kl")
+    arms, config = plan.load_arms(f"{files / 'fake_config.py'}:big", "kl")
     assert config.variant == "big"
-    runs = sweep.expand(arms, [0, 7], "out")
+    runs = plan.expand(arms, [0, 7], "out")
     assert [r.name for r in runs] == ["kl0/seed0", "kl0/seed7", "kl.5/seed0", "kl.5/seed7"]
     assert runs[1].workdir == os.path.join("out", "kl0", "seed7")
     assert runs[3].overrides == {"algo.kl_coef": 0.5, "seed": 7, "data.world_seed": 7}
-    argv = sweep.train_command(runs[1], "c.py:big", train_script="t.py", python="py",
+    argv = plan.train_command(runs[1], "c.py:big", train_script="t.py", python="py",
                                extra_args=["--config.total_steps=5"])
     assert argv == ["py", "t.py", "--config", "c.py:big", "--workdir", runs[1].workdir,
                     "--config.algo.kl_coef=0.0", "--config.seed=7",
@@ -128,8 +129,8 @@ def test_override_flags_parse_back_through_absl_config_flags(files):
                  "algo.kl_kind": "k1 'quoted' text", "data.train_hops": (1, 2, 3),
                  "variant": "x=y"}
     argv = ["prog", "--config", f"{files / 'fake_config.py'}:v",
-            *sweep.override_flags(overrides)]
-    assert shlex.split(sweep.shell_command(argv)) == argv  # survives the shell too
+            *plan.override_flags(overrides)]
+    assert shlex.split(plan.shell_command(argv)) == argv  # survives the shell too
     flag_values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
     flag_values(argv)
@@ -139,7 +140,7 @@ def test_override_flags_parse_back_through_absl_config_flags(files):
             got = got[name]
         assert got == value and type(got) is type(value), (key, got)
     with pytest.raises(ValueError, match="dict"):
-        sweep.format_value({"a": 1})
+        plan.format_value({"a": 1})
 
 
 @pytest.mark.parametrize("name, message", [
@@ -153,26 +154,26 @@ def test_override_flags_parse_back_through_absl_config_flags(files):
 ])
 def test_bad_sweeps_name_the_problem(files, name, message):
     with pytest.raises(ValueError, match=message):
-        sweep.load_arms(str(files / "fake_config.py"), name)
+        plan.load_arms(str(files / "fake_config.py"), name)
 
 
 def test_bad_arguments_name_the_problem(files):
-    arms, _ = sweep.load_arms(str(files / "fake_config.py"), "seed_clash")
+    arms, _ = plan.load_arms(str(files / "fake_config.py"), "seed_clash")
     with pytest.raises(ValueError, match=r"arm 'a' overrides \['seed'\]"):
-        sweep.expand(arms, [0], "out")
+        plan.expand(arms, [0], "out")
     with pytest.raises(ValueError, match="no such file"):
-        sweep.load_arms(str(files / "missing.py"), "kl")
+        plan.load_arms(str(files / "missing.py"), "kl")
     (files / "no_sweep.py").write_text("def get_config(arg=None):\n    return None\n")
     no_world_seed = CONFIG.replace('"world_seed": 0, ', "")
     (files / "no_world_seed.py").write_text(no_world_seed)
     with pytest.raises(ValueError, match="seed axis.*'data.world_seed'"):
-        sweep.load_arms(str(files / "no_world_seed.py"), "kl")
+        plan.load_arms(str(files / "no_world_seed.py"), "kl")
     with pytest.raises(ValueError, match="no sweep"):
-        sweep.load_arms(str(files / "no_sweep.py"), "kl")
+        plan.load_arms(str(files / "no_sweep.py"), "kl")
     for bad in ("0,x", "1,1", ""):
         with pytest.raises(ValueError, match="--seeds"):
-            sweep.parse_seeds(bad)
-    assert sweep.parse_seeds("3, 1") == [3, 1]
+            plan.parse_seeds(bad)
+    assert plan.parse_seeds("3, 1") == [3, 1]
 
 
 def test_failed_run_is_isolated_and_reported(swept):
@@ -182,21 +183,21 @@ def test_failed_run_is_isolated_and_reported(swept):
     for run in runs:
         log = Path(run.workdir, "stdout.log").read_text()
         assert "fake train" in log and "--config.seed=" in log  # command + output captured
-        assert sweep.is_finished(run) == (run.name != "kl.5/seed1")
+        assert launch.is_finished(run) == (run.name != "kl.5/seed1")
 
 
 def test_runs_overlap_with_parallel_two(swept):
     _, _, runs = swept
     spans = sorted(json.loads(Path(r.workdir, "times.json").read_text())
-                   for r in runs if sweep.is_finished(r))
+                   for r in runs if launch.is_finished(r))
     assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))
 
 
 def test_resume_reruns_only_unfinished(files, swept):
     _, _, runs = swept
     before = {r.name: os.path.getmtime(Path(r.workdir, "stdout.log")) for r in runs}
-    status = sweep.run_all(
-        runs, lambda run: sweep.train_command(run, str(files / "fake_config.py"),
+    status = launch.run_all(
+        runs, lambda run: plan.train_command(run, str(files / "fake_config.py"),
                                               train_script=str(files / "fake_train.py")),
         log=lambda line: None)
     assert status == {r.name: "failed (exit 3)" if r.name == "kl.5/seed1"
@@ -226,33 +227,33 @@ def test_report_numbers(files, swept):
 
 def test_report_curves(files, swept):
     _, _, runs = swept
-    arms = sweep.by_arm(runs)
+    arms = sweep_report.by_arm(runs)
     # reward/mean = seed**2 + 10 kl + step; kl.5/seed1 logged steps 1-2 only.
-    steps, mean, low, high = sweep.arm_curve(arms["kl0"], "reward/mean")
+    steps, mean, low, high = sweep_report.arm_curve(arms["kl0"], "reward/mean")
     assert steps == [1, 2, 3]
     np.testing.assert_allclose(mean, [5 / 3 + 1, 5 / 3 + 2, 5 / 3 + 3])
     np.testing.assert_allclose(low, [1, 2, 3])
     np.testing.assert_allclose(high, [5, 6, 7])
-    steps, mean, low, high = sweep.arm_curve(arms["kl.5"], "reward/mean")
+    steps, mean, low, high = sweep_report.arm_curve(arms["kl.5"], "reward/mean")
     assert steps == [1, 2, 3]
     np.testing.assert_allclose(mean, [5 / 3 + 6, 5 / 3 + 7, (8 + 12) / 2],
                                err_msg="step 3 averages seeds 0 and 2 only")
-    assert sweep.arm_curve(arms["kl0"], "no/such") is None
+    assert sweep_report.arm_curve(arms["kl0"], "no/such") is None
     report = (files / "out" / "report.md").read_text()
-    for metric in sweep.DEFAULT_CURVES:
-        png = files / "out" / sweep.plot_file_name(metric)
+    for metric in sweep_report.DEFAULT_CURVES:
+        png = files / "out" / sweep_report.plot_file_name(metric)
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
         assert f"]({png.name})" in report
 
 
 def test_report_of_pending_and_unreadable_runs(tmp_path):
-    runs = sweep.expand([{"name": "a", "overrides": {}}], [0, 1, 2], str(tmp_path))
+    runs = plan.expand([{"name": "a", "overrides": {}}], [0, 1, 2], str(tmp_path))
     os.makedirs(runs[0].workdir)
     Path(runs[0].workdir, "final.json").write_text('{"eval/success_sampled": "nan"}')
     os.makedirs(runs[1].workdir)
     Path(runs[1].workdir, "final.json").write_text('{"eval/success')  # torn write
     Path(runs[1].workdir, "metrics.jsonl").write_text('{"step": 1, "reward/mean": 2}\n')
-    tables = sweep.write_report(runs, str(tmp_path), title="t", metrics=["eval/success_sampled"],
+    tables = sweep_report.write_report(runs, str(tmp_path), title="t", metrics=["eval/success_sampled"],
                                 curves=["reward/mean", "eval/success_sampled"])
     assert "| a | 0,1,2 | nan (n=1/3) |" in tables
     assert "| a | 1 | failed | failed |" in tables and "| a | 2 | pending | pending |" in tables
@@ -266,11 +267,11 @@ def test_print_commands(files, swept):
                           *_argv(files, "--print-commands", "--", "--config.total_steps=9")],
                          capture_output=True, text=True, timeout=60, check=True)
     _, _, runs = swept
-    (failed,) = [r for r in runs if not sweep.is_finished(r)]
-    expected = sweep.train_command(failed, str(files / "fake_config.py"),
+    (failed,) = [r for r in runs if not launch.is_finished(r)]
+    expected = plan.train_command(failed, str(files / "fake_config.py"),
                                    train_script=str(files / "fake_train.py"),
                                    extra_args=["--config.total_steps=9"])
-    assert out.stdout.splitlines() == [sweep.shell_command(expected)]
+    assert out.stdout.splitlines() == [plan.shell_command(expected)]
     assert "5 finished run(s) left out" in out.stderr
 
     fresh = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep.py"),

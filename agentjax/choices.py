@@ -1,0 +1,32 @@
+"""The names a config chooses among, each list defined once for the code that implements
+it and for `train.config.validate`.
+
+Dependency-free on purpose: `scripts/train.py` validates a config before jax or anything
+heavy is imported, so a misspelled name stops a run within its first second. Each tuple
+is the exact set of names its implementation accepts (named in the comment above it).
+"""
+
+# The envs (train/suites.py: SUITES builds each one's tasks, env and reward) and their
+# outcomes: env.name -> {reward.outcome: the reward component it rewards}; "em" names the
+# success criterion (evaluation counts an episode solved when it reaches 1), logged
+# either way.
+OUTCOMES = {"search": {"em": "exact_match", "f1": "f1"}, "python": {"em": "math_match"}}
+# models/config.py (`_ARCHS`: the HF architectures entry of each) and models/decoder.py.
+ARCHS = ("llama", "qwen2", "qwen3")
+# models/decoder.py: remat_policy.
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+# train/prepare.py: sequence_advantages (the critic-free ones) and GAE for "gae".
+ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
+# rl/losses.py: policy_loss.
+POLICY_LOSSES = ("ppo", "gspo", "cispo", "reinforce")
+# rl/losses.py: aggregate.
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                "seq-mean-token-sum-norm")
+# rl/kl.py: kl.
+KL_KINDS = ("k1", "k2", "k3", "k1+", "k3+")
+# data/curriculum.py: SAMPLERS.
+CURRICULA = ("uniform", "learnability", "failure_buffer")
+# train/step.py: make_optimizer.
+SCHEDULES = ("constant", "cosine")
+# train/prepare.py: the old policy's log-probs recomputed by the trainer or the engine's.
+OLD_LOGP = ("recompute", "behavior")

@@ -1,0 +1,22 @@
+"""Each name list of agentjax.choices is exactly what its implementation has a table for."""
+from agentjax import choices
+from agentjax.data import curriculum
+from agentjax.models import config as model_config
+from agentjax.rl import losses
+from agentjax.train import suites
+
+
+def test_every_env_has_a_task_suite():
+    assert tuple(suites.SUITES) == tuple(choices.OUTCOMES)
+
+
+def test_every_arch_has_an_hf_architectures_entry():
+    assert tuple(model_config._ARCHS) == choices.ARCHS
+
+
+def test_every_policy_loss_has_a_function():
+    assert tuple(losses._POLICY_LOSS_FNS) == choices.POLICY_LOSSES
+
+
+def test_every_curriculum_has_a_sampler():
+    assert tuple(curriculum.SAMPLERS) == choices.CURRICULA
