@@ -130,6 +130,7 @@ _RENDER_ARGUMENTS = frozenset({"conversation", "messages", "add_generation_promp
 # Where `set_template_kwargs` keeps the kwargs on the tokenizer object, so that every
 # rendering (prompts, observations, demonstrations, evaluation) uses the same ones.
 _TEMPLATE_KWARGS_ATTRIBUTE = "agentjax_template_kwargs"
+_END_OF_TURN_ATTRIBUTE = "agentjax_end_of_turn"  # (template and variables, token id)
 # Content of the dummy assistant turn whose rendering locates the end-of-turn token.
 _ASSISTANT_MARKER = "agentjax-assistant-turn"
 
@@ -239,9 +240,16 @@ def end_of_turn_id(tokenizer: PreTrainedTokenizerFast) -> int:
       ValueError: the tokenizer has no chat template, or the template writes no control
         token after an assistant turn.
     """
+    # The agent loop asks every turn: render once per template and template variables.
+    key = (tokenizer.chat_template, repr(sorted(template_kwargs(tokenizer).items())))
+    cached = getattr(tokenizer, _END_OF_TURN_ATTRIBUTE, None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
     text = _render(tokenizer, _dummy_history(), add_generation_prompt=False)
     _, token = _assistant_turn_end(tokenizer, text)
-    return int(tokenizer.convert_tokens_to_ids(token))
+    end_of_turn = int(tokenizer.convert_tokens_to_ids(token))
+    setattr(tokenizer, _END_OF_TURN_ATTRIBUTE, (key, end_of_turn))
+    return end_of_turn
 
 
 def stop_token_ids(tokenizer: PreTrainedTokenizerFast, model_eos: Iterable[int] = ()
