@@ -108,32 +108,34 @@ class ReferenceTest(chex.TestCase):
             np.testing.assert_allclose(metrics["is_clipfrac"], (rho > CAP).mean(), **TOL)
             assert 0 < metrics["is_clipfrac"] < 1, msg  # the cap binds on some tokens only
 
-    @chex.variants(with_jit=True, without_jit=True)
     def test_behavior_equal_to_proximal_is_todays_loss_exactly(self):
-        # mu = pi_prox on action tokens (garbage elsewhere): every weight is exactly 1 and
-        # value, gradient and metrics equal the loss without weights bit for bit.
+        # mu = pi_prox on action tokens (garbage elsewhere), cap 1 (the tightest that keeps
+        # on-policy tokens): every weight is exactly 1 and value, gradient and metrics equal
+        # the loss without weights bit for bit, for both bounds.
         behavior = np.where(self.mask, self.proximal, np.nan).astype(np.float32)
 
-        def objective(logp, weighted, bound, cap):
-            weights, is_metrics = offpolicy.importance_weights(
-                self.proximal, behavior, self.mask, cap=cap, bound=bound)
+        def objective(logp, bound):
+            weights, is_metrics = (None, {}) if bound == "none" else offpolicy.importance_weights(
+                self.proximal, behavior, self.mask, cap=1.0, bound=bound)
             loss, metrics = losses.rl_objective(
-                logp, self.proximal, self.adv, self.mask, is_weights=weights if weighted
-                else None, ref_logp=self.proximal - 0.1, kl_coef=0.1, dual_clip=3.0, **CLIPS)
+                logp, self.proximal, self.adv, self.mask, is_weights=weights,
+                ref_logp=self.proximal - 0.1, kl_coef=0.1, dual_clip=3.0, **CLIPS)
             return loss, (metrics, is_metrics, weights)
 
-        for bound in offpolicy.IS_BOUNDS:
-            for cap in (1.0, CAP):
-                fn = self.variant(jax.value_and_grad(
-                    functools.partial(objective, bound=bound, cap=cap), has_aux=True),
-                    static_argnums=1)
-                (loss, (metrics, is_metrics, weights)), grad = fn(self.logp, True)
-                (base_loss, (base_metrics, _, _)), base_grad = fn(self.logp, False)
-                np.testing.assert_array_equal(weights, np.ones((B, T)))
-                np.testing.assert_array_equal(loss, base_loss)
-                np.testing.assert_array_equal(grad, base_grad)
-                chex.assert_trees_all_equal(metrics, base_metrics)
-                assert is_metrics["is_clipfrac"] == 0 and is_metrics["is_ratio_max"] == 1
+        @jax.jit
+        def every_bound(logp):
+            return {bound: jax.value_and_grad(functools.partial(objective, bound=bound),
+                                              has_aux=True)(logp)
+                    for bound in ("none", *offpolicy.IS_BOUNDS)}
+
+        results = every_bound(self.logp)
+        (base_loss, (base_metrics, _, _)), base_grad = results.pop("none")
+        for bound, ((loss, (metrics, is_metrics, weights)), grad) in results.items():
+            np.testing.assert_array_equal(weights, np.ones((B, T)), err_msg=bound)
+            np.testing.assert_array_equal(loss, base_loss, err_msg=bound)
+            np.testing.assert_array_equal(grad, base_grad, err_msg=bound)
+            chex.assert_trees_all_equal(metrics, base_metrics)
+            assert is_metrics["is_clipfrac"] == 0 and is_metrics["is_ratio_max"] == 1, bound
 
 
 def test_truncated_is_policy_gradient_is_cispo_on_the_behavior_policy():
