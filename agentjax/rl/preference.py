@@ -14,7 +14,8 @@ from diluting the preference. With r(y) = beta h(y) (the implicit reward, Rafail
 2023, arXiv 2305.18290) and z_p = h(y_w) - h(y_l), the loss of a pair is, by kind:
   sigmoid: -(1 - eps) log sigmoid(beta z) - eps log sigmoid(-beta z)     DPO; eps > 0 is
            conservative DPO (Mitchell 2023, "A note on DPO with noisy preferences"), the
-           `label_smoothing` of TRL's sigmoid loss
+           `label_smoothing` of TRL's sigmoid loss until its DPO refactor (TRL #3906; its
+           "robust" loss divides this by 1 - 2 eps)
   ipo:     (z - 1 / (2 beta))^2      IPO (Azar et al. 2023, arXiv 2310.12036, Eq. 17; beta
            is its tau). TRL's "ipo" always averages per token: here length_normalized=True;
            the paper's sequence sums are length_normalized=False.
@@ -141,6 +142,7 @@ def dpo_loss(
                          f"policy_rejected has {jnp.shape(policy_rejected)[0]}")
     if num_pairs is None:
         num_pairs = count_pairs(chosen_mask, rejected_mask)
+    _common.check_range("num_pairs", num_pairs, low=0.0, low_open=True)
 
     h_chosen = _log_ratio(policy_chosen, ref_chosen, chosen_mask, length_normalized)
     h_rejected = _log_ratio(policy_rejected, ref_rejected, rejected_mask, length_normalized)

@@ -216,5 +216,7 @@ def test_bad_arguments_name_the_argument():
     with pytest.raises(ValueError, match="pairs"):
         preference.dpo_loss(x, jnp.zeros((3, 4)), x, jnp.zeros((3, 4)), x, jnp.zeros((3, 4)),
                             beta=BETA)
+    with pytest.raises(ValueError, match="num_pairs"):
+        preference.dpo_loss(x, y, x, y, x, y, beta=BETA, num_pairs=0)
     with pytest.raises(ValueError, match="mask"):
         preference.sequence_logprobs(x, y)
