@@ -30,3 +30,7 @@ CURRICULA = ("uniform", "learnability", "failure_buffer")
 SCHEDULES = ("constant", "cosine")
 # train/prepare.py: the old policy's log-probs recomputed by the trainer or the engine's.
 OLD_LOGP = ("recompute", "behavior")
+# rl/offpolicy.py: importance_weights (how the proximal / behavior ratio is bounded).
+IS_BOUNDS = ("truncate", "mask")
+# rl/preference.py: dpo_loss.
+DPO_KINDS = ("sigmoid", "ipo", "hinge")

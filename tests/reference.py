@@ -316,6 +316,78 @@ def value_token_loss(values, old_values, returns, mask, clip=None):
     return out
 
 
+# ---------------------------------------------------------------------------- off-policy
+
+
+def importance_weights(proximal, behavior, mask, cap, bound):
+    """w = bound(pi_prox / mu) on action tokens (log-ratio clamped to +-20), 1 elsewhere."""
+    proximal, behavior = _f64(proximal, behavior)
+    mask = np.asarray(mask, bool)
+    out = np.ones_like(proximal)
+    for idx in zip(*np.nonzero(mask)):
+        rho = math.exp(min(max(proximal[idx] - behavior[idx], -20), 20))
+        if bound == "truncate":
+            out[idx] = min(rho, cap)
+        elif bound == "mask":
+            out[idx] = rho if rho <= cap else 0.0
+        else:
+            raise ValueError(bound)
+    return out
+
+
+# ---------------------------------------------------------------------------- preference
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def dpo(policy_c, policy_r, ref_c, ref_r, mask_c, mask_r, beta, kind, eps=0.0,
+        normalized=False, num_pairs=None):
+    """DPO-family loss over pairs; returns (loss, d loss / d policy_c, d loss / d policy_r,
+    rewards_c, rewards_r, counted), rewards beta * h per pair.
+
+    h = sum of (policy - ref) over action tokens (divided by their count if normalized),
+    z = h_c - h_r; a pair counts when both trajectories have an action token; the loss is
+    the sum over counting pairs divided by num_pairs (default: their number, >= 1).
+    """
+    policy_c, policy_r, ref_c, ref_r = _f64(policy_c, policy_r, ref_c, ref_r)
+    mask_c, mask_r = np.asarray(mask_c, bool), np.asarray(mask_r, bool)
+    pairs = policy_c.shape[0]
+    counted = [bool(mask_c[p].any() and mask_r[p].any()) for p in range(pairs)]
+    if num_pairs is None:
+        num_pairs = max(sum(counted), 1)
+    loss = 0.0
+    grad_c, grad_r = np.zeros_like(policy_c), np.zeros_like(policy_r)
+    rewards_c, rewards_r = np.zeros(pairs), np.zeros(pairs)
+    for p in range(pairs):
+        n_c = max(int(mask_c[p].sum()), 1) if normalized else 1
+        n_r = max(int(mask_r[p].sum()), 1) if normalized else 1
+        h_c = sum(policy_c[p, t] - ref_c[p, t] for t in range(policy_c.shape[1]) if mask_c[p, t])
+        h_r = sum(policy_r[p, t] - ref_r[p, t] for t in range(policy_r.shape[1]) if mask_r[p, t])
+        h_c, h_r = h_c / n_c, h_r / n_r
+        rewards_c[p], rewards_r[p] = beta * h_c, beta * h_r
+        if not counted[p]:
+            continue
+        z = h_c - h_r
+        if kind == "sigmoid":
+            value = (-(1 - eps) * math.log(_sigmoid(beta * z))
+                     - eps * math.log(_sigmoid(-beta * z)))
+            slope = -(1 - eps) * beta * _sigmoid(-beta * z) + eps * beta * _sigmoid(beta * z)
+        elif kind == "ipo":
+            value = (z - 1 / (2 * beta)) ** 2
+            slope = 2 * (z - 1 / (2 * beta))
+        elif kind == "hinge":
+            value = max(0.0, 1 - beta * z)
+            slope = -beta if 1 - beta * z > 0 else 0.0
+        else:
+            raise ValueError(kind)
+        loss += value / num_pairs
+        grad_c[p] = np.where(mask_c[p], slope / n_c / num_pairs, 0.0)
+        grad_r[p] = np.where(mask_r[p], -slope / n_r / num_pairs, 0.0)
+    return loss, grad_c, grad_r, rewards_c, rewards_r, np.array(counted)
+
+
 # ---------------------------------------------------------------------------- logprobs
 
 

@@ -2,7 +2,7 @@
 from agentjax import choices
 from agentjax.data import curriculum
 from agentjax.models import config as model_config
-from agentjax.rl import losses
+from agentjax.rl import losses, offpolicy, preference
 from agentjax.train import suites
 
 
@@ -16,6 +16,14 @@ def test_every_arch_has_an_hf_architectures_entry():
 
 def test_every_policy_loss_has_a_function():
     assert tuple(losses._POLICY_LOSS_FNS) == choices.POLICY_LOSSES
+
+
+def test_every_is_bound_has_a_function():
+    assert tuple(offpolicy._BOUND_FNS) == choices.IS_BOUNDS
+
+
+def test_every_dpo_kind_has_a_function():
+    assert tuple(preference._DPO_LOSS_FNS) == choices.DPO_KINDS
 
 
 def test_every_curriculum_has_a_sampler():

@@ -2,12 +2,14 @@
 
 Submodules: `advantages` (GAE, GRPO family, REINFORCE++, ReMax, turn returns, whiten),
 `kl` (k1/k2/k3 estimators, entropy), `losses` (policy / value / KL / entropy losses, the
-trainer's objective `rl_objective`, micro-batch-exact aggregation), `logprobs` (chunked
-token log-probs from hidden states) and `shaping` (length penalties, DAPO filter).
+trainer's objective `rl_objective`, micro-batch-exact aggregation), `offpolicy` (importance
+weights of the decoupled PPO objective), `preference` (DPO / IPO / hinge on trajectory
+pairs), `logprobs` (chunked token log-probs from hidden states) and `shaping` (length
+penalties, DAPO filter).
 Conventions: [B, T] arrays with a `mask` that is 1 on action tokens; mask-0 positions
 contribute nothing.
 """
-from agentjax.rl import advantages, kl, logprobs, losses, shaping
+from agentjax.rl import advantages, kl, logprobs, losses, offpolicy, preference, shaping
 from agentjax.rl.advantages import (
     GroupStats,
     broadcast_to_tokens,
@@ -31,11 +33,14 @@ from agentjax.rl.losses import (
     grpo_loss,
     kl_penalty,
     loss_norm,
+    masked_extreme,
     masked_mean,
     policy_loss,
     rl_objective,
     value_loss,
 )
+from agentjax.rl.offpolicy import importance_weights
+from agentjax.rl.preference import count_pairs, dpo_loss, sequence_logprobs
 from agentjax.rl.shaping import dynamic_sampling_keep, length_penalty, overlong_penalty
 
 __all__ = [
@@ -44,6 +49,8 @@ __all__ = [
     "advantages",
     "aggregate",
     "broadcast_to_tokens",
+    "count_pairs",
+    "dpo_loss",
     "dynamic_sampling_keep",
     "entropy_bonus",
     "entropy_from_logits",
@@ -52,20 +59,25 @@ __all__ = [
     "group_stats",
     "grpo",
     "grpo_loss",
+    "importance_weights",
     "kl",
     "kl_penalty",
     "length_penalty",
     "logprobs",
     "loss_norm",
     "losses",
+    "masked_extreme",
     "masked_mean",
+    "offpolicy",
     "overlong_penalty",
     "policy_loss",
+    "preference",
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
     "remax",
     "rl_objective",
     "rloo",
+    "sequence_logprobs",
     "shaping",
     "token_logprobs",
     "token_logprobs_full",

@@ -124,7 +124,8 @@ def masked_mean(x, mask):
     return jnp.where(valid, x, 0.0).sum() / jnp.maximum(valid.sum(), 1)
 
 
-def _masked_extreme(x, valid, reduce, empty):
+def masked_extreme(x, valid, reduce, empty):
+    """`reduce` (jnp.max or jnp.min) of `x` where `valid`; `empty` when nothing is valid."""
     fill = -jnp.inf if reduce is jnp.max else jnp.inf
     return jnp.where(valid.any(), reduce(jnp.where(valid, x, fill)), empty)
 
@@ -280,8 +281,8 @@ def policy_loss(
         "approx_kl": masked_mean(-log_ratio, valid),
         "approx_kl_k3": masked_mean(ratio - 1.0 - log_ratio, valid),
         "ratio_mean": masked_mean(ratio, valid),
-        "ratio_min": _masked_extreme(ratio, valid, jnp.min, 1.0),
-        "ratio_max": _masked_extreme(ratio, valid, jnp.max, 1.0),
+        "ratio_min": masked_extreme(ratio, valid, jnp.min, 1.0),
+        "ratio_max": masked_extreme(ratio, valid, jnp.max, 1.0),
         "advantage_mean": masked_mean(advantages, valid),
         "num_tokens": valid.sum().astype(jnp.float32),
         **kind_metrics,
@@ -364,7 +365,7 @@ def kl_penalty(logp, ref_logp, mask, *, kind="k3", agg="token-mean", norm=None):
     per_token = kl_lib.kl(logp, ref_logp, kind)
     metrics = {
         "kl": masked_mean(per_token, valid),
-        "kl_max": _masked_extreme(per_token, valid, jnp.max, 0.0),
+        "kl_max": masked_extreme(per_token, valid, jnp.max, 0.0),
     }
     return aggregate(per_token, mask, agg, norm=norm), lax.stop_gradient(metrics)
 
@@ -416,10 +417,12 @@ def rl_objective(
         + kl_coef * kl_penalty(logp, ref_logp)          unless kl_coef = 0 or kl_in_reward
         - entropy_coef * entropy_bonus(entropy)         unless entropy_coef = 0
     with one aggregation `agg` and one `norm` for every term, so micro-batch losses add up
-    to the full-batch loss. w are the truncated importance-sampling weights of the
-    policy-gradient term (1 when `is_weights` is None). With kl_in_reward the KL already
-    shaped the rewards (and so the advantages) and is not a loss term; `ref_logp` is then
-    not read.
+    to the full-batch loss. w are the importance-sampling weights of the policy-gradient
+    term (1 when `is_weights` is None): with `old_logp` the proximal policy's log-probs and
+    w = `offpolicy.importance_weights(old_logp, behavior_logp)` this is the decoupled PPO
+    objective of asynchronous RL (agentjax/rl/offpolicy.py). With kl_in_reward the KL
+    already shaped the rewards (and so the advantages) and is not a loss term; `ref_logp`
+    is then not read.
 
     Args:
       logp: [B, T] float log-probs of the taken tokens under the current policy.

@@ -20,7 +20,8 @@ from flax import nnx
 
 from agentjax.rl import advantages as adv_lib
 from agentjax.rl import kl as kl_lib
-from agentjax.rl.losses import LOG_RATIO_CLAMP, masked_mean
+from agentjax.rl.losses import masked_mean
+from agentjax.rl.offpolicy import importance_weights
 from agentjax.train.step import policy_logprobs
 
 # (params, batch, temperature) -> (logp, entropy), both [B, T] for batch["targets"].
@@ -113,10 +114,8 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
         else:
             old = current
             if algo.tis_cap:
-                weights = jnp.minimum(
-                    jnp.exp(jnp.clip(current - behavior, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)),
-                    algo.tis_cap)
-                batch["is_weights"] = jnp.where(action > 0, weights, 1.0)
+                batch["is_weights"], _ = importance_weights(current, behavior, action,
+                                                            cap=algo.tis_cap)
         batch["old_logp"] = old
         token_rewards = batch["rewards"]
         if need_ref:
