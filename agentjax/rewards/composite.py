@@ -164,8 +164,9 @@ def _tests_pass(*, sandbox, timeout_s: float = 5.0, memory_mb: int = 512,
 
 @register_reward("judge", "outcome")
 def _judge(*, judge):
-    return Term(judge, min(0.0, judge.unparsable_score), max(1.0, judge.unparsable_score),
-                afn=judge.ascore)
+    fallback = judge.unparsable_score
+    low, high = (0.0, 1.0) if fallback is None else (min(0.0, fallback), max(1.0, fallback))
+    return Term(judge, low, high, afn=judge.ascore)
 
 
 @register_reward("format", "shaping")

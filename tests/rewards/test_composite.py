@@ -4,10 +4,9 @@ import pytest
 
 from agentjax.envs.base import Task
 from agentjax.rewards import composite
-from agentjax.rewards.judge import LLMJudge
 from tests.rewards.episodes import OBS_1, OBS_2, TWO_HOP, episode
 from tests.rewards.test_code import SubprocessSandbox
-from tests.rewards.test_judge import YES, CharTokenizer, ScriptedEngine
+from tests.rewards.test_judge import YES, CharTokenizer, ScriptedEngine, judge_of
 
 CONFIG = {"components": {"exact_match": {"weight": 1.0},
                          "f1": 0.0,
@@ -119,7 +118,7 @@ def test_tests_pass_and_math_components():
 
 
 def test_judge_component_sync_and_async():
-    judge = LLMJudge(ScriptedEngine([YES, YES]), CharTokenizer())
+    judge = judge_of(ScriptedEngine([YES, YES]))
     reward_fn = composite.make_reward_fn({"components": {"judge": 1.0, "format": 0.5}},
                                          judge=judge)
     assert reward_fn(TWO_HOP, LUCKY)[1]["judge"] == 1.0
