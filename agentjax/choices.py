@@ -9,8 +9,10 @@ is the exact set of names its implementation accepts (named in the comment above
 # The envs (train/suites.py: SUITES builds each one's tasks, env and reward) and their
 # outcomes: env.name -> {reward.outcome: the reward component it rewards}; "em" names the
 # success criterion (evaluation counts an episode solved when it reaches 1), logged
-# either way.
-OUTCOMES = {"search": {"em": "exact_match", "f1": "f1"}, "python": {"em": "math_match"}}
+# either way; "judge" is the LLM judge of reward.judge (rewards/judge.py), in the reward
+# only when chosen (it asks a server about every episode).
+OUTCOMES = {"search": {"em": "exact_match", "f1": "f1", "judge": "judge"},
+            "python": {"em": "math_match"}}
 # models/config.py (`_ARCHS`: the HF architectures entry of each) and models/decoder.py.
 ARCHS = ("llama", "qwen2", "qwen3")
 # models/decoder.py: remat_policy.

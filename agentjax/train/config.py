@@ -124,11 +124,19 @@ def default_config() -> ml_collections.ConfigDict:
     c.retrieval = ml_collections.ConfigDict({"kind": "bm25", "url": "", "timeout_s": 10.0})
 
     c.reward = ml_collections.ConfigDict()
-    c.reward.outcome = "em"  # rewarded outcome: "em" (exact match) or "f1" (search only)
+    # The rewarded outcome: "em" (exact match), or for search "f1" or "judge" (an LLM
+    # judge, below); held-out success is exact match whichever is rewarded.
+    c.reward.outcome = "em"
     c.reward.format_weight = 0.0
     c.reward.tool_weight = 0.0
     c.reward.process_weight = 0.0
     c.reward.length_weight = 0.0
+    # reward.outcome="judge": an OpenAI-compatible chat server (SGLang, vLLM) grades each
+    # episode against the task's reference answers (rewards/judge.py); `votes` replies per
+    # episode, the majority decides; a judge that gives no verdict fails the episode.
+    c.reward.judge = ml_collections.ConfigDict(
+        {"url": "", "model": "", "votes": 1, "temperature": 0.0, "max_tokens": 256,
+         "timeout_s": 60.0})
 
     # Language-model pretraining before SFT (next-token loss on every token of a text
     # corpus). A model built from scratch cannot copy a name it has never seen from its
@@ -420,6 +428,10 @@ def _url(text: str) -> bool:
     return re.fullmatch(r"https?://[^\s,]+", text) is not None
 
 
+def _name(text: str) -> bool:
+    return text == "" or re.fullmatch(r"\S+", text) is not None
+
+
 def _host_port(text: str) -> bool:
     return text == "" or re.fullmatch(r"[^\s:]+:\d+", text) is not None
 
@@ -437,6 +449,7 @@ URLS = Text("'' or comma-separated http(s):// URLs",
 TEMPLATE_KWARGS = Text("'' or a JSON object of chat-template variables, e.g. "
                        "'{\"enable_thinking\": false}'", _json_object)
 HOST_PORT = Text("'' or 'host:port'", _host_port)
+SERVED_MODEL = Text("'' or the model name a server serves (no whitespace)", _name)
 
 # The byte alphabet (256), the chat control tokens and the agent tags of a tokenizer
 # built for a tiny model (models.tokenizer.build_tokenizer) need this many ids.
@@ -509,6 +522,12 @@ RULES = {
     "reward.tool_weight": NON_NEGATIVE,
     "reward.process_weight": NON_NEGATIVE,
     "reward.length_weight": NON_NEGATIVE,
+    "reward.judge.url": URL,
+    "reward.judge.model": SERVED_MODEL,
+    "reward.judge.votes": POSITIVE,
+    "reward.judge.temperature": NON_NEGATIVE,
+    "reward.judge.max_tokens": POSITIVE,
+    "reward.judge.timeout_s": POSITIVE_REAL,
     "pretrain.steps": COUNT,
     "pretrain.worlds": COUNT,
     "pretrain.batch_size": POSITIVE,
@@ -687,6 +706,7 @@ def _check_combinations(config) -> None:
         _reject("reward.outcome", config.reward.outcome,
                 f"with env.name={config.env.name!r} choose one of "
                 f"{sorted(OUTCOMES[config.env.name])}")
+    _check_judge(config.reward)
     searches_synthetic_world = (config.env.name, data.source) == ("search", "synthetic")
     for key in ("pretrain.steps", "sft.corpus_mix"):
         if _get(config, key) and not searches_synthetic_world:
@@ -777,6 +797,24 @@ def _check_combinations(config) -> None:
     if config.multihost.process_id >= config.multihost.num_processes:
         _reject("multihost.process_id", config.multihost.process_id,
                 f"it must be < multihost.num_processes={config.multihost.num_processes}")
+
+
+def _check_judge(reward) -> None:
+    """reward.judge is complete when the judge is the outcome, and unused otherwise."""
+    judge = reward.judge
+    if reward.outcome == "judge":
+        if not judge.url:
+            _reject("reward.judge.url", "", "reward.outcome='judge' needs the judge's "
+                    "OpenAI-compatible chat server, e.g. 'http://127.0.0.1:30000'")
+        if not judge.model:
+            _reject("reward.judge.model", "", "reward.outcome='judge' needs the model name "
+                    "the judge server serves")
+    elif judge.url:
+        _reject("reward.judge.url", judge.url, "it is used only with reward.outcome='judge' "
+                f"(reward.outcome is {reward.outcome!r})")
+    if judge.votes > 1 and judge.temperature == 0:
+        _reject("reward.judge.votes", judge.votes, "several votes at "
+                "reward.judge.temperature=0 repeat one greedy verdict: set a temperature > 0")
 
 
 def apply_algorithm(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:

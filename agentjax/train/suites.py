@@ -28,7 +28,9 @@ from agentjax.envs.python_env import PythonEnv
 from agentjax.envs.retrieval import BM25Retriever, HttpRetriever
 from agentjax.envs.search import DEFAULT_INSTRUCTION, SHORT_INSTRUCTION, SearchEnv
 from agentjax.rewards import process
-from agentjax.rewards.composite import make_reward_fn
+from agentjax.rewards.composite import RewardFn, make_reward_fn
+from agentjax.rewards.judge import LLMJudge
+from agentjax.rewards.judge_http import ChatJudgeModel
 
 
 @dataclasses.dataclass
@@ -76,10 +78,12 @@ def parse_counts(spec: str) -> dict[int, int]:
 
 def _reward_config(config) -> dict:
     """The composite reward: the outcome component reward.outcome names gets weight 1, the
-    env's other outcome components are logged with weight 0."""
+    env's other outcome components are logged with weight 0 (the judge, which asks a
+    server about every episode, only when it is the outcome)."""
     weights = config.reward
     components = {name: float(key == weights.outcome)
-                  for key, name in OUTCOMES[config.env.name].items()}
+                  for key, name in OUTCOMES[config.env.name].items()
+                  if key != "judge" or key == weights.outcome}
     components.update({"format": weights.format_weight, "tool_shaping": weights.tool_weight})
     if config.env.name == "search":
         # Scores (and is logged for) the multi-hop tasks of the synthetic world only: a
@@ -89,6 +93,19 @@ def _reward_config(config) -> dict:
         components["length"] = {"weight": weights.length_weight, "penalty": "linear",
                                 "unit": "turns", "target": 2, "coef": 0.5, "max_penalty": 1.0}
     return {"components": components}
+
+
+def _reward_fn(config) -> RewardFn:
+    """The run's reward function (`_reward_config`), with the LLM judge of reward.judge
+    when reward.outcome is "judge"."""
+    resources = {}
+    if config.reward.outcome == "judge":
+        judge = config.reward.judge
+        resources["judge"] = LLMJudge(
+            ChatJudgeModel(judge.url, judge.model, temperature=judge.temperature,
+                           max_tokens=judge.max_tokens, timeout_s=judge.timeout_s),
+            votes_per_model=judge.votes)
+    return make_reward_fn(_reward_config(config), **resources)
 
 
 def _report(report: demo_lib.SuccessReport) -> dict[str, Any]:
@@ -175,7 +192,7 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
 
     texts += [instruction] + [t.question for t in train_tasks + test_tasks] + demo_texts
     return TaskSuite(train_tasks, test_tasks, make_env,
-                     make_reward_fn(_reward_config(config)), OUTCOMES["search"]["em"],
+                     _reward_fn(config), OUTCOMES["search"]["em"],
                      None, demonstrations, texts, baselines, pretrain_corpus)
 
 
@@ -236,7 +253,7 @@ def build_python_suite(config, data_dir: str) -> TaskSuite:
     def make_env():
         return PythonEnv(**env_kwargs)
 
-    reward_fn = make_reward_fn(_reward_config(config))
+    reward_fn = _reward_fn(config)
     rng = np.random.default_rng(config.data.world_seed)
     demos = []
     for task in train_tasks[:config.sft.num_demos] if config.sft.steps else []:
