@@ -112,6 +112,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.data.demo_hops = ""  # which training questions get demonstrations, e.g. "1,2,3:0.1"
     c.data.rl_excludes_demo_tasks = False  # RL samples only questions SFT never saw
     c.data.curriculum = "uniform"
+    # Hindsight relabeling (synthetic search worlds): an RL group that solved nothing,
+    # where some episode answered an intermediate entity of the question, trains as a
+    # group for the shorter question it answered (train/hindsight.py).
+    c.data.hindsight = False
 
     c.env = ml_collections.ConfigDict()
     c.env.name = "search"
@@ -507,6 +511,7 @@ RULES = {
     "data.file_prompt": Flag(),
     "data.skip_bad_rows": Flag(),
     "data.curriculum": Choice(CURRICULA),
+    "data.hindsight": Flag(),
     "env.name": Choice(tuple(OUTCOMES)),
     "env.topk": POSITIVE,
     "env.max_turns": POSITIVE,
@@ -714,6 +719,9 @@ def _check_combinations(config) -> None:
                     "search world (env.name='search', data.source='synthetic')")
         if _get(config, key) and config.pretrain.worlds < 1:
             _reject(key, _get(config, key), "> 0 needs pretrain.worlds >= 1 (the corpus)")
+    if data.hindsight and not searches_synthetic_world:
+        _reject("data.hindsight", True, "it relabels the questions of a synthetic search "
+                "world: it needs env.name='search' and data.source='synthetic'")
     if config.sft.rename_frac and not searches_synthetic_world:
         _reject("sft.rename_frac", config.sft.rename_frac,
                 "> 0 renames the entities of a synthetic search world: it needs "
@@ -759,6 +767,13 @@ def _check_combinations(config) -> None:
     if algo.dynamic_sampling and not group_based:
         _reject("algo.dynamic_sampling", True, "it filters zero-variance groups: it needs "
                 "a group-based algo.advantage")
+    if data.hindsight and not group_based:
+        _reject("data.hindsight", True, "it keeps a relabeled group when its rewards "
+                "differ: it needs a group-based algo.advantage")
+    if data.hindsight and algo.old_logp == "behavior":
+        _reject("data.hindsight", True, "relabeled episodes were sampled under another "
+                "prompt, so the old log-probs must be recomputed: it needs "
+                "algo.old_logp='recompute'")
     if algo.overlong_buffer > algo.overlong_max_len:
         _reject("algo.overlong_buffer", algo.overlong_buffer,
                 f"it must not exceed algo.overlong_max_len={algo.overlong_max_len}")

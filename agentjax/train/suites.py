@@ -19,10 +19,11 @@ import numpy as np
 from agentjax.choices import OUTCOMES
 from agentjax.data import demonstrators as demo_lib
 from agentjax.data.arith import make_arith_splits
+from agentjax.data import hindsight
 from agentjax.data.loaders import load_jsonl, load_search_r1_parquet
 from agentjax.data.search_data import make_search_dataset
 from agentjax.data.world import WorldConfig, other_worlds_documents
-from agentjax.envs.base import Env, Task
+from agentjax.envs.base import Env, EpisodeLog, Task
 from agentjax.envs.python_env import DEFAULT_INSTRUCTION as PYTHON_INSTRUCTION
 from agentjax.envs.python_env import PythonEnv
 from agentjax.envs.retrieval import BM25Retriever, HttpRetriever
@@ -51,6 +52,8 @@ class TaskSuite:
         "by_hops": {...}}} — the demonstrator that wrote the SFT data among them.
       pretrain_corpus: builds the language-model pretraining corpus (config.pretrain)
         when pretraining runs; None where the suite has none.
+      relabel: (task, log) -> the task the episode's answer solved, or None
+        (data.hindsight, train/hindsight.py); None where the suite cannot relabel.
     """
 
     train_tasks: list[Task]
@@ -63,6 +66,7 @@ class TaskSuite:
     texts: list[str]
     baselines: dict[str, dict[str, Any]]
     pretrain_corpus: Callable[[], list[str]] | None = None
+    relabel: Callable[[Task, EpisodeLog], Task | None] | None = None
 
 
 def parse_counts(spec: str) -> dict[int, int]:
@@ -128,6 +132,7 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
                       max_observation_words=config.env.max_observation_words,
                       instruction=instruction)
     baselines, demonstrations, demo_texts, pretrain_corpus = {}, [], [], None
+    relabel = None
     if config.data.source == "synthetic":
         world_config = WorldConfig(
             seed=config.data.world_seed, num_people=config.data.num_people,
@@ -164,6 +169,9 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
         texts = [r["contents"] for r in world.corpus_records()]
         pretrain_corpus = functools.partial(other_worlds_documents, world_config,
                                             config.pretrain.worlds)
+        # Relabeled questions never ask a held-out one.
+        relabel = functools.partial(hindsight.relabel, world=world, exclude_questions=frozenset(
+            t.question for t in test_tasks))
     else:
         load = functools.partial(_load_tasks, skip_bad_rows=config.data.skip_bad_rows,
                                  file_prompt=config.data.file_prompt)
@@ -193,7 +201,7 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
     texts += [instruction] + [t.question for t in train_tasks + test_tasks] + demo_texts
     return TaskSuite(train_tasks, test_tasks, make_env,
                      _reward_fn(config), OUTCOMES["search"]["em"],
-                     None, demonstrations, texts, baselines, pretrain_corpus)
+                     None, demonstrations, texts, baselines, pretrain_corpus, relabel)
 
 
 def _turn_texts(demos) -> list[str]:
