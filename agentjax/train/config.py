@@ -134,6 +134,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.reward.format_weight = 0.0
     c.reward.tool_weight = 0.0
     c.reward.process_weight = 0.0
+    # A linear penalty on turns beyond two (suites._reward_config); DAPO's overlong
+    # shaping on the sampled tokens is algo.overlong_buffer.
     c.reward.length_weight = 0.0
     # reward.outcome="judge": an OpenAI-compatible chat server (SGLang, vLLM) grades each
     # episode against the task's reference answers (rewards/judge.py); `votes` replies per
@@ -216,7 +218,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.algo.tis_cap = 2.0
     c.algo.dynamic_sampling = False
     c.algo.max_resample_rounds = 3
-    c.algo.overlong_buffer = 0  # DAPO overlong shaping on action tokens; 0 disables
+    # DAPO soft overlong punishment on the exact sampled (action) tokens of an episode,
+    # added to its reward (train/rl_loop.py: shape_overlong); 0 disables.
+    c.algo.overlong_buffer = 0
     c.algo.overlong_max_len = 256  # L_max of the shaping (action tokens per episode)
     c.algo.overlong_factor = 1.0
     c.algo.critic_lr = 1e-3
