@@ -32,3 +32,19 @@ CURRICULA = ("uniform", "learnability", "failure_buffer")
 SCHEDULES = ("constant", "cosine")
 # train/prepare.py: the old policy's log-probs recomputed by the trainer or the engine's.
 OLD_LOGP = ("recompute", "behavior")
+# train/trainer.py: Trainer.run ("sft" stops after SFT, "rl" goes on to RL).
+STAGES = ("rl", "sft")
+# train/suites.py: build_search_suite (a synthetic world, or a user's Search-R1 files).
+DATA_SOURCES = ("synthetic", "files")
+# train/suites.py: INSTRUCTIONS (the search env's prompt).
+INSTRUCTIONS = ("minimal", "short", "search_r1")
+# train/suites.py: build_search_suite (envs/retrieval.py: BM25Retriever in-process,
+# HttpRetriever for a server).
+RETRIEVERS = ("bm25", "http")
+# data/demonstrators.py: DemonstratorConfig.guess.
+GUESSES = ("sample", "mode")
+# train/trainer.py builds the rollout engine: "jax" is rollout/jax_engine.py, "sglang"
+# the SGLang server pool (train/config.py refuses it until its Engine lands).
+ENGINES = ("jax", "sglang")
+# train/rl_loop.py: guard_nonfinite.
+ON_NONFINITE = ("skip", "rollback")

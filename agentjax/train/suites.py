@@ -120,8 +120,8 @@ def _report(report: demo_lib.SuccessReport) -> dict[str, Any]:
 # The prompt a tiny model trained from scratch needs: it learns the action format from
 # the demonstrations, and every prompt token costs compute in SFT, rollouts and updates.
 MINIMAL_INSTRUCTION = "Question: {question}\n"
-INSTRUCTIONS = {"search_r1": DEFAULT_INSTRUCTION, "short": SHORT_INSTRUCTION,
-                "minimal": MINIMAL_INSTRUCTION}
+INSTRUCTIONS = {"minimal": MINIMAL_INSTRUCTION, "short": SHORT_INSTRUCTION,
+                "search_r1": DEFAULT_INSTRUCTION}
 
 
 def build_search_suite(config, data_dir: str) -> TaskSuite:
