@@ -16,8 +16,9 @@ by (Rauber et al., ICLR 2019), truncated.
 
 A relabeled group replaces the original only when its rewards differ: a group-relative
 advantage learns nothing from equal rewards, and the original is on-policy. An episode
-remembers its original task, reward and components under metadata["hindsight"], and
-the trainer's success rate (`evaluate.solved`) is that of the original tasks.
+remembers its original task, reward and components under metadata["hindsight"]; the
+trainer's success rate (`evaluate.solved`) is that of the original tasks, the reward/*
+metrics are those trained on, and rollout/hindsight_groups counts the relabeled groups.
 """
 from __future__ import annotations
 

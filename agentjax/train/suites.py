@@ -18,8 +18,8 @@ import numpy as np
 
 from agentjax.choices import OUTCOMES
 from agentjax.data import demonstrators as demo_lib
-from agentjax.data.arith import make_arith_splits
 from agentjax.data import hindsight
+from agentjax.data.arith import make_arith_splits
 from agentjax.data.loaders import load_jsonl, load_search_r1_parquet
 from agentjax.data.search_data import make_search_dataset
 from agentjax.data.world import WorldConfig, other_worlds_documents
