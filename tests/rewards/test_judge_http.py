@@ -6,10 +6,16 @@ import json
 import httpx
 import pytest
 
+from agentjax.envs.base import Task
+from agentjax.models.tokenizer import build_tokenizer
+from agentjax.rewards.composite import make_reward_fn
 from agentjax.rewards.judge import JudgeError, LLMJudge
 from agentjax.rewards.judge_http import ChatJudgeModel
+from agentjax.rollout.engine import SamplingParams
+from agentjax.rollout.pool import RolloutPool
 from tests.rewards.episodes import TWO_HOP, episode
 from tests.rewards.test_judge import NO, YES
+from tests.rollout.fakes import CORPUS, ScriptedEngine, ToyEnv
 
 LOG = episode(TWO_HOP, "<answer> Dara Voss </answer>")
 
@@ -84,3 +90,28 @@ def test_bad_arguments():
         ChatJudgeModel("judge.test:30000", "m")
     with pytest.raises(ValueError, match="model name"):
         ChatJudgeModel("http://judge.test", "")
+
+
+def test_in_the_rollout_pool_verdicts_are_rewards_and_no_verdict_fails_the_episode():
+    """The pool calls the reward from its worker threads while its event loop runs."""
+    tokenizer = build_tokenizer(CORPUS * 4, vocab_size=384)
+
+    def handle(request):
+        prompt = json.loads(request.content)["messages"][0]["content"]
+        reply = YES if "Task: question 0" in prompt else "no idea"
+        return httpx.Response(200, json=chat_reply(reply))
+
+    judge = LLMJudge(model(handle, retries=0))
+    reward_fn = make_reward_fn({"components": {"judge": 1.0}}, judge=judge)
+    engine = ScriptedEngine(tokenizer, lambda context, index: "<answer>Paris</answer>")
+    tasks = [Task(f"t{i}", f"question {i}", ("Paris",)) for i in range(2)]
+    with RolloutPool(engine, ToyEnv, tokenizer, concurrency=4, reward_fn=reward_fn) as pool:
+        solved, unjudged = pool.collect_sync(tasks, group_size=2,
+                                             sampling=SamplingParams(max_new_tokens=16))
+    for traj in solved:
+        assert traj.final_reward == 1.0 and not traj.metadata["failed"]
+        assert traj.metadata["reward_components"] == {"judge": 1.0}
+    for traj in unjudged:
+        assert traj.metadata["failed"] and traj.final_reward == 0.0
+        assert "JudgeError: no judge gave a verdict on task 't1'" in traj.metadata["error"]
+        assert "no idea" in traj.metadata["reward_error"]
