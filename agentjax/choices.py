@@ -9,8 +9,10 @@ is the exact set of names its implementation accepts (named in the comment above
 # The envs (train/suites.py: SUITES builds each one's tasks, env and reward) and their
 # outcomes: env.name -> {reward.outcome: the reward component it rewards}; "em" names the
 # success criterion (evaluation counts an episode solved when it reaches 1), logged
-# either way.
-OUTCOMES = {"search": {"em": "exact_match", "f1": "f1"}, "python": {"em": "math_match"}}
+# either way; "judge" is the LLM judge of reward.judge (rewards/judge.py), in the reward
+# only when chosen (it asks a server about every episode).
+OUTCOMES = {"search": {"em": "exact_match", "f1": "f1", "judge": "judge"},
+            "python": {"em": "math_match"}}
 # models/config.py (`_ARCHS`: the HF architectures entry of each) and models/decoder.py.
 ARCHS = ("llama", "qwen2", "qwen3")
 # models/decoder.py: remat_policy.
@@ -34,3 +36,19 @@ OLD_LOGP = ("recompute", "behavior")
 IS_BOUNDS = ("truncate", "mask")
 # rl/preference.py: dpo_loss.
 DPO_KINDS = ("sigmoid", "ipo", "hinge")
+# train/trainer.py: Trainer.run ("sft" stops after SFT, "rl" goes on to RL).
+STAGES = ("rl", "sft")
+# train/suites.py: build_search_suite (a synthetic world, or a user's Search-R1 files).
+DATA_SOURCES = ("synthetic", "files")
+# train/suites.py: INSTRUCTIONS (the search env's prompt).
+INSTRUCTIONS = ("minimal", "short", "search_r1")
+# train/suites.py: build_search_suite (envs/retrieval.py: BM25Retriever in-process,
+# HttpRetriever for a server).
+RETRIEVERS = ("bm25", "http")
+# data/demonstrators.py: DemonstratorConfig.guess.
+GUESSES = ("sample", "mode")
+# train/trainer.py builds the rollout engine: "jax" is rollout/jax_engine.py, "sglang"
+# the SGLang server pool (train/config.py refuses it until its Engine lands).
+ENGINES = ("jax", "sglang")
+# train/rl_loop.py: guard_nonfinite.
+ON_NONFINITE = ("skip", "rollback")

@@ -1,6 +1,9 @@
 """Each name list of agentjax.choices is exactly what its implementation has a table for."""
+import pytest
+
 from agentjax import choices
 from agentjax.data import curriculum
+from agentjax.data.demonstrators import DemonstratorConfig
 from agentjax.models import config as model_config
 from agentjax.rl import losses, offpolicy, preference
 from agentjax.train import suites
@@ -28,3 +31,14 @@ def test_every_dpo_kind_has_a_function():
 
 def test_every_curriculum_has_a_sampler():
     assert tuple(curriculum.SAMPLERS) == choices.CURRICULA
+
+
+def test_every_instruction_has_a_text():
+    assert tuple(suites.INSTRUCTIONS) == choices.INSTRUCTIONS
+
+
+def test_the_demonstrator_takes_exactly_the_guess_names():
+    for guess in choices.GUESSES:
+        DemonstratorConfig(guess=guess)
+    with pytest.raises(ValueError, match=r"one of \('sample', 'mode'\)"):
+        DemonstratorConfig(guess="median")

@@ -45,6 +45,7 @@ from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from agentjax.choices import GUESSES
 from agentjax.data.world import RELATIONS, Entity, parse_question
 from agentjax.envs.base import EpisodeLog, Task
 from agentjax.envs.parsers import parse_search_r1
@@ -109,8 +110,8 @@ class DemonstratorConfig:
     guess: str = "sample"
 
     def __post_init__(self):
-        if self.guess not in ("sample", "mode"):
-            raise ValueError(f"DemonstratorConfig.guess must be 'sample' or 'mode', "
+        if self.guess not in GUESSES:
+            raise ValueError(f"DemonstratorConfig.guess must be one of {GUESSES}, "
                              f"got {self.guess!r}")
         for field in dataclasses.fields(self):
             if field.name.startswith("p_") and not 0.0 <= getattr(self, field.name) <= 1.0:

@@ -9,6 +9,8 @@ chain, so the relabeled task asks that prefix ("Who is the founder of the employ
 X?"), whose answer is exactly what the episode said. Only prefixes of the original chain
 from the original start entity are considered: the episode's searches then are a sound
 demonstration for the new question too (answers reached by other paths are left alone).
+The RL stage relabels whole groups with it when `data.hindsight` is set
+(train/hindsight.py).
 """
 from __future__ import annotations
 

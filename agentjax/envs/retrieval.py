@@ -16,13 +16,13 @@ import json
 import math
 import os
 import pathlib
-import time
 from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import bm25s
 import httpx
 import numpy as np
 
+from agentjax.http_json import post_json
 from agentjax.jsonl import read_jsonl
 
 
@@ -256,33 +256,9 @@ class HttpRetriever:
         if not queries:
             return []
         payload = {"queries": list(queries), "topk": int(topk), "return_scores": True}
-        # ASCII JSON: a query holding a lone surrogate (no UTF-8 encoding) is sent as a
-        # \ud800-style escape rather than failing to encode on every attempt.
-        body = json.dumps(payload).encode("ascii")
-        errors = []
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                response = self._client.post(
-                    self.url, content=body, headers={"Content-Type": "application/json"})
-            except httpx.HTTPError as e:
-                errors.append(f"{type(e).__name__}: {e}")
-                continue
-            if response.status_code >= 500:
-                errors.append(f"HTTP {response.status_code}: {response.text[:200]}")
-                continue
-            if response.status_code != 200:
-                raise RetrievalError(f"{self.url}: HTTP {response.status_code}: "
-                                     f"{response.text[:200]}")
-            try:
-                return _parse_response(response.json(), len(queries), int(topk))
-            except (ValueError, RecursionError) as e:  # not JSON (or nested past parsing)
-                errors.append(f"malformed response: not JSON ({type(e).__name__})")
-            except RetrievalError as e:
-                errors.append(str(e))
-        raise RetrievalError(
-            f"{self.url}: {self.retries + 1} attempts failed; last: {errors[-1]}")
+        return post_json(self._client, self.url, payload,
+                         parse=lambda body: _parse_response(body, len(queries), int(topk)),
+                         error=RetrievalError, retries=self.retries, backoff_s=self.backoff_s)
 
     def close(self) -> None:
         """Closes the connection pool."""

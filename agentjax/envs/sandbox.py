@@ -22,6 +22,11 @@ on one host never share a uid (their process counts would otherwise be pooled).
 Without bubblewrap the constructor fails and says how to install it. The unsandboxed
 fallback (rlimits, session and uid only: the code can read the host file system and
 reach the network) exists solely behind `allow_unsandboxed=True` and logs a warning.
+
+The trainer reaches only `Sandbox.run`: the python env calls it from the rollout pool's
+worker threads, which already run many episodes' tool calls at once. `arun` (from an
+event loop) and `run_many` (a batch of programs) are library API for other callers,
+e.g. an asyncio agent framework or checking a set of programs offline.
 """
 from __future__ import annotations
 

@@ -30,8 +30,9 @@ Registered components (options in parentheses):
   process  process (include_answer) — subgoal_reward, on tasks with subgoals only
   shaping  format (action_tags, terminal_tags, think_tag); tool_shaping (valid_bonus,
            max_bonus_calls, duplicate_penalty, invalid_penalty, cap); length (penalty:
-           overlong|linear|sigmoid, unit: turns|tokens, and length_reward's max_len,
-           buffer, factor, target, coef, max_penalty, tau; resource tokenizer for tokens)
+           linear|sigmoid, unit: turns|tokens, and length_reward's target, coef,
+           max_penalty, tau; resource tokenizer for tokens). DAPO's overlong shaping is
+           the trainer's algo.overlong_* (exact sampled tokens; rewards/length.py).
 """
 from __future__ import annotations
 
@@ -164,8 +165,9 @@ def _tests_pass(*, sandbox, timeout_s: float = 5.0, memory_mb: int = 512,
 
 @register_reward("judge", "outcome")
 def _judge(*, judge):
-    return Term(judge, min(0.0, judge.unparsable_score), max(1.0, judge.unparsable_score),
-                afn=judge.ascore)
+    fallback = judge.unparsable_score
+    low, high = (0.0, 1.0) if fallback is None else (min(0.0, fallback), max(1.0, fallback))
+    return Term(judge, low, high, afn=judge.ascore)
 
 
 @register_reward("format", "shaping")
@@ -184,7 +186,8 @@ def _tool_shaping(**options):
 
 
 @register_reward("length", "shaping")
-def _length(*, penalty: str = "overlong", unit: str = "turns", tokenizer=None, **params):
+def _length(*, penalty: str = "linear", unit: str = "turns", tokenizer=None, **params):
+    length.check_kind(penalty)
     _check_options("length", params, length.length_reward, reserved=("length", "kind"))
     if unit == "tokens" and tokenizer is None:
         raise ValueError("reward component 'length' counts tokens: pass "
@@ -193,8 +196,7 @@ def _length(*, penalty: str = "overlong", unit: str = "turns", tokenizer=None, *
         raise ValueError(f"reward component 'length': unit must be one of "
                          f"{length.LENGTH_UNITS}, got {unit!r}")
     length.length_reward(0, kind=penalty, **params)  # a bad config fails now, not mid-run
-    bounds = length.length_bounds(penalty, factor=params.get("factor", 1.0),
-                                  max_penalty=params.get("max_penalty", 1.0))
+    bounds = length.length_bounds(penalty, max_penalty=params.get("max_penalty", 1.0))
     return Term(lambda task, log: length.length_reward(
         length.episode_length(log, unit=unit, tokenizer=tokenizer), kind=penalty, **params),
         *bounds)

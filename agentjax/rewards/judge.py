@@ -1,12 +1,16 @@
-"""LLM-as-judge reward through any Engine.
+"""LLM-as-judge reward.
 
 A rubric prompt asks for a JSON verdict `{"success": true|false, "reason": "..."}`; an
-ensemble (several engines and/or several samples each) votes, and the majority decides.
-Judges misbehave, so: a verdict that is not parsable JSON with a boolean-like "success",
-an aborted completion and an engine that raises all count as abstentions, never as a
-crash; ties score 0 (a judge reward is easy to hack, so doubt never pays); when every
-vote abstains the score is `unparsable_score`. The agent's transcript is wrapped in
-markers that the agent cannot forge, and the rubric says it is data, not instructions.
+ensemble (several judge models and/or several samples each) votes, and the majority
+decides. A judge model is anything with `async complete(prompt, n)`: an Engine with its
+tokenizer (`EngineJudgeModel`) or an OpenAI-compatible server (`judge_http`, what
+`reward.outcome='judge'` uses). Judges misbehave, so: a verdict that is not parsable
+JSON with a boolean-like "success", an aborted reply and a model that raises each count
+as one abstention; ties score 0 (a judge reward is easy to hack, so doubt never pays);
+when every vote abstains the judge raises JudgeError naming the replies (the trainer
+records the episode as failed, with that error) unless `unparsable_score` is set. The
+agent's transcript is wrapped in markers that the agent cannot forge, and the rubric
+says it is data, not instructions.
 """
 from __future__ import annotations
 
@@ -40,6 +44,44 @@ class TokenizerLike(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
+class JudgeModel(Protocol):
+    """A model that answers the judge prompt: `EngineJudgeModel` (an Engine and its
+    tokenizer) or `rewards.judge_http.ChatJudgeModel` (an OpenAI-compatible server)."""
+
+    async def complete(self, prompt: str, n: int) -> list[str | None]:
+        """`n` sampled replies to `prompt` (None for a reply the server aborted); raises
+        when the model cannot be asked."""
+        ...
+
+
+class JudgeError(RuntimeError):
+    """No verdict: every vote abstained (and no `unparsable_score` was set), or a judge
+    server could not be asked."""
+
+
+class EngineJudgeModel:
+    """A judge model run by an Engine (token ids in and out), e.g. a JaxEngine over a
+    second local checkpoint; the prompt is encoded as plain text (no chat template).
+
+    Args:
+      engine: the Engine.
+      tokenizer: object with `encode(text) -> ids` and `decode(ids) -> text` for its model.
+      sampling: judge sampling parameters; `n` is replaced by the votes asked for.
+    """
+
+    def __init__(self, engine: Engine, tokenizer: TokenizerLike, *,
+                 sampling: SamplingParams = SamplingParams(temperature=0.7,
+                                                           max_new_tokens=256)):
+        self.engine, self.tokenizer, self.sampling = engine, tokenizer, sampling
+
+    async def complete(self, prompt: str, n: int) -> list[str | None]:
+        request = GenerateRequest(input_ids=list(self.tokenizer.encode(prompt)),
+                                  sampling=dataclasses.replace(self.sampling, n=n))
+        [completions] = await self.engine.generate([request])
+        return [None if c.finish_reason == "abort" else self.tokenizer.decode(c.output_ids)
+                for c in completions]
+
+
 @dataclasses.dataclass(frozen=True)
 class JudgeVerdict:
     """The ensemble's decision.
@@ -49,7 +91,7 @@ class JudgeVerdict:
         `unparsable_score` when no vote was parsable.
       yes: votes for success.
       no: votes for failure.
-      unparsable: abstentions (unparsable text, aborted completion, engine error).
+      unparsable: abstentions (unparsable text, aborted reply, judge error).
       raw: every vote's raw text (or error message), in order.
     """
 
@@ -85,31 +127,26 @@ class LLMJudge:
     """Scores an episode with a rubric-prompted ensemble of LLM judges.
 
     Args:
-      engines: one Engine or several (an ensemble of different models).
-      tokenizer: object with `encode(text) -> ids` and `decode(ids) -> text` for the
-        judge model(s).
+      models: one JudgeModel or several (an ensemble of different models).
       rubric: instructions placed before the task and transcript.
-      sampling: judge sampling parameters; `n` is replaced by `votes_per_engine`.
-      votes_per_engine: samples drawn from each engine.
-      unparsable_score: score when every vote abstains.
+      votes_per_model: replies sampled from each model.
+      unparsable_score: the score when every vote abstains; None (the default) raises
+        JudgeError instead, naming what the judges replied: a reward that silently
+        turns a dead or confused judge into 0 would train on noise.
       max_observation_chars: observations are cut to this many characters in the
         transcript (tool outputs can be long; the judge needs the agent's actions).
     """
 
-    def __init__(self, engines: Engine | Sequence[Engine], tokenizer: TokenizerLike, *,
-                 rubric: str = DEFAULT_RUBRIC,
-                 sampling: SamplingParams = SamplingParams(temperature=0.7, max_new_tokens=256),
-                 votes_per_engine: int = 1, unparsable_score: float = 0.0,
-                 max_observation_chars: int = 1000):
-        self.engines = list(engines) if isinstance(engines, Sequence) else [engines]
-        if not self.engines:
-            raise ValueError("LLMJudge needs at least one engine")
-        if votes_per_engine < 1:
-            raise ValueError(f"LLMJudge: votes_per_engine must be >= 1, got {votes_per_engine}")
-        self.tokenizer = tokenizer
+    def __init__(self, models: JudgeModel | Sequence[JudgeModel], *,
+                 rubric: str = DEFAULT_RUBRIC, votes_per_model: int = 1,
+                 unparsable_score: float | None = None, max_observation_chars: int = 1000):
+        self.models = list(models) if isinstance(models, Sequence) else [models]
+        if not self.models:
+            raise ValueError("LLMJudge needs at least one judge model")
+        if votes_per_model < 1:
+            raise ValueError(f"LLMJudge: votes_per_model must be >= 1, got {votes_per_model}")
         self.rubric = rubric
-        self.sampling = dataclasses.replace(sampling, n=votes_per_engine)
-        self.votes_per_engine = votes_per_engine
+        self.votes_per_model = votes_per_model
         self.unparsable_score = unparsable_score
         self.max_observation_chars = max_observation_chars
 
@@ -138,30 +175,36 @@ class LLMJudge:
         lines.append(_MARKERS[1])
         return f"{self.rubric}\n\n" + "\n".join(lines) + "\n"
 
-    async def _votes(self, engine: Engine, input_ids: list[int]) -> list[str | None]:
-        """Raw texts of one engine's votes (None for an aborted completion)."""
+    async def _votes(self, model: JudgeModel, prompt: str) -> list[str | None]:
+        """Raw texts of one model's votes (None for an aborted reply)."""
         try:
-            [completions] = await engine.generate(
-                [GenerateRequest(input_ids=input_ids, sampling=self.sampling)])
-        except Exception as err:  # noqa: BLE001 — a failing judge abstains, never crashes
-            return [f"engine error: {type(err).__name__}: {err}"] * self.votes_per_engine
-        texts = [None if c.finish_reason == "abort" else self.tokenizer.decode(c.output_ids)
-                 for c in completions]
-        return (texts + ["missing completion"] * self.votes_per_engine)[:self.votes_per_engine]
+            texts = list(await model.complete(prompt, self.votes_per_model))
+        except Exception as err:  # noqa: BLE001 — one failing judge abstains
+            return [f"judge error: {type(err).__name__}: {err}"] * self.votes_per_model
+        return (texts + ["missing reply"] * self.votes_per_model)[:self.votes_per_model]
 
     async def averdict(self, task: Task, log: EpisodeLog) -> JudgeVerdict:
-        """Asks every engine, then takes the majority of parsable votes."""
-        input_ids = list(self.tokenizer.encode(self.prompt(task, log)))
-        per_engine = await asyncio.gather(*(self._votes(e, input_ids) for e in self.engines))
-        texts = [t for votes in per_engine for t in votes]
+        """Asks every model, then takes the majority of parsable votes.
+
+        Raises:
+          JudgeError: every vote abstained and `unparsable_score` is None.
+        """
+        prompt = self.prompt(task, log)
+        per_model = await asyncio.gather(*(self._votes(m, prompt) for m in self.models))
+        texts = [t for votes in per_model for t in votes]
         verdicts = [None if t is None else parse_verdict(t) for t in texts]
         yes, no = verdicts.count(True), verdicts.count(False)
+        raw = tuple("(aborted)" if t is None else t for t in texts)
         if yes + no == 0:
+            if self.unparsable_score is None:
+                shown = " | ".join(r[:200] for r in raw)
+                raise JudgeError(f"no judge gave a verdict on task {task.task_id!r} "
+                                 f"({len(raw)} votes): {shown}")
             score = self.unparsable_score
         else:
             score = 1.0 if yes > no else 0.0
         return JudgeVerdict(score=score, yes=yes, no=no, unparsable=len(verdicts) - yes - no,
-                            raw=tuple("(aborted)" if t is None else t for t in texts))
+                            raw=raw)
 
     async def ascore(self, task: Task, log: EpisodeLog) -> float:
         """The judge's score (use inside a running event loop)."""

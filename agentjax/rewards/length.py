@@ -1,7 +1,6 @@
 """Length penalties of one episode, computed by `agentjax.rl.shaping`.
 
 Additive terms, always <= 0, so they sum into the composite reward:
-  overlong: DAPO soft overlong punishment, in [-factor, 0].
   linear:   -coef * max(0, length - target), floored at -max_penalty (the composite needs
             bounded terms).
   sigmoid:  sigmoid(-(length - target) / tau) - 1, in (-1, 0): what a unit reward loses
@@ -10,8 +9,12 @@ Additive terms, always <= 0, so they sum into the composite reward:
 
 The length is measured from the log in turns, or in tokens by re-encoding each action
 with the policy's tokenizer (the trajectory's exact ids are not in the log; re-encoding
-can differ from the sampled ids by a token or so at turn boundaries — apply DAPO's
-overlong shaping on exact trajectory lengths in the trainer when that matters).
+can differ from the sampled ids by a token or so at turn boundaries).
+
+DAPO's soft overlong punishment is not a component here: it is defined on the exact
+number of sampled tokens, which only the trajectory has, so it has one home, the
+trainer (algo.overlong_buffer, algo.overlong_max_len, algo.overlong_factor:
+`train.rl_loop.shape_overlong`, formula `rl.shaping.overlong_penalty`).
 """
 from __future__ import annotations
 
@@ -23,7 +26,10 @@ from agentjax.envs.base import EpisodeLog
 from agentjax.rl import shaping
 
 LENGTH_UNITS = ("turns", "tokens")
-LENGTH_KINDS = ("overlong", "linear", "sigmoid")
+LENGTH_KINDS = ("linear", "sigmoid")
+OVERLONG_HOME = ("DAPO's overlong shaping counts the exact sampled tokens, so it is the "
+                 "trainer's: set algo.overlong_buffer, algo.overlong_max_len and "
+                 "algo.overlong_factor (the dapo preset does)")
 
 
 def episode_length(log: EpisodeLog, *, unit: str = "turns", tokenizer: Any = None) -> int:
@@ -43,40 +49,37 @@ def episode_length(log: EpisodeLog, *, unit: str = "turns", tokenizer: Any = Non
     raise ValueError(f"length unit must be one of {LENGTH_UNITS}, got {unit!r}")
 
 
-def length_bounds(kind: str, *, factor: float = 1.0,
-                  max_penalty: float = 1.0) -> tuple[float, float]:
+def check_kind(kind: str) -> None:
+    """Raises ValueError unless `kind` is one of LENGTH_KINDS ("overlong": saying where
+    DAPO's overlong shaping is)."""
+    if kind == "overlong":
+        raise ValueError(f"length penalty 'overlong': {OVERLONG_HOME}")
+    if kind not in LENGTH_KINDS:
+        raise ValueError(f"length penalty kind must be one of {LENGTH_KINDS}, got {kind!r}")
+
+
+def length_bounds(kind: str, *, max_penalty: float = 1.0) -> tuple[float, float]:
     """[low, high] of `length_reward` for `kind`."""
-    return {"overlong": (-factor, 0.0), "linear": (-max_penalty, 0.0),
-            "sigmoid": (-1.0, 0.0)}[kind]
+    return {"linear": (-max_penalty, 0.0), "sigmoid": (-1.0, 0.0)}[kind]
 
 
-def length_reward(length: int, *, kind: str, max_len: int | None = None,
-                  buffer: int | None = None, factor: float = 1.0, target: int | None = None,
+def length_reward(length: int, *, kind: str, target: int | None = None,
                   coef: float | None = None, max_penalty: float = 1.0,
                   tau: float | None = None) -> float:
     """The length penalty of one episode (module docstring).
 
     Args:
       length: the episode length (see `episode_length`).
-      kind: "overlong", "linear" or "sigmoid".
-      max_len: overlong: the maximum length.
-      buffer: overlong: the length of the punishment interval before max_len.
-      factor: overlong: the penalty at and beyond max_len.
-      target: linear / sigmoid: the target length.
+      kind: "linear" or "sigmoid".
+      target: the target length.
       coef: linear: penalty per unit of length beyond target.
       max_penalty: linear: the penalty is floored at -max_penalty.
       tau: sigmoid: temperature.
     """
-    if kind not in LENGTH_KINDS:
-        raise ValueError(f"length penalty kind must be one of {LENGTH_KINDS}, got {kind!r}")
-    lengths = np.asarray([length], np.float32)
-    if kind == "overlong":
-        if max_len is None or buffer is None:
-            raise ValueError("length penalty 'overlong' needs max_len and buffer")
-        return float(shaping.overlong_penalty(lengths, max_len=max_len, buffer=buffer,
-                                              factor=factor)[0])
+    check_kind(kind)
     if target is None:
         raise ValueError(f"length penalty {kind!r} needs a target length")
+    lengths = np.asarray([length], np.float32)
     if kind == "linear":
         penalty = shaping.length_penalty(np.zeros(1, np.float32), lengths, target=target,
                                          kind="linear", coef=coef)

@@ -11,6 +11,12 @@ PyTorch frameworks (verl `core_algos.py`): a group of size 1 has mean 0 (and std
 GRPO). agentjax additionally guarantees that a group whose scores are all equal gets
 exactly 0 (never NaN, never rounding noise / eps) and that rows whose group id lies outside
 [0, num_groups) (e.g. padding rows with id -1) are ignored and get 0.
+
+`remax` and `turn_returns` are library API with no trainer path yet (no `algo.advantage`
+selects them): ReMax's baseline is the reward of a greedy rollout of each prompt, an
+extra rollout per prompt the RL loop does not make; `turn_returns` needs each turn's
+reward as a [B, K] array, while the trainer's batch holds rewards per token (`collate`),
+which `reinforce_plus_plus` discounts per token.
 """
 from __future__ import annotations
 

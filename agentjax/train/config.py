@@ -26,12 +26,19 @@ from agentjax.choices import (
     AGGREGATIONS,
     ARCHS,
     CURRICULA,
+    DATA_SOURCES,
+    ENGINES,
+    GUESSES,
+    INSTRUCTIONS,
     KL_KINDS,
     OLD_LOGP,
+    ON_NONFINITE,
     OUTCOMES,
     POLICY_LOSSES,
     REMAT_POLICIES,
+    RETRIEVERS,
     SCHEDULES,
+    STAGES,
 )
 
 # What each algorithm changes from the defaults (the defaults are GRPO's).
@@ -112,6 +119,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.data.demo_hops = ""  # which training questions get demonstrations, e.g. "1,2,3:0.1"
     c.data.rl_excludes_demo_tasks = False  # RL samples only questions SFT never saw
     c.data.curriculum = "uniform"
+    # Hindsight relabeling (synthetic search worlds): an RL group that solved nothing,
+    # where some episode answered an intermediate entity of the question, trains as a
+    # group for the shorter question it answered (train/hindsight.py).
+    c.data.hindsight = False
 
     c.env = ml_collections.ConfigDict()
     c.env.name = "search"
@@ -124,11 +135,21 @@ def default_config() -> ml_collections.ConfigDict:
     c.retrieval = ml_collections.ConfigDict({"kind": "bm25", "url": "", "timeout_s": 10.0})
 
     c.reward = ml_collections.ConfigDict()
-    c.reward.outcome = "em"  # rewarded outcome: "em" (exact match) or "f1" (search only)
+    # The rewarded outcome: "em" (exact match), or for search "f1" or "judge" (an LLM
+    # judge, below); held-out success is exact match whichever is rewarded.
+    c.reward.outcome = "em"
     c.reward.format_weight = 0.0
     c.reward.tool_weight = 0.0
     c.reward.process_weight = 0.0
+    # A linear penalty on turns beyond two (suites._reward_config); DAPO's overlong
+    # shaping on the sampled tokens is algo.overlong_buffer.
     c.reward.length_weight = 0.0
+    # reward.outcome="judge": an OpenAI-compatible chat server (SGLang, vLLM) grades each
+    # episode against the task's reference answers (rewards/judge.py); `votes` replies per
+    # episode, the majority decides; a judge that gives no verdict fails the episode.
+    c.reward.judge = ml_collections.ConfigDict(
+        {"url": "", "model": "", "votes": 1, "temperature": 0.0, "max_tokens": 256,
+         "timeout_s": 60.0})
 
     # Language-model pretraining before SFT (next-token loss on every token of a text
     # corpus). A model built from scratch cannot copy a name it has never seen from its
@@ -204,7 +225,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.algo.tis_cap = 2.0
     c.algo.dynamic_sampling = False
     c.algo.max_resample_rounds = 3
-    c.algo.overlong_buffer = 0  # DAPO overlong shaping on action tokens; 0 disables
+    # DAPO soft overlong punishment on the exact sampled (action) tokens of an episode,
+    # added to its reward (train/rl_loop.py: shape_overlong); 0 disables.
+    c.algo.overlong_buffer = 0
     c.algo.overlong_max_len = 256  # L_max of the shaping (action tokens per episode)
     c.algo.overlong_factor = 1.0
     c.algo.critic_lr = 1e-3
@@ -420,6 +443,10 @@ def _url(text: str) -> bool:
     return re.fullmatch(r"https?://[^\s,]+", text) is not None
 
 
+def _name(text: str) -> bool:
+    return text == "" or re.fullmatch(r"\S+", text) is not None
+
+
 def _host_port(text: str) -> bool:
     return text == "" or re.fullmatch(r"[^\s:]+:\d+", text) is not None
 
@@ -437,6 +464,7 @@ URLS = Text("'' or comma-separated http(s):// URLs",
 TEMPLATE_KWARGS = Text("'' or a JSON object of chat-template variables, e.g. "
                        "'{\"enable_thinking\": false}'", _json_object)
 HOST_PORT = Text("'' or 'host:port'", _host_port)
+SERVED_MODEL = Text("'' or the model name a server serves (no whitespace)", _name)
 
 # The byte alphabet (256), the chat control tokens and the agent tags of a tokenizer
 # built for a tiny model (models.tokenizer.build_tokenizer) need this many ids.
@@ -455,7 +483,7 @@ POSITIVE_REAL = Real("(0, inf)")
 RULES = {
     "seed": COUNT,
     "total_steps": POSITIVE,
-    "stage": Choice(("rl", "sft")),
+    "stage": Choice(STAGES),
     "init_from": Path("folder", "a run's workdir, checkpoint folder or HF folder"),
     **{f"mesh.{axis}": Integer(1, special=((-1, "the remaining devices"),))
        for axis in ("data", "fsdp", "tensor")},
@@ -477,7 +505,7 @@ RULES = {
     "tokenizer.path": Path("folder", "a tokenizer"),
     "tokenizer.template_kwargs": TEMPLATE_KWARGS,
     "tokenizer.vocab_size": Integer(MIN_TINY_VOCAB, special=((0, "the loaded model's"),)),
-    "data.source": Choice(("synthetic", "files")),
+    "data.source": Choice(DATA_SOURCES),
     "data.train_path": Path("file", "Search-R1 parquet or jsonl"),
     "data.test_path": Path("file", "Search-R1 parquet or jsonl"),
     "data.corpus_path": Path("file", "Search-R1 corpus jsonl"),
@@ -494,13 +522,14 @@ RULES = {
     "data.file_prompt": Flag(),
     "data.skip_bad_rows": Flag(),
     "data.curriculum": Choice(CURRICULA),
+    "data.hindsight": Flag(),
     "env.name": Choice(tuple(OUTCOMES)),
     "env.topk": POSITIVE,
     "env.max_turns": POSITIVE,
     "env.max_observation_words": POSITIVE,
-    "env.instruction": Choice(("minimal", "short", "search_r1")),
+    "env.instruction": Choice(INSTRUCTIONS),
     "env.mask_observations": Flag(),
-    "retrieval.kind": Choice(("bm25", "http")),
+    "retrieval.kind": Choice(RETRIEVERS),
     "retrieval.url": URL,
     "retrieval.timeout_s": POSITIVE_REAL,
     "reward.outcome": Choice(tuple(dict.fromkeys(o for by_env in OUTCOMES.values()
@@ -509,6 +538,12 @@ RULES = {
     "reward.tool_weight": NON_NEGATIVE,
     "reward.process_weight": NON_NEGATIVE,
     "reward.length_weight": NON_NEGATIVE,
+    "reward.judge.url": URL,
+    "reward.judge.model": SERVED_MODEL,
+    "reward.judge.votes": POSITIVE,
+    "reward.judge.temperature": NON_NEGATIVE,
+    "reward.judge.max_tokens": POSITIVE,
+    "reward.judge.timeout_s": POSITIVE_REAL,
     "pretrain.steps": COUNT,
     "pretrain.worlds": COUNT,
     "pretrain.batch_size": POSITIVE,
@@ -518,14 +553,14 @@ RULES = {
     "sft.lr": POSITIVE_REAL,
     "sft.num_demos": POSITIVE,
     "sft.guess_prob": PROBABILITY,
-    "sft.guess": Choice(("sample", "mode")),
+    "sft.guess": Choice(GUESSES),
     "sft.repeat_prob": PROBABILITY,
     "sft.early_stop_prob": PROBABILITY,
     "sft.poor_query_prob": PROBABILITY,
     "sft.negative_frac": PROBABILITY,
     "sft.corpus_mix": Real("[0, 1)"),
     "sft.rename_frac": PROBABILITY,
-    "rollout.engine": Choice(("jax", "sglang")),
+    "rollout.engine": Choice(ENGINES),
     "rollout.sglang_urls": URLS,
     "rollout.prompts_per_step": POSITIVE,
     "rollout.group_size": POSITIVE,
@@ -575,7 +610,7 @@ RULES = {
     "optim.b1": Real("[0, 1)"),
     "optim.b2": Real("[0, 1)"),
     "optim.grad_clip": Real("(0, inf)", special=((0, "off"),)),
-    "optim.on_nonfinite": Choice(("skip", "rollback")),
+    "optim.on_nonfinite": Choice(ON_NONFINITE),
     "optim.max_nonfinite_steps": POSITIVE,
     "eval.every": Integer(1, special=((0, "only after the last step"),)),
     "eval.num_tasks": POSITIVE,
@@ -687,6 +722,7 @@ def _check_combinations(config) -> None:
         _reject("reward.outcome", config.reward.outcome,
                 f"with env.name={config.env.name!r} choose one of "
                 f"{sorted(OUTCOMES[config.env.name])}")
+    _check_judge(config.reward)
     searches_synthetic_world = (config.env.name, data.source) == ("search", "synthetic")
     for key in ("pretrain.steps", "sft.corpus_mix"):
         if _get(config, key) and not searches_synthetic_world:
@@ -694,6 +730,9 @@ def _check_combinations(config) -> None:
                     "search world (env.name='search', data.source='synthetic')")
         if _get(config, key) and config.pretrain.worlds < 1:
             _reject(key, _get(config, key), "> 0 needs pretrain.worlds >= 1 (the corpus)")
+    if data.hindsight and not searches_synthetic_world:
+        _reject("data.hindsight", True, "it relabels the questions of a synthetic search "
+                "world: it needs env.name='search' and data.source='synthetic'")
     if config.sft.rename_frac and not searches_synthetic_world:
         _reject("sft.rename_frac", config.sft.rename_frac,
                 "> 0 renames the entities of a synthetic search world: it needs "
@@ -739,6 +778,13 @@ def _check_combinations(config) -> None:
     if algo.dynamic_sampling and not group_based:
         _reject("algo.dynamic_sampling", True, "it filters zero-variance groups: it needs "
                 "a group-based algo.advantage")
+    if data.hindsight and not group_based:
+        _reject("data.hindsight", True, "it keeps a relabeled group when its rewards "
+                "differ: it needs a group-based algo.advantage")
+    if data.hindsight and algo.old_logp == "behavior":
+        _reject("data.hindsight", True, "relabeled episodes were sampled under another "
+                "prompt, so the old log-probs must be recomputed: it needs "
+                "algo.old_logp='recompute'")
     if algo.overlong_buffer > algo.overlong_max_len:
         _reject("algo.overlong_buffer", algo.overlong_buffer,
                 f"it must not exceed algo.overlong_max_len={algo.overlong_max_len}")
@@ -777,6 +823,24 @@ def _check_combinations(config) -> None:
     if config.multihost.process_id >= config.multihost.num_processes:
         _reject("multihost.process_id", config.multihost.process_id,
                 f"it must be < multihost.num_processes={config.multihost.num_processes}")
+
+
+def _check_judge(reward) -> None:
+    """reward.judge is complete when the judge is the outcome, and unused otherwise."""
+    judge = reward.judge
+    if reward.outcome == "judge":
+        if not judge.url:
+            _reject("reward.judge.url", "", "reward.outcome='judge' needs the judge's "
+                    "OpenAI-compatible chat server, e.g. 'http://127.0.0.1:30000'")
+        if not judge.model:
+            _reject("reward.judge.model", "", "reward.outcome='judge' needs the model name "
+                    "the judge server serves")
+    elif judge.url:
+        _reject("reward.judge.url", judge.url, "it is used only with reward.outcome='judge' "
+                f"(reward.outcome is {reward.outcome!r})")
+    if judge.votes > 1 and judge.temperature == 0:
+        _reject("reward.judge.votes", judge.votes, "several votes at "
+                "reward.judge.temperature=0 repeat one greedy verdict: set a temperature > 0")
 
 
 def apply_algorithm(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:

@@ -22,10 +22,12 @@ from agentjax.rollout.trajectory import Trajectory
 
 
 def solved(traj: Trajectory, success_key: str) -> bool:
-    """Whether the episode solved its task (failed episodes never do)."""
+    """Whether the episode solved the task it was sampled for (failed episodes never do;
+    a hindsight-relabeled one is judged by its original task: train/hindsight.py)."""
     if traj.metadata.get("failed"):
         return False
-    return traj.metadata.get("reward_components", {}).get(success_key, 0.0) >= 1.0
+    sampled = traj.metadata.get("hindsight", traj.metadata)
+    return sampled.get("reward_components", {}).get(success_key, 0.0) >= 1.0
 
 
 GROUP_KEYS = ("hops", "taught")

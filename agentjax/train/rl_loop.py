@@ -34,6 +34,7 @@ from agentjax.rollout.trajectory import Trajectory, collate
 from agentjax.train import diagnostics, step as step_lib
 from agentjax.train.episodes import check_failures
 from agentjax.train.evaluate import solved
+from agentjax.train.hindsight import hindsight_groups
 from agentjax.train.hooks import Hook, run_hooks
 from agentjax.train.precision import master_copy
 from agentjax.train.prepare import build_prepare, critic_value_fn, model_logprob_fn
@@ -130,21 +131,25 @@ def shape_overlong(trajectories: list[Trajectory], algo) -> None:
 
 
 def collect_groups(trainer, sampler, step: int):
-    """One step's groups, numbered in order, and rollout metrics. With dynamic sampling
-    (DAPO), groups whose rewards are all equal are set aside and more tasks drawn until
-    the batch is full; if the rounds run out, set-aside groups (zero advantage: no
-    policy-gradient signal) fill the batch."""
+    """One step's groups, numbered in order, and rollout metrics. With data.hindsight,
+    groups that solved nothing are relabeled (train/hindsight.py) after the curriculum
+    has seen how they did. With dynamic sampling (DAPO), groups whose rewards are all
+    equal are set aside and more tasks drawn until the batch is full; if the rounds run
+    out, set-aside groups (zero advantage: no policy-gradient signal) fill the batch."""
     config, r = trainer.config, trainer.config.rollout
-    kept, set_aside, rounds = [], [], 0
+    kept, set_aside, rounds, relabeled = [], [], 0, 0
     while len(kept) < r.prompts_per_step:
         drawn = sampler.sample(r.prompts_per_step - len(kept))
         collected = trainer.pool.collect_sync(
             drawn, r.group_size, sampling=trainer.sampling(step * 100 + rounds),
             first_group_id=0)
-        if config.algo.overlong_buffer:
-            shape_overlong([t for group in collected for t in group], config.algo)
         sampler.update(drawn, [np.mean([solved(t, trainer.suite.success_key) for t in g])
                                for g in collected])
+        if config.data.hindsight:
+            collected, count = hindsight_groups(trainer, collected)
+            relabeled += count
+        if config.algo.overlong_buffer:
+            shape_overlong([t for group in collected for t in group], config.algo)
         if config.algo.dynamic_sampling:
             rewards = np.array([t.total_reward for g in collected for t in g], np.float32)
             keep = np.asarray(dynamic_sampling_keep(
@@ -161,7 +166,10 @@ def collect_groups(trainer, sampler, step: int):
     for group_index, group in enumerate(groups):
         for traj in group:
             traj.group_id = group_index
-    return groups, {"rollout/rounds": rounds, "rollout/kept_groups": len(kept)}
+    info = {"rollout/rounds": rounds, "rollout/kept_groups": len(kept)}
+    if config.data.hindsight:
+        info["rollout/hindsight_groups"] = relabeled
+    return groups, info
 
 
 def inspect_episodes(trainer, groups, step: int, first: bool) -> None:

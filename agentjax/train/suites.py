@@ -18,17 +18,20 @@ import numpy as np
 
 from agentjax.choices import OUTCOMES
 from agentjax.data import demonstrators as demo_lib
+from agentjax.data import hindsight
 from agentjax.data.arith import make_arith_splits
 from agentjax.data.loaders import load_jsonl, load_search_r1_parquet
 from agentjax.data.search_data import make_search_dataset
 from agentjax.data.world import WorldConfig, other_worlds_documents
-from agentjax.envs.base import Env, Task
+from agentjax.envs.base import Env, EpisodeLog, Task
 from agentjax.envs.python_env import DEFAULT_INSTRUCTION as PYTHON_INSTRUCTION
 from agentjax.envs.python_env import PythonEnv
 from agentjax.envs.retrieval import BM25Retriever, HttpRetriever
 from agentjax.envs.search import DEFAULT_INSTRUCTION, SHORT_INSTRUCTION, SearchEnv
 from agentjax.rewards import process
-from agentjax.rewards.composite import make_reward_fn
+from agentjax.rewards.composite import RewardFn, make_reward_fn
+from agentjax.rewards.judge import LLMJudge
+from agentjax.rewards.judge_http import ChatJudgeModel
 
 
 @dataclasses.dataclass
@@ -49,6 +52,8 @@ class TaskSuite:
         "by_hops": {...}}} — the demonstrator that wrote the SFT data among them.
       pretrain_corpus: builds the language-model pretraining corpus (config.pretrain)
         when pretraining runs; None where the suite has none.
+      relabel: (task, log) -> the task the episode's answer solved, or None
+        (data.hindsight, train/hindsight.py); None where the suite cannot relabel.
     """
 
     train_tasks: list[Task]
@@ -61,6 +66,7 @@ class TaskSuite:
     texts: list[str]
     baselines: dict[str, dict[str, Any]]
     pretrain_corpus: Callable[[], list[str]] | None = None
+    relabel: Callable[[Task, EpisodeLog], Task | None] | None = None
 
 
 def parse_counts(spec: str) -> dict[int, int]:
@@ -76,10 +82,12 @@ def parse_counts(spec: str) -> dict[int, int]:
 
 def _reward_config(config) -> dict:
     """The composite reward: the outcome component reward.outcome names gets weight 1, the
-    env's other outcome components are logged with weight 0."""
+    env's other outcome components are logged with weight 0 (the judge, which asks a
+    server about every episode, only when it is the outcome)."""
     weights = config.reward
     components = {name: float(key == weights.outcome)
-                  for key, name in OUTCOMES[config.env.name].items()}
+                  for key, name in OUTCOMES[config.env.name].items()
+                  if key != "judge" or key == weights.outcome}
     components.update({"format": weights.format_weight, "tool_shaping": weights.tool_weight})
     if config.env.name == "search":
         # Scores (and is logged for) the multi-hop tasks of the synthetic world only: a
@@ -91,6 +99,19 @@ def _reward_config(config) -> dict:
     return {"components": components}
 
 
+def _reward_fn(config) -> RewardFn:
+    """The run's reward function (`_reward_config`), with the LLM judge of reward.judge
+    when reward.outcome is "judge"."""
+    resources = {}
+    if config.reward.outcome == "judge":
+        judge = config.reward.judge
+        resources["judge"] = LLMJudge(
+            ChatJudgeModel(judge.url, judge.model, temperature=judge.temperature,
+                           max_tokens=judge.max_tokens, timeout_s=judge.timeout_s),
+            votes_per_model=judge.votes)
+    return make_reward_fn(_reward_config(config), **resources)
+
+
 def _report(report: demo_lib.SuccessReport) -> dict[str, Any]:
     return {"success": float(report.success),
             "by_hops": {str(k): float(v) for k, v in report.by_hops.items()}}
@@ -99,8 +120,8 @@ def _report(report: demo_lib.SuccessReport) -> dict[str, Any]:
 # The prompt a tiny model trained from scratch needs: it learns the action format from
 # the demonstrations, and every prompt token costs compute in SFT, rollouts and updates.
 MINIMAL_INSTRUCTION = "Question: {question}\n"
-INSTRUCTIONS = {"search_r1": DEFAULT_INSTRUCTION, "short": SHORT_INSTRUCTION,
-                "minimal": MINIMAL_INSTRUCTION}
+INSTRUCTIONS = {"minimal": MINIMAL_INSTRUCTION, "short": SHORT_INSTRUCTION,
+                "search_r1": DEFAULT_INSTRUCTION}
 
 
 def build_search_suite(config, data_dir: str) -> TaskSuite:
@@ -111,6 +132,7 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
                       max_observation_words=config.env.max_observation_words,
                       instruction=instruction)
     baselines, demonstrations, demo_texts, pretrain_corpus = {}, [], [], None
+    relabel = None
     if config.data.source == "synthetic":
         world_config = WorldConfig(
             seed=config.data.world_seed, num_people=config.data.num_people,
@@ -147,6 +169,9 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
         texts = [r["contents"] for r in world.corpus_records()]
         pretrain_corpus = functools.partial(other_worlds_documents, world_config,
                                             config.pretrain.worlds)
+        # Relabeled questions never ask a held-out one.
+        relabel = functools.partial(hindsight.relabel, world=world, exclude_questions=frozenset(
+            t.question for t in test_tasks))
     else:
         load = functools.partial(_load_tasks, skip_bad_rows=config.data.skip_bad_rows,
                                  file_prompt=config.data.file_prompt)
@@ -175,8 +200,8 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
 
     texts += [instruction] + [t.question for t in train_tasks + test_tasks] + demo_texts
     return TaskSuite(train_tasks, test_tasks, make_env,
-                     make_reward_fn(_reward_config(config)), OUTCOMES["search"]["em"],
-                     None, demonstrations, texts, baselines, pretrain_corpus)
+                     _reward_fn(config), OUTCOMES["search"]["em"],
+                     None, demonstrations, texts, baselines, pretrain_corpus, relabel)
 
 
 def _turn_texts(demos) -> list[str]:
@@ -236,7 +261,7 @@ def build_python_suite(config, data_dir: str) -> TaskSuite:
     def make_env():
         return PythonEnv(**env_kwargs)
 
-    reward_fn = make_reward_fn(_reward_config(config))
+    reward_fn = _reward_fn(config)
     rng = np.random.default_rng(config.data.world_seed)
     demos = []
     for task in train_tasks[:config.sft.num_demos] if config.sft.steps else []:

@@ -4,10 +4,9 @@ import pytest
 
 from agentjax.envs.base import Task
 from agentjax.rewards import composite
-from agentjax.rewards.judge import LLMJudge
 from tests.rewards.episodes import OBS_1, OBS_2, TWO_HOP, episode
 from tests.rewards.test_code import SubprocessSandbox
-from tests.rewards.test_judge import YES, CharTokenizer, ScriptedEngine
+from tests.rewards.test_judge import YES, CharTokenizer, ScriptedEngine, judge_of
 
 CONFIG = {"components": {"exact_match": {"weight": 1.0},
                          "f1": 0.0,
@@ -83,12 +82,14 @@ def test_outcome_share_is_enforced():
     ({"components": {}}, "non-empty 'components'"),
     ({"components": {"f1": 1}, "weights": {}}, r"unknown keys: \['weights'\]"),
     ({"components": {"tests_pass": 1}}, "needs 'sandbox'"),
-    ({"components": {"length": {"weight": 0.1, "penalty": "overlong"}}}, "max_len and buffer"),
+    ({"components": {"length": {"weight": 0.1, "penalty": "overlong", "max_len": 8,
+                                "buffer": 2}}}, "algo.overlong_buffer"),
     ({"components": {"length": {"weight": 0.1, "penalty": "cubic"}}}, "kind must be one of"),
-    ({"components": {"length": {"weight": 0.1, "unit": "tokens"}}}, "tokenizer"),
-    ({"components": {"length": {"weight": 0.1, "unit": "miles", "max_len": 4, "buffer": 1}}},
+    ({"components": {"length": {"weight": 0.1}}}, "needs a target length"),
+    ({"components": {"length": {"weight": 0.1, "target": 2, "unit": "tokens"}}}, "tokenizer"),
+    ({"components": {"length": {"weight": 0.1, "unit": "miles", "target": 2, "coef": 0.1}}},
      "unit must be one of"),
-    ({"components": {"length": {"weight": 0.1, "max_len": 4, "buffer": 1, "length": 3}}},
+    ({"components": {"length": {"weight": 0.1, "target": 2, "coef": 0.1, "length": 3}}},
      r"unknown options \['length'\]"),
 ])
 def test_config_errors(config, match):
@@ -119,7 +120,7 @@ def test_tests_pass_and_math_components():
 
 
 def test_judge_component_sync_and_async():
-    judge = LLMJudge(ScriptedEngine([YES, YES]), CharTokenizer())
+    judge = judge_of(ScriptedEngine([YES, YES]))
     reward_fn = composite.make_reward_fn({"components": {"judge": 1.0, "format": 0.5}},
                                          judge=judge)
     assert reward_fn(TWO_HOP, LUCKY)[1]["judge"] == 1.0
@@ -139,14 +140,14 @@ def test_out_of_bounds_component_is_caught(monkeypatch):
 
 def test_length_component_counts_turns_or_tokens():
     config = {"components": {"exact_match": 1.0,
-                             "length": {"weight": 1.0, "penalty": "overlong", "max_len": 3,
-                                        "buffer": 2, "factor": 0.5}}}
+                             "length": {"weight": 1.0, "penalty": "linear", "target": 1,
+                                        "coef": 0.2, "max_penalty": 0.3}}}
     reward_fn = composite.make_reward_fn(config)
-    # GAMER has 3 turns: exceed = 3 - (3 - 2) = 2 -> -2/2 * 0.5 = -0.5 (its lower bound).
-    assert reward_fn(TWO_HOP, GAMER)[1]["length"] == pytest.approx(-0.5)
-    assert [c.low for c in reward_fn.components] == [0.0, -0.5]
-    config["components"]["length"].update(unit="tokens", max_len=100, buffer=50)
+    # GAMER has 3 turns: -0.2 * (3 - 1) = -0.4, floored at -0.3 (its lower bound).
+    assert reward_fn(TWO_HOP, GAMER)[1]["length"] == pytest.approx(-0.3)
+    assert [c.low for c in reward_fn.components] == [0.0, -0.3]
+    config["components"]["length"].update(unit="tokens", target=40, coef=0.001)
     reward_fn = composite.make_reward_fn(config, tokenizer=CharTokenizer())
-    chars = sum(len(t.action_text) for t in GAMER.turns)
-    assert reward_fn(TWO_HOP, GAMER)[1]["length"] == pytest.approx(
-        max(-0.5, min(0.0, -(chars - 50) / 50 * 0.5)), abs=1e-6)
+    # CharTokenizer: one token per character, 92 in GAMER's actions: -0.001 * (92 - 40).
+    assert sum(len(t.action_text) for t in GAMER.turns) == 92
+    assert reward_fn(TWO_HOP, GAMER)[1]["length"] == pytest.approx(-0.052, abs=1e-6)

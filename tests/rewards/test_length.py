@@ -10,11 +10,9 @@ def sigmoid(x):
     return 1.0 / (1.0 + math.exp(-x))
 
 
-@pytest.mark.parametrize("n, expected", [(0, 0.0), (6, 0.0), (7, -0.25), (8, -0.5), (12, -0.5)])
-def test_overlong_matches_the_dapo_formula(n, expected):
-    # max_len 8, buffer 2, factor 0.5: free up to 6, then -(n - 6) / 2 * 0.5, floor -0.5.
-    got = length.length_reward(n, kind="overlong", max_len=8, buffer=2, factor=0.5)
-    assert got == pytest.approx(expected)
+def test_overlong_is_the_trainers_and_the_error_says_so():
+    with pytest.raises(ValueError, match="algo.overlong_buffer"):
+        length.length_reward(7, kind="overlong", target=6)
 
 
 def test_linear_is_floored_and_sigmoid_is_a_unit_discount():

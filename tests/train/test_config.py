@@ -28,6 +28,7 @@ BAD_TEXT = {
     config_lib.URL: ["localhost:8000", "ftp://host/x", "http://a b"],
     config_lib.URLS: ["http://a,localhost:1", "http://a,"],
     config_lib.HOST_PORT: ["host", "host:port", "host:1:2"],
+    config_lib.SERVED_MODEL: ["judge 7b", " "],
 }
 
 
@@ -187,6 +188,19 @@ COMBINATIONS = [
     (_ppo(algo__dynamic_sampling=True), "algo.dynamic_sampling", "group-based"),
     (_search(algo__overlong_buffer=300), "algo.overlong_buffer", "overlong_max_len=256"),
     (_search(rollout__engine="sglang"), "rollout.engine", "not implemented"),
+    (_python(reward__outcome="judge"), "reward.outcome", "env.name='python'"),
+    (_search(reward__outcome="judge", reward__judge__model="m"), "reward.judge.url",
+     "needs the judge's OpenAI-compatible chat server"),
+    (_search(reward__outcome="judge", reward__judge__url="http://127.0.0.1:30000"),
+     "reward.judge.model", "the model name the judge server serves"),
+    (_search(reward__judge__url="http://127.0.0.1:30000"), "reward.judge.url",
+     "only with reward.outcome='judge' (reward.outcome is 'em')"),
+    (_search(reward__judge__votes=3), "reward.judge.votes", "temperature > 0"),
+    (_python(data__hindsight=True), "data.hindsight", "synthetic search world"),
+    (_overridden(presets.search_config("reinforce_pp", "test"), {"data.hindsight": True}),
+     "data.hindsight", "group-based algo.advantage"),
+    (_search(data__hindsight=True, algo__old_logp="behavior"), "data.hindsight",
+     "algo.old_logp='recompute'"),
     (_search(mesh__data=-1, mesh__fsdp=-1), "mesh", "at most one axis"),
     (_search(multihost__enabled=True), "multihost.enabled", "multihost.coordinator"),
     (_search(multihost__process_id=1), "multihost.process_id", "num_processes=1"),

@@ -1,11 +1,14 @@
 """How one RL step's groups are drawn: dynamic sampling keeps groups whose rewards
 differ, draws again for the rest, and fills up with set-aside groups when the rounds run
-out; each round samples with its own seed."""
+out; each round samples with its own seed. DAPO's overlong shaping counts the exact
+sampled tokens."""
 import types
 
-from agentjax.rollout.trajectory import Trajectory
+import pytest
+
+from agentjax.rollout.trajectory import Trajectory, Turn
 from agentjax.train import presets
-from agentjax.train.rl_loop import collect_groups
+from agentjax.train.rl_loop import collect_groups, shape_overlong
 
 
 class _Pool:
@@ -66,3 +69,17 @@ def test_without_dynamic_sampling_every_group_is_kept():
     groups, info = collect_groups(trainer, _Sampler(["same-0", "varied-0", "same-1"]), 0)
     assert [g[0].task_id for g in groups] == ["same-0", "varied-0", "same-1"]
     assert info == {"rollout/rounds": 1, "rollout/kept_groups": 3}
+
+
+def test_overlong_shaping_counts_the_sampled_tokens_only():
+    # max_len 8, buffer 2, factor 0.5: free up to 6 action tokens, then -(n - 6) / 2 * 0.5,
+    # and -0.5 from 8 on. Prompt and observation tokens do not count.
+    algo = presets.search_config("dapo", "test").algo
+    algo.overlong_max_len, algo.overlong_buffer, algo.overlong_factor = 8, 2, 0.5
+    episodes = [Trajectory(prompt_ids=[1] * 9, final_reward=1.0, turns=[
+        Turn([5] * (n - 2), [0.0] * (n - 2), "stop", observation_ids=[3] * 4),
+        Turn([6, 7], [0.0, 0.0], "stop")]) for n in (6, 7, 8, 12)]
+    shape_overlong(episodes, algo)
+    assert [t.metadata["reward_components"]["overlong"] for t in episodes] == pytest.approx(
+        [0.0, -0.25, -0.5, -0.5])
+    assert [t.final_reward for t in episodes] == pytest.approx([1.0, 0.75, 0.5, 0.5])
