@@ -116,6 +116,15 @@ class _LoopState:
         self.client = client
         self.changed = asyncio.Event()
         self.prober: asyncio.Task | None = None
+        self.closer = asyncio.ensure_future(self._close_client_at_end())
+
+    async def _close_client_at_end(self) -> None:
+        """Closes the client's connections when the loop ends (asyncio.run cancels the
+        tasks left, and this finally runs on the loop) or when cancelled by close()."""
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await self.client.aclose()
 
     def notify(self) -> None:
         self.changed.set()
@@ -282,8 +291,8 @@ class SGLangEngine:
     def close(self) -> None:
         self._closed = True
         state, self._state = self._state, None
-        if state is not None and not state.loop.is_closed() and not state.loop.is_running():
-            state.loop.run_until_complete(state.client.aclose())
+        if state is not None and not state.loop.is_closed():
+            state.loop.call_soon_threadsafe(state.closer.cancel)
 
     def __enter__(self):
         return self

@@ -4,26 +4,24 @@ deterministic "model" (`fake_completion`), and scripted misbehavior.
 
 In a thread: `with FakeSGLang() as fake: ...` (fake.script, fake.calls). As a process
 (for SIGKILL): `python -m tests.rollout.sglang_fake --port P --log FILE --delay S`, which
-appends "start RID" / "done RID" lines to FILE. Imports nothing of agentjax (no JAX), so
-the process starts fast.
+appends "start RID" / "done RID" lines to FILE. Standard library only (http.server), so
+a process is up in a fraction of a second.
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import contextlib
+import json
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
-
-import httpx
-import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -64,73 +62,14 @@ def generate_answer(body: dict, version: str) -> dict:
         "output_token_logprobs": [[lp, t, None] for lp, t in zip(logprobs, ids)]}}
 
 
-def make_app(state: "FakeState") -> FastAPI:
-    app = FastAPI()
-
-    @app.get("/health")
-    async def health():
-        # entrypoints/http_server.py: `return Response(status_code=200)`
-        if state.health_delay_s:
-            await asyncio.sleep(state.health_delay_s)
-        return Response(status_code=200)
-
-    @app.post("/generate")
-    async def generate(request: Request):
-        body = await request.json()
-        state.record("generate", body)
-        state.in_flight += 1
-        state.max_in_flight = max(state.max_in_flight, state.in_flight)
-        try:
-            return await answer(body, state.script.popleft() if state.script else {})
-        finally:
-            state.in_flight -= 1
-
-    async def answer(body: dict, step: dict):
-        await asyncio.sleep(step.get("delay", state.delay_s))
-        if "status" in step:
-            # entrypoints/http_server.py `_create_error_response`:
-            # ORJSONResponse({"error": {"message": str(e)}}, status_code=...)
-            return JSONResponse({"error": {"message": step["message"]}},
-                                status_code=step["status"])
-        if "abort" in step:
-            # schedule_batch.py FINISH_ABORT.to_json: {"type": "abort", "message": ...,
-            # "status_code": ..., "err_type": ...}
-            return {"text": "", "output_ids": [], "meta_info": {
-                "id": body["rid"], "finish_reason": {"type": "abort", "message": step["abort"],
-                                                     "status_code": None, "err_type": None},
-                "prompt_tokens": len(body["input_ids"]), "completion_tokens": 0,
-                "cached_tokens": 0, "weight_version": state.version,
-                "output_token_logprobs": []}}
-        answer = generate_answer(body, state.version)
-        if "edit" in step:
-            step["edit"](answer)
-        state.log("done", body["rid"])
-        return answer
-
-    @app.post("/pause_generation")
-    async def pause(request: Request):
-        state.record("pause_generation", await request.json())
-        return Response(content="Generation paused.", status_code=200)
-
-    @app.post("/continue_generation")
-    async def resume(request: Request):
-        state.record("continue_generation", await request.json())
-        return Response(content="Generation continued.", status_code=200)
-
-    @app.post("/update_weights_from_disk")
-    async def update(request: Request):
-        body = await request.json()
-        state.record("update_weights_from_disk", body)
-        # entrypoints/http_server.py update_weights_from_disk: {"success", "message",
-        # "num_paused_requests"}, HTTP 400 when not successful.
-        if state.fail_updates or not os.path.isdir(body["model_path"]):
-            return JSONResponse({"success": False, "message": "Failed to load weights",
-                                 "num_paused_requests": 0}, status_code=400)
-        state.version = body.get("weight_version") or state.version
-        return {"success": True, "message": "Succeeded to update model weights.",
-                "num_paused_requests": 0}
-
-    return app
+def abort_answer(body: dict, message: str, version: str) -> dict:
+    """schedule_batch.py FINISH_ABORT.to_json: {"type": "abort", "message", "status_code",
+    "err_type"}, answered with HTTP 200."""
+    return {"text": "", "output_ids": [], "meta_info": {
+        "id": body["rid"], "finish_reason": {"type": "abort", "message": message,
+                                             "status_code": None, "err_type": None},
+        "prompt_tokens": len(body["input_ids"]), "completion_tokens": 0, "cached_tokens": 0,
+        "weight_version": version, "output_token_logprobs": []}}
 
 
 class FakeState:
@@ -144,45 +83,117 @@ class FakeState:
         self.calls: list[tuple[str, dict]] = []
         self.in_flight = self.max_in_flight = 0
         self.log_path = log_path
-
-    def record(self, endpoint: str, body: dict) -> None:
-        self.calls.append((endpoint, body))
-        if endpoint == "generate":
-            self.log("start", body["rid"])
+        self._lock = threading.Lock()
 
     def log(self, event: str, rid: str) -> None:
         if self.log_path:
-            with open(self.log_path, "a") as f:
+            with self._lock, open(self.log_path, "a") as f:
                 f.write(f"{event} {rid}\n")
+
+    def generate(self, body: dict) -> tuple[int, dict]:
+        self.log("start", body["rid"])
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            step = self.script.popleft() if self.script else {}
+            time.sleep(step.get("delay", self.delay_s))
+            if "status" in step:
+                # entrypoints/http_server.py `_create_error_response`:
+                # ORJSONResponse({"error": {"message": str(e)}}, status_code=...)
+                return step["status"], {"error": {"message": step["message"]}}
+            if "abort" in step:
+                return 200, abort_answer(body, step["abort"], self.version)
+            answer = generate_answer(body, self.version)
+            if "edit" in step:
+                step["edit"](answer)
+            self.log("done", body["rid"])
+            return 200, answer
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def update_weights(self, body: dict) -> tuple[int, dict]:
+        # entrypoints/http_server.py update_weights_from_disk: {"success", "message",
+        # "num_paused_requests"}, HTTP 400 when not successful.
+        if self.fail_updates or not os.path.isdir(body["model_path"]):
+            return 400, {"success": False, "message": "Failed to load weights",
+                         "num_paused_requests": 0}
+        self.version = body.get("weight_version") or self.version
+        return 200, {"success": True, "message": "Succeeded to update model weights.",
+                     "num_paused_requests": 0}
+
+    def post(self, path: str, body: dict) -> tuple[int, dict | str]:
+        self.calls.append((path.lstrip("/"), body))
+        if path == "/generate":
+            return self.generate(body)
+        if path == "/update_weights_from_disk":
+            return self.update_weights(body)
+        if path in ("/pause_generation", "/continue_generation"):
+            return 200, "ok"  # http_server.py answers plain text
+        return 404, {"detail": "Not Found"}
 
     def generate_bodies(self) -> list[dict]:
         return [body for endpoint, body in self.calls if endpoint == "generate"]
 
 
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn serves SGLang
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, status: int, answer) -> None:
+        data = (answer if isinstance(answer, str) else json.dumps(answer)).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain" if isinstance(answer, str)
+                         else "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        state: FakeState = self.server.state
+        if self.path == "/health":  # http_server.py: `return Response(status_code=200)`
+            time.sleep(state.health_delay_s)
+            self._reply(200, "")
+        else:
+            self._reply(404, {"detail": "Not Found"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        self._reply(*self.server.state.post(self.path, body))
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, port: int, state: FakeState):
+        super().__init__(("127.0.0.1", port), _Handler)
+        self.state = state
+
+    def handle_error(self, request, client_address):
+        if not issubclass(sys.exc_info()[0], ConnectionError):  # the client gave up on it
+            super().handle_error(request, client_address)
+
+
 class FakeSGLang(FakeState):
-    """A fake server on a free port, run by uvicorn in a thread (a context manager)."""
+    """A fake server on a free port, served from a thread (a context manager)."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._server = uvicorn.Server(uvicorn.Config(
-            make_app(self), host="127.0.0.1", port=self.port, log_level="warning",
-            lifespan="off"))
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._server = _Server(0, self)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,),
+                                        daemon=True)
 
     def __enter__(self):
         self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("fake SGLang server did not start")
-            time.sleep(0.01)
         return self
 
     def __exit__(self, *exc):
-        self._server.should_exit = True
-        self._thread.join(10)
+        self._server.shutdown()
+        self._server.server_close()
 
 
 class DroppingServer:
@@ -211,24 +222,33 @@ class DroppingServer:
         self._socket.close()
 
 
-def start_process(port: int, log_path: str, delay_s: float) -> subprocess.Popen:
-    """A fake server process on `port`; returns once /health answers."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.rollout.sglang_fake", "--port", str(port), "--log",
-         log_path, "--delay", str(delay_s)], cwd=REPO, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE)
+def start_processes(specs: list[tuple[int, str, float]]) -> list[subprocess.Popen]:
+    """Fake server processes, one per (port, log path, delay); returns once each
+    answers /health."""
+    processes = []
+    for port, log, delay in specs:
+        with open(log + ".stderr", "w") as stderr:
+            processes.append(subprocess.Popen(
+                [sys.executable, "-m", "tests.rollout.sglang_fake", "--port", str(port),
+                 "--log", log, "--delay", str(delay)], cwd=REPO, stdout=subprocess.DEVNULL,
+                stderr=stderr))
     deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"fake SGLang process did not start: "
-                               f"{process.communicate()[1].decode()[-2000:]}")
-        time.sleep(0.05)
+    for process, (port, log, _) in zip(processes, specs):
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                    break
+            except (urllib.error.URLError, OSError):
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                for p in processes:
+                    p.kill()
+                    p.wait()
+                with open(log + ".stderr") as stderr:
+                    raise RuntimeError(f"fake SGLang process did not start: "
+                                       f"{stderr.read()[-2000:]}")
+            time.sleep(0.02)
+    return processes
 
 
 def read_log(path: str) -> dict[str, list[str]]:
@@ -248,5 +268,4 @@ if __name__ == "__main__":
     parser.add_argument("--log", required=True)
     parser.add_argument("--delay", type=float, default=0.0)
     args = parser.parse_args()
-    uvicorn.run(make_app(FakeState(args.delay, args.log)), host="127.0.0.1", port=args.port,
-                log_level="warning")
+    _Server(args.port, FakeState(args.delay, args.log)).serve_forever()
