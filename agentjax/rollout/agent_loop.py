@@ -163,7 +163,10 @@ async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
             raise _EpisodeFailure(
                 "engine_error", f"engine aborted: {completion.meta.get('error', 'no reason')}")
         turn = Turn(list(completion.output_ids), list(completion.logprobs),
-                    completion.finish_reason, matched_stop=completion.matched_stop)
+                    completion.finish_reason, matched_stop=completion.matched_stop,
+                    weight_version=completion.meta.get("weight_version"),
+                    logprob_distribution=completion.meta.get("logprob_distribution",
+                                                             "sampling"))
         traj.turns.append(turn)
         context.extend(turn.action_ids)
         result = await _env_call(loop, executor, env.step, action_text(tokenizer, turn.action_ids))
