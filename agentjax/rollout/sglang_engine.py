@@ -20,9 +20,9 @@ The environment variable SGLANG_RETURN_ORIGINAL_LOGPROB=1 makes it report
 log_softmax(logits) before temperature ("raw"); `--rl-on-policy-target` computes
 log_softmax(bf16 logits / temperature) ("temperature" again). Greedy requests report
 log_softmax(logits): an all-greedy batch takes that branch, and a greedy request in a
-mixed batch runs at temperature 1 with top_k 1 (sampling/sampling_params.py). Releases
-from mid-2025 (sampler.py with `top_p_normalize_probs_torch`) renormalized over the top-p
-set, not top-k. `logprob_distribution` says how the servers were launched ("temperature"
+mixed batch runs at temperature 1 with top_k 1 (sampling/sampling_params.py). Older
+releases (sampler.py while it had `top_p_normalize_probs_torch`) renormalized over the
+top-p set, not top-k. `logprob_distribution` says how the servers were launched ("temperature"
 for SGLang's default, "raw" under SGLANG_RETURN_ORIGINAL_LOGPROB, "sampling" for
 agentjax's scripts/serve.py, whose JaxEngine reports the sampling distribution); every
 Completion records `engine.reported_distribution` of its request in
@@ -35,14 +35,15 @@ go to the server of its first turn, whose radix cache then holds the episode's p
 (SGLang reuses cached prefixes by itself, so a session needs no server state);
 `end_session` drops the pin, and a session whose server left the rotation is re-pinned.
 
-Failures. A transport error (refused, reset, dropped mid-answer) takes the server out of
-rotation and cancels every attempt in flight on it; each is re-issued on another server
-under a fresh rid (generation is stateless; a closed connection makes SGLang abort the
-request, managers/tokenizer_manager.py), so nothing is lost and no completion is
-returned twice. A timeout does the same when /health does not answer either, else it is
-retried. HTTP 5xx and abort finishes are retried with exponential backoff up to `retries`
-times, then come back as an "abort" Completion (the agent loop flags the episode); HTTP
-4xx raises RequestRejected, a malformed answer MalformedResponse. Servers out of rotation
+Failures. A transport error (refused, reset, dropped mid-answer, timed out) after which
+/health does not answer either takes the server out of rotation and cancels every
+attempt in flight on it; each is re-issued on another server under a fresh rid
+(generation is stateless; a closed connection makes SGLang abort the request,
+managers/tokenizer_manager.py), so nothing is lost and no completion is returned twice.
+When /health answers, the failure is the request's: retried like HTTP 5xx and abort
+finishes, with exponential backoff up to `retries` times, after which the sample comes
+back as an "abort" Completion (the agent loop flags the episode). HTTP 4xx raises
+RequestRejected, a malformed answer MalformedResponse. Servers out of rotation
 are probed every `health_interval_s` and rejoin when /health answers and, once weights
 have been synced, after reloading the current ones (a restarted server comes back with its
 launch weights). No server in rotation for `grace_s`: EnginesUnavailable naming each URL.
@@ -361,14 +362,16 @@ class SGLangEngine:
         self.stats["attempts"] += 1
         try:
             response = await state.client.post(server.url + "/generate", json=payload)
-        except httpx.TimeoutException as error:
-            if (not isinstance(error, httpx.ConnectTimeout)
-                    and await self._answers_health(state.client, server)):
-                return _RETRY, f"{where}: no answer within {self.request_timeout_s}s"
-            self._take_out(state, server, f"{type(error).__name__} and no /health answer")
-            return _REISSUE, where
         except httpx.TransportError as error:
-            self._take_out(state, server, f"{type(error).__name__}: {error}")
+            what = (f"no answer within {self.request_timeout_s}s"
+                    if isinstance(error, httpx.ReadTimeout) else f"{type(error).__name__}: {error}")
+            # A connection that dropped (a keep-alive one the server had just closed?) or
+            # an answer too slow, from a server whose /health answers, is this request's
+            # failure, not the server's.
+            if (not isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout))
+                    and await self._answers_health(state.client, server)):
+                return _RETRY, f"{where}: {what}"
+            self._take_out(state, server, f"{what}; no /health answer")
             return _REISSUE, where
         try:
             body = response.json()

@@ -9,17 +9,18 @@ Request (managers/io_struct.py `GenerateReqInput`, sampling/sampling_params.py
 - `input_ids`: token ids in, `output_ids` out; text never round-trips.
 - `sampling_params` carries every field agentjax controls, neutral values included
   (min_p 0, no penalties): SGLang fills absent fields from the model's
-  generation_config.json (`--sampling-defaults model`, its default since late 2025), so an
-  absent top_p could silently become Qwen's 0.8. `top_k <= 0` is sent as -1 (its
+  generation_config.json (`--sampling-defaults model`, the default of current releases),
+  so an absent top_p could silently become Qwen's 0.8. `top_k <= 0` is sent as -1 (its
   `verify` rejects 0). `n` is always 1: a request with n > 1 becomes n requests with
   their own seeds, since SGLang would give n copies of one request one seed.
 - `sampling_seed` (not `seed`): read only by servers launched with
   `--enable-deterministic-inference` (sampling/sampling_batch_info.py builds the seed
   tensor only then; layers/sampler.py `multinomial_with_seed` draws from seed and
   position), ignored otherwise. Versions whose SamplingParams lacks the field (before
-  sglang PR #10678) reject the request with HTTP 400. SGLang's flashinfer backend
-  refuses seeded top-k/top-p sampling (layers/sampler.py `_sample_from_probs`): launch
-  with `--sampling-backend pytorch` for that. Seeds travel as int32.
+  sglang PR #10678) reject the request: an unknown sampling_params key raises. SGLang's
+  flashinfer backend refuses seeded top-k/top-p sampling (layers/sampler.py
+  `_sample_from_probs`): launch with `--sampling-backend pytorch` for that. Seeds travel
+  as int32 (sampling_batch_info.py).
 - `skip_special_tokens: false`, `no_stop_trim: true`: `output_ids` are never trimmed
   (managers/tokenizer_manager.py copies the scheduler's ids); these keep `text` whole
   too. Stop strings are matched on the decoded tail of the output ids

@@ -98,6 +98,8 @@ class FakeState:
         try:
             step = self.script.popleft() if self.script else {}
             time.sleep(step.get("delay", self.delay_s))
+            if step.get("drop"):
+                return None, None  # the connection closes without an answer
             if "status" in step:
                 # entrypoints/http_server.py `_create_error_response`:
                 # ORJSONResponse({"error": {"message": str(e)}}, status_code=...)
@@ -162,7 +164,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        self._reply(*self.server.state.post(self.path, body))
+        status, answer = self.server.state.post(self.path, body)
+        if status is None:
+            self.close_connection = True
+        else:
+            self._reply(status, answer)
 
 
 class _Server(ThreadingHTTPServer):

@@ -133,14 +133,18 @@ def test_5xx_and_aborts_are_retried_4xx_and_malformed_answers_raise():
     assert engine.stats["taken_out"] == 0
 
 
-def test_slow_answer_is_retried_and_a_hung_server_is_replaced():
+def test_slow_or_dropped_answer_is_retried_and_a_hung_server_is_replaced():
     request = GenerateRequest([9], SamplingParams(max_new_tokens=2))
     with FakeSGLang() as a, FakeSGLang() as b:
         logs = []
         engine = _engine([a.url, b.url], logs, request_timeout_s=0.3, health_timeout_s=0.3)
         a.script.append({"delay": 1.0})  # slow once; /health answers: same server again
         [[slow]] = _run(engine, request)
-        assert slow.meta["attempts"] == 2 and engine.stats["taken_out"] == 0
+        assert slow.meta["attempts"] == 2 and slow.meta["server"] == a.url
+        a.script.append({"drop": True})  # one connection dropped; /health answers
+        [[dropped]] = _run(engine, request)
+        assert dropped.meta["attempts"] == 2 and dropped.meta["server"] == a.url
+        assert engine.stats["taken_out"] == 0 and engine.stats["retried"] == 2
         a.script.append({"delay": 1.0})
         a.health_delay_s = 1.0  # hung: neither /generate nor /health answers
         [[moved]] = _run(engine, request)
@@ -158,6 +162,7 @@ def test_dropped_connections_take_the_server_out_and_requests_run_elsewhere():
     assert all(r[0].meta["server"] == fake.url for r in results)
     assert len(fake.generate_bodies()) == 4 and engine.stats["taken_out"] == 1
     assert engine.servers[0].out_reason.startswith(("RemoteProtocolError", "ReadError"))
+    assert engine.servers[0].out_reason.endswith("no /health answer")
 
 
 def test_server_killed_mid_rollout_loses_nothing_rejoins_and_all_down_is_an_error(
