@@ -22,11 +22,11 @@ log_softmax(bf16 logits / temperature) ("temperature" again). Greedy requests re
 log_softmax(logits): an all-greedy batch takes that branch, and a greedy request in a
 mixed batch runs at temperature 1 with top_k 1 (sampling/sampling_params.py). Older
 releases (sampler.py while it had `top_p_normalize_probs_torch`) renormalized over the
-top-p set, not top-k. `logprob_distribution` says how the servers were launched ("temperature"
-for SGLang's default, "raw" under SGLANG_RETURN_ORIGINAL_LOGPROB, "sampling" for
-agentjax's scripts/serve.py, whose JaxEngine reports the sampling distribution); every
-Completion records `engine.reported_distribution` of its request in
-meta["logprob_distribution"].
+top-p set, not top-k. `logprob_distribution` says how the servers were launched
+("temperature" for SGLang's default, "raw" under SGLANG_RETURN_ORIGINAL_LOGPROB,
+"sampling" for agentjax's scripts/serve.py, whose JaxEngine reports the sampling
+distribution); every Completion records `engine.reported_distribution` of its request
+in meta["logprob_distribution"].
 
 Routing. A sample goes to the server in rotation with the fewest outstanding requests
 (then the fewest pinned sessions, then the lowest index) that has fewer than
@@ -43,9 +43,9 @@ managers/tokenizer_manager.py), so nothing is lost and no completion is returned
 When /health answers, the failure is the request's: retried like HTTP 5xx and abort
 finishes, with exponential backoff up to `retries` times, after which the sample comes
 back as an "abort" Completion (the agent loop flags the episode). HTTP 4xx raises
-RequestRejected, a malformed answer MalformedResponse. Servers out of rotation
-are probed every `health_interval_s` and rejoin when /health answers and, once weights
-have been synced, after reloading the current ones (a restarted server comes back with its
+RequestRejected, a malformed answer MalformedResponse. Servers out of rotation are
+probed every `health_interval_s` and rejoin when /health answers and, once weights have
+been synced, after reloading the current ones (a restarted server comes back with its
 launch weights). No server in rotation for `grace_s`: EnginesUnavailable naming each URL.
 
 Weight sync. `update_weights(params, version=v)` exports with `export_fn(params, folder)`
@@ -60,9 +60,9 @@ their own file systems: weights_dir must be shared storage at the same path. The
 URLs (this engine balances by itself) unless the router forwards the calls to each.
 
 Event loops. `RolloutPool.collect_sync` runs every rollout in a fresh `asyncio.run` loop,
-and an HTTP client belongs to one loop: each loop gets its own client (the pool's state
-persists). update_weights, health and wait_until_ready run on a private thread's loop,
-so they work from plain code and from inside a running loop.
+and an HTTP client belongs to one loop: each loop gets its own client, closed when the
+loop ends (the pool's state persists). update_weights, health and wait_until_ready run
+on a private thread's loop, so they work from plain code and from inside a running loop.
 """
 from __future__ import annotations
 
