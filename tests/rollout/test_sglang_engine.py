@@ -137,7 +137,7 @@ def test_slow_or_dropped_answer_is_retried_and_a_hung_server_is_replaced():
     request = GenerateRequest([9], SamplingParams(max_new_tokens=2))
     with FakeSGLang() as a, FakeSGLang() as b:
         logs = []
-        engine = _engine([a.url, b.url], logs, request_timeout_s=0.3, health_timeout_s=0.3)
+        engine = _engine([a.url, b.url], logs, request_timeout_s=0.3, health_timeout_s=1.0)
         a.script.append({"delay": 1.0})  # slow once; /health answers: same server again
         [[slow]] = _run(engine, request)
         assert slow.meta["attempts"] == 2 and slow.meta["server"] == a.url
@@ -146,7 +146,7 @@ def test_slow_or_dropped_answer_is_retried_and_a_hung_server_is_replaced():
         assert dropped.meta["attempts"] == 2 and dropped.meta["server"] == a.url
         assert engine.stats["taken_out"] == 0 and engine.stats["retried"] == 2
         a.script.append({"delay": 1.0})
-        a.health_delay_s = 1.0  # hung: neither /generate nor /health answers
+        a.health_delay_s = 3.0  # hung: neither /generate nor /health answers
         [[moved]] = _run(engine, request)
         assert moved.meta["server"] == b.url and engine.servers[0].out_reason is not None
         assert any(a.url in line and "out of rotation" in line for line in logs)
