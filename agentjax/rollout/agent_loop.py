@@ -20,6 +20,7 @@ Every way an episode ends is recorded in `metadata["stop_reason"]` (and in
   "env_error" / "engine_error" / "error" — env.reset/step raised, the engine aborted,
   anything else raised. These also set `metadata["failed"] = True` and
   `metadata["error"]`; the partial trajectory is kept, never dropped.
+`EnginesUnavailable` alone is raised through: no engine is left to sample from.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from typing import Any
 
 from agentjax.envs.base import Env, Task
 from agentjax.models.tokenizer import end_of_turn_id, prompt_ids
-from agentjax.rollout.engine import Engine, GenerateRequest, SamplingParams
+from agentjax.rollout.engine import Engine, EnginesUnavailable, GenerateRequest, SamplingParams
 from agentjax.rollout.trajectory import Trajectory, Turn, observation_token_ids
 
 
@@ -123,6 +124,8 @@ async def run_episode(
             _flag_failure(traj, "error", describe_error(error))
     except _EpisodeFailure as failure:
         _flag_failure(traj, failure.stop_reason, str(failure))
+    except EnginesUnavailable:
+        raise  # not this episode's failure: nothing can be sampled (engine module docstring)
     except Exception as error:  # noqa: BLE001 - any failure becomes a flagged trajectory
         _flag_failure(traj, "error", describe_error(error))
     finally:
@@ -160,7 +163,10 @@ async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
             raise _EpisodeFailure(
                 "engine_error", f"engine aborted: {completion.meta.get('error', 'no reason')}")
         turn = Turn(list(completion.output_ids), list(completion.logprobs),
-                    completion.finish_reason, matched_stop=completion.matched_stop)
+                    completion.finish_reason, matched_stop=completion.matched_stop,
+                    weight_version=completion.meta.get("weight_version"),
+                    logprob_distribution=completion.meta.get("logprob_distribution",
+                                                             "sampling"))
         traj.turns.append(turn)
         context.extend(turn.action_ids)
         result = await _env_call(loop, executor, env.step, action_text(tokenizer, turn.action_ids))

@@ -9,6 +9,10 @@ per-session KV caches (JaxEngine) prefills only the tokens past what it has cach
 Engines without sessions (SGLang's radix cache reuses prefixes on its own) ignore it;
 `end_session` tells an engine a session will not come back (the agent loop calls it when
 an episode ends).
+
+An engine that cannot serve at all (every server of a pool unreachable past its grace
+time) raises `EnginesUnavailable`; the agent loop and the pool let it through instead of
+flagging episodes, so the trainer can checkpoint and exit.
 """
 from __future__ import annotations
 
@@ -63,12 +67,23 @@ class Completion:
 
     Attributes:
       output_ids: the generated token ids (stop tokens/strings included).
-      logprobs: log-prob of each output token under the sampling distribution actually
-        used (after temperature / top-k / top-p), aligned with output_ids.
+      logprobs: log-prob of each output token, aligned with output_ids, under the
+        distribution named by meta["logprob_distribution"] (`reported_distribution`).
       finish_reason: "stop" (stop id or string), "length" (max_new_tokens or context
         limit) or "abort" (engine error / cancelled).
       matched_stop: the stop token id or stop string that ended generation, else None.
-      meta: engine-specific extras (e.g. cached_tokens, weight_version).
+      meta: extras. Both engines set weight_version (the version of the weights that
+        produced the completion), prompt_tokens, completion_tokens and
+        logprob_distribution, one of LOGPROB_DISTRIBUTIONS:
+          "sampling": the distribution the token was drawn from (after temperature,
+            top-k and top-p, renormalized);
+          "temperature": log_softmax(logits / temperature) over the whole vocabulary,
+            before top-k / top-p (it differs from "sampling" on a truncated step by the
+            log of the kept probability mass);
+          "raw": log_softmax(logits), before temperature too (what greedy requests
+            report: their sampling distribution is a point mass).
+        Engines add their own (cached_tokens, the server that answered, an abort's
+        error, ...).
     """
 
     output_ids: list[int]
@@ -76,6 +91,38 @@ class Completion:
     finish_reason: str
     matched_stop: int | str | None = None
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+LOGPROB_DISTRIBUTIONS = ("sampling", "temperature", "raw")
+
+
+def reported_distribution(engine_distribution: str, sampling: SamplingParams) -> str:
+    """The distribution a completion's log-probs describe (LOGPROB_DISTRIBUTIONS).
+
+    Args:
+      engine_distribution: what the engine computes its log-probs from for sampled
+        (temperature > 0) requests; a narrower name applies when it coincides with a
+        wider one: "temperature" is "sampling" when neither top-k nor top-p truncates,
+        "raw" is "temperature" at temperature 1.
+      sampling: the request's sampling parameters.
+    """
+    if engine_distribution not in LOGPROB_DISTRIBUTIONS:
+        raise ValueError(f"logprob distribution {engine_distribution!r} is not one of "
+                         f"{LOGPROB_DISTRIBUTIONS}")
+    if sampling.temperature <= 0:
+        return "raw"
+    if engine_distribution == "raw" and sampling.temperature == 1.0:
+        engine_distribution = "temperature"
+    truncated = sampling.top_k > 0 or sampling.top_p < 1.0
+    if engine_distribution == "temperature" and not truncated:
+        return "sampling"
+    return engine_distribution
+
+
+class EnginesUnavailable(RuntimeError):
+    """No engine can serve requests (e.g. every server of a pool stayed unreachable past
+    its grace time); the message names them. Not an episode's failure: it ends the
+    rollout, so the trainer can save a checkpoint and exit."""
 
 
 @runtime_checkable

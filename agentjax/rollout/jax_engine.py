@@ -87,7 +87,8 @@ from flax import nnx
 from agentjax.models.decoder import LayerwiseWeights
 from agentjax.rollout.device_programs import (COMPILE_COUNTS, decode, engine_weights,
                                               new_cache, prefill)
-from agentjax.rollout.engine import Completion, GenerateRequest, SamplingParams
+from agentjax.rollout.engine import (Completion, GenerateRequest, SamplingParams,
+                                     reported_distribution)
 from agentjax.rollout.program_shapes import ProgramShapes
 from agentjax.rollout.slots import SlotTable
 
@@ -605,7 +606,8 @@ class JaxEngine:
             self._table.lengths[seq.slot] = len(seq.input_ids) + len(seq.outputs) - 1
             self._table.release(seq)
         meta = dict(seq.meta, prompt_tokens=len(seq.input_ids),
-                    completion_tokens=len(seq.outputs), weight_version=self.weight_version)
+                    completion_tokens=len(seq.outputs), weight_version=self.weight_version,
+                    logprob_distribution=reported_distribution("sampling", seq.sampling))
         if error is not None:
             meta["error"] = error
         _resolve(seq, Completion(list(seq.outputs), list(seq.logprobs), reason, matched, meta))

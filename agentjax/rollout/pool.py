@@ -9,7 +9,8 @@ latency must not idle the sampler.
 task order. Every group is complete: an episode whose env factory, env, engine or reward
 function raises, or that runs past `episode_timeout_s`, is returned flagged
 (`metadata["failed"]`, `["stop_reason"]`, `["error"]`), never dropped, and the pool
-keeps going. A thread running a hung env call cannot be killed; the pool stops waiting
+keeps going — except when the engine raises `EnginesUnavailable` (no server left to
+sample from): `collect` raises it, for the trainer to checkpoint and exit. A thread running a hung env call cannot be killed; the pool stops waiting
 for it at the timeout and the thread finishes (or not) on its own — size `tool_workers`
 with that in mind.
 
@@ -163,9 +164,14 @@ class RolloutPool:
 
         group_ids = ([next(self._group_ids) for _ in tasks] if first_group_id is None
                      else list(range(first_group_id, first_group_id + len(tasks))))
-        flat = await asyncio.gather(*(
-            one(task, group_id, member) for task, group_id in zip(tasks, group_ids)
-            for member in range(group_size)))
+        episodes = [asyncio.ensure_future(one(task, group_id, member))
+                    for task, group_id in zip(tasks, group_ids) for member in range(group_size)]
+        try:
+            flat = await asyncio.gather(*episodes)
+        except BaseException:  # EnginesUnavailable (or a cancel): the rest stop with it
+            for episode in episodes:
+                episode.cancel()
+            raise
         return [list(flat[i * group_size:(i + 1) * group_size]) for i in range(len(tasks))]
 
     async def _episode(self, task: Task, sampling: SamplingParams, group_id: int,

@@ -36,6 +36,7 @@ import numpy as np
 
 from agentjax.envs.base import Task
 from agentjax.models.tokenizer import end_of_turn_id, observation_ids, prompt_ids
+from agentjax.rollout.engine import LOGPROB_DISTRIBUTIONS
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -46,8 +47,8 @@ class Turn:
 
     Attributes:
       action_ids: the token ids the policy sampled this turn (stop string/id included).
-      logprobs: behavior log-prob of each action token under the sampling distribution
-        the engine used; aligned with `action_ids`.
+      logprobs: behavior log-prob of each action token, aligned with `action_ids`,
+        under `logprob_distribution`.
       finish_reason: the engine's finish reason ("stop", "length" or "abort").
       observation_ids: ids appended after the action before the next turn (template
         tokens, the observation, the next assistant header); after the last turn, the
@@ -56,6 +57,10 @@ class Turn:
         e.g. an invalid action in an SFT demonstration.
       reward: the env's step reward for this turn.
       matched_stop: the stop id or string that ended the turn, if any.
+      weight_version: the engine's version of the weights that sampled the turn.
+      logprob_distribution: which distribution `logprobs` are under
+        (`engine.LOGPROB_DISTRIBUTIONS`; an engine that does not say reports "sampling",
+        the Engine protocol's original contract).
     """
 
     action_ids: list[int]
@@ -65,6 +70,8 @@ class Turn:
     trainable: bool = True
     reward: float = 0.0
     matched_stop: int | str | None = None
+    weight_version: int | str | None = None
+    logprob_distribution: str = "sampling"
 
     def __post_init__(self):
         if len(self.logprobs) != len(self.action_ids):
@@ -75,6 +82,10 @@ class Turn:
             raise ValueError(
                 f"Turn.finish_reason must be one of {FINISH_REASONS}, got "
                 f"{self.finish_reason!r}")
+        if self.logprob_distribution not in LOGPROB_DISTRIBUTIONS:
+            raise ValueError(
+                f"Turn.logprob_distribution must be one of {LOGPROB_DISTRIBUTIONS}, got "
+                f"{self.logprob_distribution!r}")
 
 
 @dataclasses.dataclass

@@ -209,6 +209,8 @@ def test_episode_on_the_jax_engine_is_exact(engine, tiny_model, tokenizer, role)
     traj = _run(engine, ToyEnv(observation_role=role), limits, sampling, tokenizer)
     assert len(traj.turns) >= 2 and not traj.metadata["failed"]
     assert all(t.observation_ids for t in traj.turns[:-1])
+    assert {(t.weight_version, t.logprob_distribution) for t in traj.turns} == {
+        (engine.weight_version, "sampling")}
     # Behavior log-probs equal one full forward over the final token ids.
     ids = traj.token_ids
     logits = full_logits(tiny_model, ids.tolist())

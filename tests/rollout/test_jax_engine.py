@@ -68,6 +68,9 @@ def test_greedy_and_sampled_outputs_match_full_forwards(engine, tiny_model, toke
             _ends_correctly(engine, request, completion)
             _check_against_full_forward(tiny_model, request, completion)
             assert completion.meta["prompt_tokens"] == len(request.input_ids)
+            # Full forwards check greedy log-probs untempered, the others as sampled.
+            assert completion.meta["logprob_distribution"] == (
+                "raw" if request.sampling.temperature == 0 else "sampling")
     # Sequences finished independently with their own budgets.
     assert len(results[0][0].output_ids) <= 5 and len(results[1][0].output_ids) <= 20
     assert results[3][0].output_ids != results[3][1].output_ids  # n=2: distinct samples

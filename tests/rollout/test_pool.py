@@ -6,7 +6,7 @@ import pytest
 
 from agentjax.envs.base import Task
 from agentjax.rollout.agent_loop import EpisodeLimits
-from agentjax.rollout.engine import SamplingParams
+from agentjax.rollout.engine import EnginesUnavailable, SamplingParams
 from agentjax.rollout.pool import PoolProgress, RolloutPool
 from tests.rollout.fakes import ScriptedEngine, ToyEnv
 
@@ -133,3 +133,18 @@ def test_seeded_pool_gives_each_member_its_own_reproducible_seed(tokenizer):
 
     first = seeds()
     assert len(first) == 6 and first == seeds()
+
+
+def test_engines_unavailable_ends_the_collect_instead_of_flagging_episodes(tokenizer):
+    def script(context, index):
+        if index == 5:
+            raise EnginesUnavailable("no SGLang server answered: http://h1:30000")
+        return _two_turns(tokenizer)(context, index)
+
+    engine = ScriptedEngine(tokenizer, script, latency_s=0.01)
+    with RolloutPool(engine, ToyEnv, tokenizer, concurrency=4) as pool:
+        with pytest.raises(EnginesUnavailable, match="h1:30000"):
+            pool.collect_sync(TASKS, group_size=2, sampling=SAMPLING)
+    # Every episode that started (and so opened a session) was stopped and ended it.
+    started = {r.session_id for r in engine.requests}
+    assert started and started == set(engine.ended_sessions)

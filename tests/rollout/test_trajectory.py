@@ -49,11 +49,13 @@ def test_from_text_trains_every_token_of_the_document(tokenizer):
     assert row["action_mask"][0].sum() == len(ids) - 1  # every predicted token
 
 
-def test_turn_rejects_misaligned_logprobs_and_bad_finish_reason():
+def test_turn_rejects_misaligned_logprobs_and_bad_finish_reason_or_distribution():
     with pytest.raises(ValueError, match="logprobs has 1 entries but action_ids has 2"):
         Turn([1, 2], [0.0], "stop")
     with pytest.raises(ValueError, match="finish_reason"):
         Turn([1], [0.0], "eos")
+    with pytest.raises(ValueError, match="logprob_distribution"):
+        Turn([1], [0.0], "stop", logprob_distribution="processed")
 
 
 def _reference_collate(trajs, length, pad_id):
