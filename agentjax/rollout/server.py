@@ -53,6 +53,7 @@ import fastapi
 import pydantic
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentjax import __version__
 from agentjax.rollout.engine import Completion, GenerateRequest, SamplingParams
@@ -403,8 +404,8 @@ def build_app(engine, *, tokenizer, model_path: str, context_length: int, vocab_
                     for e in error.errors()[:5]]
         return _bad_request("; ".join(problems))
 
-    @app.exception_handler(fastapi.HTTPException)
-    async def http_error(request, error: fastapi.HTTPException):
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, error: StarletteHTTPException):
         return _bad_request(str(error.detail)) if error.status_code == 400 else JSONResponse(
             {"object": "error", "message": str(error.detail), "type": str(error.status_code),
              "param": None, "code": error.status_code}, status_code=error.status_code)
