@@ -65,6 +65,7 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         if self.started:
             port = self.servers[0].sockets[0].getsockname()[1]
+            self.service.server_args["port"] = port  # the one taken, with --port 0
             host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
             print(f"[agentjax] serving {self.model_path} at http://{host}:{port}", flush=True)
 
@@ -199,8 +200,9 @@ def main(argv=None) -> None:
             logging.info("engine closed")
 
     app.router.lifespan_context = close_engine_at_exit
+    # No access log below debug: a rollout step sends thousands of requests.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_keep_alive=5,
+                            access_log=args.log_level == "debug", timeout_keep_alive=5,
                             timeout_graceful_shutdown=args.shutdown_timeout)
     _Server(config, app.state.service, args.model_path).run()
 

@@ -258,7 +258,7 @@ class _Service:
                              f"Aborted by /abort_request (rid {body.rid})")
         return Response(status_code=200)
 
-    async def pause_generation(self, body: PauseBody | None):
+    async def pause_generation(self, body: PauseBody | None = None):
         mode = (body or PauseBody()).mode
         await self._set_hold("paused", True)
         if mode != "in_place":

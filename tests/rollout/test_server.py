@@ -198,8 +198,13 @@ def test_a_rid_in_flight_is_refused_and_bad_requests_never_stop_the_server(
         ({"input_ids": PROMPT, "sampling_params": {"stop_token_ids": list(range(20))}},
          400, "error"),
         ({"input_ids": [10**30]}, 400, "error"),
+        ({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3}, "priority": 1,
+          "not_an_sglang_field": [1]}, 200, None),  # unknown fields are ignored
         ({"input_ids": [PROMPT, [len(tokenizer)]]}, 400, "error"),
     ]
+
+    control = [("/pause_generation", {"mode": "bogus"}), ("/update_weights_from_disk", {}),
+               ("/abort_request", {"rid": 5}), ("/close_session", {})]
 
     async def scenario(client):
         first = asyncio.create_task(client.post("/generate", json=dict(valid, rid="dup")))
@@ -217,6 +222,9 @@ def test_a_rid_in_flight_is_refused_and_bad_requests_never_stop_the_server(
             answers.append((answer, await client.post("/generate", json=valid)))
         answers.append((await client.get("/generate"), await client.post("/generate",
                                                                          json=valid)))
+        for path, body in control:
+            answers.append((await client.post(path, json=body),
+                            await client.post("/generate", json=valid)))
         return answers
     again, first, *rest = serve(loop, app, scenario)
     assert again.status_code == 400
@@ -230,7 +238,11 @@ def test_a_rid_in_flight_is_refused_and_bad_requests_never_stop_the_server(
             assert answer.json().get("object") == "error", (body, answer.text)
             assert answer.json()["code"] == 400 and answer.json()["message"], body
         assert after.status_code == 200, (body, after.text)
-    assert rest[-1][0].status_code == 405 and rest[-1][1].status_code == 200
+    rest = rest[len(bad):]
+    assert rest[0][0].status_code == 405 and rest[0][1].status_code == 200
+    for (path, body), (answer, after) in zip(control, rest[1:]):
+        assert answer.status_code == 400 and answer.json()["object"] == "error", (path, body)
+        assert after.status_code == 200
 
 
 def test_weight_updates_from_disk_change_outputs_and_the_weight_version(
@@ -311,7 +323,7 @@ def test_pause_abort_ends_requests_in_flight_and_holds_new_ones_until_continue(
     async def scenario(client):
         running = asyncio.create_task(client.post("/generate", json=generate_body(4)))
         await until(lambda: held.waiting == 1)
-        await client.post("/pause_generation", json={})
+        await client.post("/pause_generation")  # no body: mode "abort"
         aborted = await running
         waiting = asyncio.create_task(client.post("/generate", json=generate_body(4)))
         for _ in range(20):
