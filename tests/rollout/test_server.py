@@ -15,6 +15,7 @@ from agentjax.models.hf import load_hf, make_tiny_hf
 from agentjax.rollout.engine import GenerateRequest, SamplingParams
 from agentjax.rollout.lanes import LanedEngine
 from agentjax.rollout.server import build_app, hf_params_loader
+from agentjax.rollout.server_requests import GenerateBody
 
 CONTEXT = 128
 # The served engine: two lanes, batch-invariant, so a seeded request's tokens do not
@@ -397,3 +398,19 @@ def test_health_info_sessions_and_shutdown(loop, engine, folders, tokenizer):
     # The second turn of a session reuses the first turn's cache on its lane.
     assert second["meta_info"]["cached_tokens"] > 0
     assert closed == 200 and health == 503
+
+
+def test_a_request_whose_client_disconnects_is_aborted(loop, engine, folders, tokenizer):
+    held = HeldEngine(engine)  # never released: only the disconnect can end the request
+    service = make_app(held, folders, tokenizer).state.service
+
+    class Disconnected:
+        async def is_disconnected(self):
+            return True
+
+    answer = loop.run(service.generate(GenerateBody.model_validate(generate_body(1)),
+                                       Disconnected()))
+    out = json.loads(answer.body)
+    assert out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert out["meta_info"]["finish_reason"]["message"] == "the client disconnected"
+    assert held.waiting == 0 and not service.flights

@@ -1,5 +1,6 @@
 """scripts/serve.py as a process: prints its URL once ready, answers /health and
-/generate, stops on SIGTERM, and stops when the launcher named by --parent-pid dies,
+/generate (the in-process engine's tokens and log-probs for the same seed), stops on
+SIGTERM, and stops when the launcher named by --parent-pid dies,
 even by SIGKILL."""
 import os
 import queue
@@ -13,13 +14,21 @@ import time
 import httpx
 import pytest
 
-from agentjax.models.hf import make_tiny_hf
-from agentjax.models.tokenizer import build_tokenizer
+from flax import nnx
+
+from agentjax.models.hf import load_hf, make_tiny_hf
+from agentjax.models.tokenizer import build_tokenizer, load_tokenizer
+from agentjax.rollout.engine import GenerateRequest, SamplingParams
+from agentjax.rollout.lanes import LanedEngine
 from tests.rollout.fakes import CORPUS
 from tests.scripts.test_train import ROOT
 
 FLAGS = ["--port", "0", "--context-length", "128", "--max-running-requests", "2",
-         "--prefill-chunks", "16", "--decode-steps", "4", "--enable-deterministic-inference"]
+         "--prefill-chunks", "16", "--decode-steps", "4", "--enable-deterministic-inference",
+         "--random-seed", "3"]
+# The same engine built in-process, as the trainer builds its own.
+ENGINE = dict(lanes=1, max_slots=2, max_len=128, prefill_chunks=(16,), decode_steps=4,
+              deterministic=True, seed=3)
 READY = re.compile(r"\[agentjax\] serving .* at (http://\S+)")
 
 
@@ -77,8 +86,14 @@ def test_serve_answers_then_stops_on_sigterm(model_path):
         answer = httpx.post(url + "/generate", timeout=60, json={
             "input_ids": [5, 6, 7], "return_logprob": True,
             "sampling_params": {"max_new_tokens": 6, "sampling_seed": 1}}).json()
-        assert len(answer["output_ids"]) == answer["meta_info"]["completion_tokens"] > 0
-        assert len(answer["meta_info"]["output_token_logprobs"]) == len(answer["output_ids"])
+        model, _ = load_hf(model_path)
+        with LanedEngine.build(*nnx.split(model), tokenizer=load_tokenizer(model_path),
+                               **ENGINE) as engine:
+            [[want]] = engine.generate_sync([GenerateRequest(
+                [5, 6, 7], SamplingParams(max_new_tokens=6, seed=1))])
+        assert answer["output_ids"] == want.output_ids
+        assert [lp for lp, _, _ in answer["meta_info"]["output_token_logprobs"]] == \
+            want.logprobs
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
         output.wait_for(re.compile(r"engine closed"), timeout_s=10)
