@@ -41,9 +41,12 @@ Where this server differs from SGLang, deliberately:
   `fold_in(PRNGKey(seed), j)`, as JaxEngine does in-process, so they differ and a served
   request equals the in-process one. JAX keys keep the seed's low 32 bits (x64 is off),
   in process as here.
-- The log-probs are those of the distribution sampled from (after temperature / top-k /
-  top-p; greedy reports the untempered one, as SGLang's default does for greedy): see
-  `rollout.sampling`. SGLang's default returns log-probs of the unprocessed logits.
+- The log-probs are those of the distribution sampled from (after temperature, top-k and
+  top-p, renormalized; greedy reports the untempered log-softmax, as SGLang does): see
+  `rollout.sampling`. SGLang's (layers/sampler.py) are log softmax(logits / temperature)
+  over the whole vocabulary, top-k / top-p not renormalized (with
+  SGLANG_RETURN_ORIGINAL_LOGPROB=1: before the temperature); they agree when top_k and
+  top_p are off.
 - `text` and `input_ids` together, a list `rid` or list `sampling_params` for a single
   request, and a batch-size mismatch are 400s (SGLang errors or picks one silently).
 - Input-token log-probs (`logprob_start_len >= 0`), top log-probs and
