@@ -16,7 +16,9 @@ python/sglang/srt/entrypoints/http_server.py and managers/tokenizer_manager.py):
   already in flight is a 400 ("Duplicate request ID detected"). A request whose client
   disconnects is aborted (SGLang polls for that as well). An optional `session_id`
   (SGLang's stable session identity) is passed to the engine, which then keeps the
-  session's KV cache between turns; POST /close_session `{"session_id"}` frees it.
+  session's KV cache between turns; POST /close_session `{"session_id"}` frees it (a
+  deterministic engine never evicts a session: keep open ones within its rows). The
+  tokenizer is the one loaded at startup, whatever weights are loaded later.
 - GET /health: 200 while the engine runs (503 once shutting down); GET /health_generate:
   200 after generating one token from input_ids [0] (503 when that fails, times out or
   generation is paused). GET /get_model_info, /get_server_info, /get_weight_version.
@@ -37,8 +39,8 @@ python/sglang/srt/entrypoints/http_server.py and managers/tokenizer_manager.py):
   place (`engine.update_weights`: same shapes, no recompilation; cached sessions end).
   When generation is not paused it waits for the requests in flight to finish and holds
   new ones meanwhile (SGLang's model_update_lock); when paused it swaps at once.
-  Answers `{success, message, num_paused_requests}` (HTTP 400 when success is false:
-  the old weights stay). `weight_version` (a string, "default" at startup) changes only
+  Answers `{success, message, num_paused_requests}` (the requests left running through
+  the swap by an in_place pause; HTTP 400 when success is false: the old weights stay). `weight_version` (a string, "default" at startup) changes only
   when given, and is reported in every response's meta_info.
 """
 from __future__ import annotations
@@ -277,8 +279,7 @@ class _Service:
             try:  # off the event loop: reading a checkpoint takes a while
                 params = await asyncio.to_thread(self.load_params, body.model_path)
             except Exception as error:  # noqa: BLE001 - any unreadable folder is reported
-                return _update_answer(False, f"Failed to update weights: {error}. Rolling "
-                                             "back to original weights.", 0)
+                return _update_failed(body, error)
             if body.abort_all_requests:
                 await self._stop_running("abort", "Aborted by /update_weights_from_disk")
             paused = "paused" in self.holds
@@ -293,17 +294,19 @@ class _Service:
                 # rounds.
                 self.engine.update_weights(params)
             except (ValueError, RuntimeError) as error:
-                return _update_answer(False, f"Failed to update weights: {error}. Rolling "
-                                             "back to original weights.", 0)
+                return _update_failed(body, error)
+            else:  # before generation resumes, so that its answers carry the new version
+                self.sessions.clear()  # update_weights ended the engine's sessions
+                self.server_args["model_path"] = body.model_path
+                message = "Succeeded to update model weights."
+                if body.weight_version is not None:
+                    self.server_args["weight_version"] = body.weight_version
+                    message += f" Weight version updated to {body.weight_version}."
             finally:
                 if not paused:
                     await self._set_hold("updating", False)
-        self.sessions.clear()  # update_weights ends the engine's cached sessions
-        self.server_args["model_path"] = body.model_path
-        message = "Succeeded to update model weights."
-        if body.weight_version is not None:
-            self.server_args["weight_version"] = body.weight_version
-            message += f" Weight version updated to {body.weight_version}."
+        logger.info("weights updated from %s (version %s)", body.model_path,
+                    self.weight_version)
         return _update_answer(True, message, in_flight)
 
     async def flush_cache(self) -> Response:
@@ -357,6 +360,12 @@ def _update_answer(success: bool, message: str, num_paused_requests: int) -> JSO
     return JSONResponse({"success": success, "message": message,
                          "num_paused_requests": num_paused_requests},
                         status_code=200 if success else 400)
+
+
+def _update_failed(body: UpdateWeightsBody, error: Exception) -> JSONResponse:
+    logger.warning("weights from %s not loaded: %s", body.model_path, error)
+    return _update_answer(False, f"Failed to update weights: {error}. Rolling back to "
+                                 "original weights.", 0)
 
 
 def error_response(error: Exception, status: int = 400) -> JSONResponse:
