@@ -52,3 +52,6 @@ GUESSES = ("sample", "mode")
 ENGINES = ("jax", "sglang")
 # train/rl_loop.py: guard_nonfinite.
 ON_NONFINITE = ("skip", "rollback")
+# rollout/engine.py: Completion.meta["logprob_distribution"], reported_distribution (what
+# an engine's log-probs are; rollout.sglang.logprob_distribution names the servers').
+LOGPROB_DISTRIBUTIONS = ("sampling", "temperature", "raw")

@@ -47,13 +47,16 @@ def main(argv):
         fail(error, status=2)
     logging.set_verbosity(logging.WARNING)
     enable_compilation_cache()
+    from agentjax.rollout.engine import EnginesUnavailable
+    from agentjax.rollout.launch import ServerStartError
     from agentjax.train.episodes import EpisodesFailed
     from agentjax.train.trainer import Trainer, TrainingDiverged
 
     workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
     try:
         Trainer(_CONFIG.value, workdir).run()
-    except (EpisodesFailed, TrainingDiverged) as error:  # the run says why it stopped
+    except (EpisodesFailed, TrainingDiverged, EnginesUnavailable,
+            ServerStartError) as error:  # the run says why it stopped
         fail(error, status=1)
 
 

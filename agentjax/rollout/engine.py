@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol, Sequence, runtime_checkable
 
+from agentjax.choices import LOGPROB_DISTRIBUTIONS
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -91,9 +93,6 @@ class Completion:
     finish_reason: str
     matched_stop: int | str | None = None
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-LOGPROB_DISTRIBUTIONS = ("sampling", "temperature", "raw")
 
 
 def reported_distribution(engine_distribution: str, sampling: SamplingParams) -> str:

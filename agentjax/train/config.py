@@ -31,6 +31,7 @@ from agentjax.choices import (
     GUESSES,
     INSTRUCTIONS,
     KL_KINDS,
+    LOGPROB_DISTRIBUTIONS,
     OLD_LOGP,
     ON_NONFINITE,
     OUTCOMES,
@@ -179,8 +180,20 @@ def default_config() -> ml_collections.ConfigDict:
     c.sft.rename_frac = 0.0
 
     c.rollout = ml_collections.ConfigDict()
-    c.rollout.engine = "jax"  # "jax" | "sglang"
-    c.rollout.sglang_urls = ""
+    c.rollout.engine = "jax"  # "jax" (in-process) | "sglang" (HTTP servers: train/engines.py)
+    c.rollout.sglang = ml_collections.ConfigDict()
+    c.rollout.sglang.urls = ""  # comma-separated server URLs (SGLang, a router, serve.py)
+    c.rollout.sglang.launch = 0  # or: start this many local scripts/serve.py servers
+    # Exported weight versions the servers load ('': <workdir>/weights); remote servers
+    # need it on shared storage at the same path.
+    c.rollout.sglang.weights_dir = ""
+    # What the servers' log-probs are: "sampling" (after temperature and truncation, as
+    # serve.py), "temperature" (SGLang's default: tempered, not truncated), "raw"
+    # (SGLANG_RETURN_ORIGINAL_LOGPROB=1); "auto": sampling if launched, else temperature.
+    c.rollout.sglang.logprob_distribution = "auto"
+    c.rollout.sglang.max_in_flight = 128  # requests per server
+    c.rollout.sglang.grace_s = 120.0  # all servers down this long: save and stop
+    c.rollout.sglang.startup_timeout_s = 600.0
     c.rollout.prompts_per_step = 16
     c.rollout.group_size = 8
     c.rollout.temperature = 1.0
@@ -464,6 +477,8 @@ URLS = Text("'' or comma-separated http(s):// URLs",
 TEMPLATE_KWARGS = Text("'' or a JSON object of chat-template variables, e.g. "
                        "'{\"enable_thinking\": false}'", _json_object)
 HOST_PORT = Text("'' or 'host:port'", _host_port)
+FOLDER_TO_CREATE = Text("'' or a folder path (created if missing)",
+                        lambda text: "\0" not in text)
 SERVED_MODEL = Text("'' or the model name a server serves (no whitespace)", _name)
 
 # The byte alphabet (256), the chat control tokens and the agent tags of a tokenizer
@@ -561,7 +576,13 @@ RULES = {
     "sft.corpus_mix": Real("[0, 1)"),
     "sft.rename_frac": PROBABILITY,
     "rollout.engine": Choice(ENGINES),
-    "rollout.sglang_urls": URLS,
+    "rollout.sglang.urls": URLS,
+    "rollout.sglang.launch": COUNT,
+    "rollout.sglang.weights_dir": FOLDER_TO_CREATE,
+    "rollout.sglang.logprob_distribution": Choice(("auto",) + LOGPROB_DISTRIBUTIONS),
+    "rollout.sglang.max_in_flight": POSITIVE,
+    "rollout.sglang.grace_s": POSITIVE_REAL,
+    "rollout.sglang.startup_timeout_s": POSITIVE_REAL,
     "rollout.prompts_per_step": POSITIVE,
     "rollout.group_size": POSITIVE,
     "rollout.temperature": NON_NEGATIVE,
@@ -808,10 +829,7 @@ def _check_combinations(config) -> None:
         _reject("rollout.max_new_tokens", rollout.max_new_tokens,
                 f"it must be < rollout.max_tokens={rollout.max_tokens} (the context "
                 "holds the prompt too)")
-    if rollout.engine == "sglang":
-        # The config keys are reserved for the SGLang server pool; until its Engine lands a
-        # run must not silently fall back to the in-process sampler.
-        _reject("rollout.engine", "sglang", "it is not implemented yet; use 'jax'")
+    _check_sglang(config)
 
     mesh_sizes = dict(config.mesh)
     if list(mesh_sizes.values()).count(-1) > 1:
@@ -823,6 +841,53 @@ def _check_combinations(config) -> None:
     if config.multihost.process_id >= config.multihost.num_processes:
         _reject("multihost.process_id", config.multihost.process_id,
                 f"it must be < multihost.num_processes={config.multihost.num_processes}")
+
+
+def sglang_logprob_distribution(config) -> str:
+    """What the rollout servers' log-probs are (rollout.sglang.logprob_distribution;
+    'auto': the sampling distribution of launched serve.py servers, SGLang's default,
+    tempered but not truncated, for servers given by URL)."""
+    s = config.rollout.sglang
+    if s.logprob_distribution != "auto":
+        return s.logprob_distribution
+    return "sampling" if s.launch else "temperature"
+
+
+def _check_sglang(config) -> None:
+    """rollout.sglang.* used only by the SGLang engine, which needs servers, and whose
+    log-probs must be those of the sampling distribution wherever the loss uses them."""
+    rollout, algo = config.rollout, config.algo
+    s = rollout.sglang
+    if rollout.engine != "sglang":
+        for key in ("urls", "launch"):
+            if s[key]:
+                _reject(f"rollout.sglang.{key}", s[key],
+                        "it is used only with rollout.engine='sglang'")
+        return
+    if bool(s.urls) == bool(s.launch):
+        _reject("rollout.engine", "sglang", "it needs exactly one of rollout.sglang.urls "
+                "(running servers) and rollout.sglang.launch > 0 (local servers)")
+    if config.multihost.enabled:
+        _reject("rollout.engine", "sglang", "weights are not synced to servers from a "
+                "multi-host run yet; use 'jax'")
+    # The behavior log-probs enter the loss through the TIS weights (tis_cap) or as the
+    # old policy (old_logp='behavior'): they must be of the distribution sampled from.
+    if not (algo.old_logp == "behavior" or algo.tis_cap > 0):
+        return
+    distribution = sglang_logprob_distribution(config)
+    tempered = rollout.temperature != 1.0 or rollout.final_temperature != 1.0
+    truncated = rollout.top_p < 1.0 or rollout.top_k > 0
+    if distribution == "raw" and tempered:
+        _reject("rollout.sglang.logprob_distribution", "raw", "the servers' log-probs are "
+                "before temperature but rollout.temperature is not 1, and algo.old_logp="
+                "'behavior' or algo.tis_cap uses them; unset SGLANG_RETURN_ORIGINAL_LOGPROB "
+                "on the servers or set algo.tis_cap=0 with algo.old_logp='recompute'")
+    if distribution == "temperature" and truncated:
+        _reject("rollout.sglang.logprob_distribution", s.logprob_distribution,
+                "SGLang's log-probs are not truncated by top_p / top_k, which this run "
+                "samples with, and algo.old_logp='behavior' or algo.tis_cap uses them; set "
+                "rollout.top_p=1 and rollout.top_k=-1, or algo.tis_cap=0 with "
+                "algo.old_logp='recompute'")
 
 
 def _check_judge(reward) -> None:

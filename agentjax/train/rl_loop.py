@@ -9,7 +9,8 @@ One step, in `run_rl`:
                                                       shaping)
     state, metrics = rl_step(state, groups, step)     collate -> prepare (log-probs,
                                                       advantages) -> jitted update ->
-                                                      non-finite guard -> engine weights
+                                                      non-finite guard
+    trainer.sync_weights(state.params)                the engine samples with the update
     run_hooks(hooks, step + 1, ...)                   eval / log / checkpoint
 
 The Trainer (train/trainer.py) supplies the model, engine, pool, shardings and the
@@ -30,6 +31,7 @@ from tqdm.auto import tqdm
 from agentjax.data.curriculum import make_sampler
 from agentjax.models import ValueModel
 from agentjax.rl.shaping import dynamic_sampling_keep, overlong_penalty
+from agentjax.rollout.engine import EnginesUnavailable
 from agentjax.rollout.trajectory import Trajectory, collate
 from agentjax.train import diagnostics, step as step_lib
 from agentjax.train.episodes import check_failures
@@ -228,7 +230,7 @@ def run_rl(trainer, params):
     start, last_eval = host.get("step", 0), host.get("last_eval", {})
     if host:
         sampler.load_state_dict(host["sampler"])
-    trainer.engine.update_weights(state.params)
+    trainer.sync_weights(state.params)
     bar = tqdm(range(start, config.total_steps), desc=config.algo.name,
                disable=not (trainer.is_main and config.log.progress))
     bad_steps = 0
@@ -238,7 +240,7 @@ def run_rl(trainer, params):
         return {"step": done, "sampler": sampler.state_dict(), "last_eval": last_eval}
 
     def rl_step(state, groups, step: int):
-        """The update on one step's groups; the engine then samples with its result."""
+        """The update on one step's groups (the loop then syncs the engine's weights)."""
         nonlocal bad_steps
         trajectories = [t for group in groups for t in group]
         batch = collate(trajectories, buckets=trainer.buckets,
@@ -255,7 +257,6 @@ def run_rl(trainer, params):
         metrics.update(jax.device_get(update_metrics))
         state, bad_steps = guard_nonfinite(trainer, state, metrics, step + 1, bad_steps,
                                            checkpointer, host_state(step + 1))
-        trainer.engine.update_weights(state.params)
         return state, metrics
 
     def evaluate(step, state, metrics):
@@ -278,23 +279,35 @@ def run_rl(trainer, params):
     # In this order: the log row holds the evaluation, the checkpoint its result.
     hooks = [Hook(config.eval.every, evaluate), Hook(config.log.every, log),
              Hook(config.checkpoint.every, save)]
+    done, resume_host = start, host_state(start)
     for step in bar:
-        t0 = time.perf_counter()
-        groups, rollout_info = collect_groups(trainer, sampler, step)
-        t1 = time.perf_counter()
-        inspect_episodes(trainer, groups, step + 1, first=step == start)
-        state, metrics = rl_step(state, groups, step)
-        t2 = time.perf_counter()
-        episodes = [t for group in groups for t in group]
-        metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
-                        "time/step_s": t2 - t0,
-                        "rollout/tokens_per_s": sum(t.num_action_tokens for t in episodes)
-                        / (t1 - t0),
-                        **rollout_info,
-                        "rollout/temperature": temperature_at(config, step),
-                        "success/train": np.mean([solved(t, trainer.suite.success_key)
-                                                  for t in episodes])})
-        run_hooks(hooks, step + 1, config.total_steps, state, metrics)
+        try:
+            t0 = time.perf_counter()
+            groups, rollout_info = collect_groups(trainer, sampler, step)
+            t1 = time.perf_counter()
+            inspect_episodes(trainer, groups, step + 1, first=step == start)
+            state, metrics = rl_step(state, groups, step)
+            done, resume_host = step + 1, host_state(step + 1)
+            trainer.sync_weights(state.params)
+            t2 = time.perf_counter()
+            episodes = [t for group in groups for t in group]
+            metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
+                            "time/step_s": t2 - t0,
+                            "rollout/tokens_per_s": sum(t.num_action_tokens
+                                                        for t in episodes) / (t1 - t0),
+                            **rollout_info,
+                            "rollout/temperature": temperature_at(config, step),
+                            "success/train": np.mean([solved(t, trainer.suite.success_key)
+                                                      for t in episodes])})
+            run_hooks(hooks, step + 1, config.total_steps, state, metrics)
+        except EnginesUnavailable:
+            # The servers stayed down (rollout, weight sync or evaluation): saved with
+            # the sampler as before this step's draw, or after the update once it is
+            # applied, so a rerun with the servers back repeats exactly what did not
+            # happen (a failed evaluation's log row is the one thing not kept).
+            checkpointer.save(done, state, resume_host, force=True)
+            checkpointer.wait()
+            raise
     checkpointer.wait()
     writer.close()
     trainer.export(state.params, "")

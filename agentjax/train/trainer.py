@@ -38,11 +38,11 @@ from agentjax.models import Decoder, ModelConfig, load_hf, save_hf
 from agentjax.models.tokenizer import AGENT_TAGS, build_tokenizer, load_tokenizer, prompt_ids
 from agentjax.rollout.agent_loop import EpisodeLimits
 from agentjax.rollout.engine import SamplingParams
-from agentjax.rollout.lanes import LanedEngine
 from agentjax.rollout.pool import RolloutPool
 from agentjax.train import rl_loop, sft
 from agentjax.train.checkpoint import Checkpointer, latest_committed_step
 from agentjax.train.config import ConfigError, validate
+from agentjax.train.engines import build_engine
 from agentjax.train.episodes import EpisodeRecorder, check_failures
 from agentjax.train.evaluate import evaluate, group_of
 from agentjax.train.memory import memory_plan
@@ -118,12 +118,11 @@ class Trainer:
         r = config.rollout
         self.buckets = length_buckets(r.max_tokens)
         self.batch_rows = r.prompts_per_step * r.group_size
-        # Each lane keeps its own copy in the compute dtype (JaxEngine copies and casts), so
-        # update steps may donate (free) the trainer's buffers.
-        self.engine = LanedEngine.build(
-            self.graphdef, params, lanes=r.engine_lanes, tokenizer=self.tokenizer,
-            max_slots=r.engine_slots, max_len=r.max_tokens,
-            decode_steps=r.decode_steps, deterministic=r.deterministic, seed=config.seed)
+        self.engine, self._close_engine = build_engine(
+            config, graphdef=self.graphdef, params=params, model_config=self.model_config,
+            tokenizer=self.tokenizer, model_path=self.model_path, workdir=self.workdir,
+            log=self.log)
+        self._engine_params = None  # the params object the engine last received
         self.pool = RolloutPool(
             self.engine, self.suite.make_env, self.tokenizer,
             limits=EpisodeLimits(max_turns=config.env.max_turns,
@@ -166,6 +165,7 @@ class Trainer:
         self.log(f"memory plan per device (before activations):\n{plan.table()}")
         plan.check()
         model, model_config = load_hf(path, mesh=self.mesh, rules=self.rules, **precision)
+        self.model_path = path
         template_kwargs = json.loads(config.tokenizer.template_kwargs or "{}")
         return load_tokenizer(path, template_kwargs=template_kwargs), model, model_config
 
@@ -287,7 +287,7 @@ class Trainer:
     def evaluate(self, params, prefix: str, tasks=None) -> dict[str, float]:
         """Greedy and sampled success of `params` (also pass@k, per hops) on `tasks`
         (default: the fixed held-out evaluation subset)."""
-        self.engine.update_weights(params)
+        self.sync_weights(params)
         tasks = self.eval_tasks if tasks is None else tasks
         sampling = dataclasses.replace(self.sampling(0),
                                        temperature=self.config.rollout.temperature,
@@ -362,9 +362,16 @@ class Trainer:
             print(report_table(results))
         return results
 
+    def sync_weights(self, params) -> None:
+        """Sends `params` to the rollout engine unless it has them already (evaluation
+        after an RL step: a second export and reload for an SGLang pool)."""
+        if params is not self._engine_params:
+            self.engine.update_weights(params)
+            self._engine_params = params
+
     def close(self):
         self.pool.close()
-        self.engine.close()
+        self._close_engine()
 
 
 def report_table(results: dict[str, float]) -> str:

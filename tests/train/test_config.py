@@ -29,6 +29,7 @@ BAD_TEXT = {
     config_lib.URLS: ["http://a,localhost:1", "http://a,"],
     config_lib.HOST_PORT: ["host", "host:port", "host:1:2"],
     config_lib.SERVED_MODEL: ["judge 7b", " "],
+    config_lib.FOLDER_TO_CREATE: ["runs/\0weights"],
 }
 
 
@@ -187,7 +188,22 @@ COMBINATIONS = [
     (_ppo(algo__critic_lr=0.0), "algo.critic_lr", "needs a critic"),
     (_ppo(algo__dynamic_sampling=True), "algo.dynamic_sampling", "group-based"),
     (_search(algo__overlong_buffer=300), "algo.overlong_buffer", "overlong_max_len=256"),
-    (_search(rollout__engine="sglang"), "rollout.engine", "not implemented"),
+    (_search(rollout__engine="sglang"), "rollout.engine", "exactly one of"),
+    (_search(rollout__engine="sglang", rollout__sglang__launch=1,
+             rollout__sglang__urls="http://h:30000"), "rollout.engine", "exactly one of"),
+    (_search(rollout__sglang__launch=2), "rollout.sglang.launch",
+     "only with rollout.engine='sglang'"),
+    (_search(rollout__sglang__urls="http://h:30000"), "rollout.sglang.urls",
+     "only with rollout.engine='sglang'"),
+    (_search(rollout__engine="sglang", rollout__sglang__launch=1, multihost__enabled=True,
+             multihost__coordinator="h:1234", multihost__num_processes=2),
+     "rollout.engine", "multi-host"),
+    # SGLang's default log-probs are not truncated: wrong behavior log-probs under top_p.
+    (_search(rollout__engine="sglang", rollout__sglang__urls="http://h:30000",
+             rollout__top_p=0.9), "rollout.sglang.logprob_distribution", "not truncated"),
+    (_search(rollout__engine="sglang", rollout__sglang__urls="http://h:30000",
+             rollout__sglang__logprob_distribution="raw", rollout__temperature=0.7),
+     "rollout.sglang.logprob_distribution", "before temperature"),
     (_python(reward__outcome="judge"), "reward.outcome", "env.name='python'"),
     (_search(reward__outcome="judge", reward__judge__model="m"), "reward.judge.url",
      "needs the judge's OpenAI-compatible chat server"),
@@ -249,3 +265,15 @@ def test_the_hf_variant_requires_a_model_path(name, tmp_path):
 def test_every_other_variant_of_every_config_file_is_valid(name, variant):
     module = sweep_plan.load_config_module(os.path.join(ROOT, "configs", name))
     config_lib.validate(module.get_config(variant))
+
+
+@pytest.mark.parametrize("overrides", [
+    # serve.py's log-probs are those of the sampling distribution, truncation included.
+    dict(rollout__sglang__launch=1, rollout__top_p=0.9),
+    # Nothing uses the behavior log-probs: recomputed old policy, no TIS weights.
+    dict(rollout__sglang__urls="http://h:30000", rollout__top_p=0.9, algo__tis_cap=0.0),
+    dict(rollout__sglang__urls="http://h:30000", rollout__sglang__logprob_distribution="raw",
+         rollout__temperature=1.0),
+])
+def test_sglang_log_probs_are_accepted_where_they_are_the_sampled_ones(overrides):
+    config_lib.validate(_search(rollout__engine="sglang", **overrides))

@@ -1,0 +1,90 @@
+"""The rollout engine a run samples with, chosen by `rollout.engine`.
+
+  "jax"     in-process LanedEngine (rollout/lanes.py): the default, weights swapped in
+            device memory.
+  "sglang"  SGLangEngine (rollout/sglang_engine.py) over `rollout.sglang.urls` (SGLang
+            servers, an sglang-router, or agentjax's scripts/serve.py), or over
+            `rollout.sglang.launch` local serve.py servers started here from the run's
+            initial weights and stopped when the run ends. Weights reach the servers as
+            HF folders under `rollout.sglang.weights_dir` (default <workdir>/weights).
+
+`build_engine` returns the engine and what closes it (the local servers too). Servers
+that do not answer /health within `rollout.sglang.startup_timeout_s` are an
+EnginesUnavailable naming them, raised before anything compiles.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from flax import nnx
+
+from agentjax.models.hf import save_hf
+from agentjax.rollout.lanes import LanedEngine
+from agentjax.rollout.launch import LocalServers
+from agentjax.rollout.sglang_engine import SGLangEngine
+from agentjax.train.config import sglang_logprob_distribution
+
+WEIGHTS_DIR = "weights"  # in the workdir, unless rollout.sglang.weights_dir
+
+
+def server_flags(config) -> list[str]:
+    """serve_main flags that make a launched server sample as the in-process engine
+    would: same slots, lanes, decode rounds, compute dtype and seed. The context is one
+    token longer than rollout.max_tokens because SGLang (and serve_main, which follows
+    it) refuses input + max_new_tokens >= context length, while an episode may fill
+    rollout.max_tokens exactly."""
+    r = config.rollout
+    flags = ["--max-running-requests", str(r.engine_slots), "--lanes", str(r.engine_lanes),
+             "--decode-steps", str(r.decode_steps), "--context-length", str(r.max_tokens + 1),
+             "--dtype", config.model.dtype, "--random-seed", str(config.seed),
+             "--log-level", "warning"]
+    return flags + (["--enable-deterministic-inference"] if r.deterministic else [])
+
+
+def build_engine(config, *, graphdef: nnx.GraphDef, params: Any, model_config, tokenizer,
+                 model_path: str, workdir: str,
+                 log: Callable[[str], None]) -> tuple[Any, Callable[[], None]]:
+    """(engine, close) for `config.rollout.engine` (module docstring)."""
+    r = config.rollout
+    if r.engine == "jax":
+        # Each lane keeps its own copy in the compute dtype (JaxEngine copies and casts),
+        # so update steps may donate (free) the trainer's buffers.
+        engine = LanedEngine.build(
+            graphdef, params, lanes=r.engine_lanes, tokenizer=tokenizer,
+            max_slots=r.engine_slots, max_len=r.max_tokens, decode_steps=r.decode_steps,
+            deterministic=r.deterministic, seed=config.seed)
+        return engine, engine.close
+
+    s = r.sglang
+    servers = None
+    if s.launch:
+        log(f"starting {s.launch} local rollout server(s) of {model_path}")
+        servers = LocalServers.start(model_path, count=s.launch, flags=server_flags(config),
+                                     timeout_s=s.startup_timeout_s)
+        urls = servers.urls
+        log(f"local rollout servers at {', '.join(urls)}")
+    else:
+        urls = [u.strip() for u in s.urls.split(",")]
+
+    def export(weights, folder):
+        save_hf(nnx.merge(graphdef, weights), model_config, folder,
+                dtype=model_config.dtype, tokenizer=tokenizer)
+
+    engine = SGLangEngine(
+        urls, tokenizer=tokenizer, export_fn=export,
+        weights_dir=s.weights_dir or os.path.join(workdir, WEIGHTS_DIR),
+        logprob_distribution=sglang_logprob_distribution(config), max_in_flight=s.max_in_flight,
+        grace_s=s.grace_s, seed=config.seed, log=log)
+
+    def close():
+        engine.close()
+        if servers is not None:
+            servers.stop()
+
+    try:
+        engine.wait_until_ready(s.startup_timeout_s)
+    except BaseException:
+        close()
+        raise
+    return engine, close
