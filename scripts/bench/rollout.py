@@ -14,9 +14,9 @@ measured configuration then runs once untimed, so it has met each shape it will 
 the compile counters (the engine's `COMPILE_COUNTS` and every JAX compilation in the
 process) must not move during a timed run, or the bench stops naming the run. The
 repeats of a table's configurations take turns (A B C A B C ...), so load from other
-processes hits them alike; each row shows its best run and its spread, (max - min) / min;
-a ratio is printed only when it differs from 1 by more than the larger spread of its two
-rows, otherwise the cell says "unresolved".
+processes hits them alike; each row shows its best run and its spread (interquartile
+range / best); a ratio is printed only when it differs from 1 by more than the larger
+spread of its two rows, otherwise the cell says "unresolved".
 
 1. generate: JaxEngine and LanedEngine (one lane per core, up to 4), each also with
    `deterministic=True` (the price of batch invariance: every decode step over all rows
@@ -38,7 +38,8 @@ rows, otherwise the cell says "unresolved".
    same tokens), plus the same latency with one episode at a time, and the zero-latency
    run on a `deterministic=True` engine (its cost with rows joining and leaving). The
    engine has one slot per concurrent episode, so every session keeps its KV cache
-   across turns.
+   across turns. Each row also shows its best run's engine program calls and the
+   seconds spent inside them: episodes whose turns line up share calls.
 """
 from __future__ import annotations
 
@@ -367,6 +368,11 @@ class LatencyEnv:
                           {})
 
 
+# Engine counters a pool run reports: program calls (how well its episodes share calls)
+# and seconds inside them (the rest is host work and waiting).
+PROGRAM_STATS = ("prefill_calls", "decode_calls", "prefill_s", "decode_s")
+
+
 def bench_pool(tokenizer, model, episodes=64, turns=4, new_tokens=48, latency=0.1, slots=64,
                repeats=3):
     tasks = [Task(f"t{i}", f"question number {i} about the world") for i in range(episodes // 4)]
@@ -388,20 +394,23 @@ def bench_pool(tokenizer, model, episodes=64, turns=4, new_tokens=48, latency=0.
     pools = []
 
     def configuration(engine, latency_s, concurrency, task_list, group):
-        """A run of the configuration: (seconds, tokens, episodes). Every run starts at
-        group id 0: the same seeds, so the same tokens."""
+        """A run of the configuration: (seconds, tokens, episodes, engine PROGRAM_STATS
+        during the run). Every run starts at group id 0: the same seeds, so the same
+        tokens."""
         pool = RolloutPool(engine, lambda: LatencyEnv(latency_s, turns), tokenizer,
                            limits=limits, concurrency=concurrency)
         pools.append(pool)
 
         def run():
+            stats = dict(engine.stats)
             start = time.perf_counter()
             groups = pool.collect_sync(task_list, group, sampling=sampling, first_group_id=0)
             elapsed = time.perf_counter() - start
             trajs = [t for g in groups for t in g]
             assert not any(t.metadata["failed"] for t in trajs)
-            return elapsed, sum(len(turn.action_ids) for t in trajs for turn in t.turns), \
-                len(trajs)
+            programs = {key: engine.stats[key] - stats.get(key, 0) for key in PROGRAM_STATS}
+            return (elapsed, sum(len(turn.action_ids) for t in trajs for turn in t.turns),
+                    len(trajs), programs)
         return run
 
     zero = "zero tool latency"
@@ -426,11 +435,14 @@ def bench_pool(tokenizer, model, episodes=64, turns=4, new_tokens=48, latency=0.
     base = measured[zero][1]
     rows = []
     for name, (seconds, per_token, tokens) in measured.items():
-        rows.append([name, results[name][0][2], tokens, "/".join(f"{t:.2f}" for t in seconds.costs),
+        _, _, count, programs = results[name][seconds.costs.index(seconds.best)]
+        rows.append([name, count, tokens, "/".join(f"{t:.2f}" for t in seconds.costs),
                      f"{seconds.best:.2f}", seconds.spread_text(), f"{1 / per_token.best:.0f}",
-                     "baseline" if name == zero else Ratio.of(base, per_token).text()])
+                     "baseline" if name == zero else Ratio.of(base, per_token).text(),
+                     f"{programs['prefill_calls']} / {programs['decode_calls']}",
+                     f"{programs['prefill_s'] + programs['decode_s']:.2f}"])
     table(["run", "episodes", "tokens", "runs s", "best s", "spread", "tokens/s",
-           "vs zero latency"], rows)
+           "vs zero latency", "prefill / decode calls (best run)", "in programs s"], rows)
 
 
 def main():

@@ -8,7 +8,9 @@ land on one side only, where it reads as an effect. So:
   compile counter, when given, must not move during a timed run;
 - the timed repeats take turns, A B A B ..., so load hits every candidate alike;
 - each candidate reports its best (minimum) run, timeit's estimator and the least
-  disturbed by load, and its spread, (max - min) / min over its runs;
+  disturbed by load, and its spread: the interquartile range of its runs over the best
+  run (half the range for 2 or 3 runs; unlike the full range it does not grow with
+  every extra run that catches one burst of load);
 - a ratio of two candidates' best runs is printed only when it differs from 1 by more
   than the larger of their spreads; otherwise the text says it is unresolved.
 
@@ -18,6 +20,7 @@ module: `python scripts/bench/<bench>.py` puts this folder first on sys.path.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from typing import Callable, Hashable, Mapping, Sequence, TypeVar
 
@@ -91,10 +94,12 @@ class Runs:
 
     @property
     def spread(self) -> float | None:
-        """(max - min) / min; None for a single run (no measure of its noise)."""
+        """Interquartile range / best (quartiles interpolated between the sorted runs,
+        numpy's default); None for a single run (no measure of its noise)."""
         if len(self.costs) < 2:
             return None
-        return (max(self.costs) - self.best) / self.best
+        low, _, high = statistics.quantiles(self.costs, n=4, method="inclusive")
+        return (high - low) / self.best
 
     def spread_text(self) -> str:
         return "one run" if self.spread is None else percent(self.spread)
