@@ -6,7 +6,9 @@ repeats in one block and the case's in another lets a burst of load (or a compil
 land on one side only, where it reads as an effect. So:
 - every candidate runs once untimed first (compilations, allocators, thread pools), and a
   compile counter, when given, must not move during a timed run;
-- the timed repeats take turns, A B A B ..., so load hits every candidate alike;
+- the timed repeats take turns, so load hits every candidate alike, and each round starts
+  one candidate later (A B C, B C A, C A B, ...; for two, A B B A A B ...), so none always
+  runs first in a round or always right after the same other one;
 - each candidate reports its best (minimum) run, timeit's estimator and the least
   disturbed by load, and its spread: the interquartile range of its runs over the best
   run (half the range for 2 or 3 runs; unlike the full range it does not grow with
@@ -32,10 +34,13 @@ class CompiledWhileTimed(RuntimeError):
 
 
 def interleaved(names: Sequence[Hashable], repeats: int) -> list[Hashable]:
-    """The order of the timed runs: every candidate once per round, `repeats` rounds."""
+    """The order of the timed runs: `repeats` rounds of every candidate once, round r
+    starting at candidate r mod len(names)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    return [name for _ in range(repeats) for name in names]
+    names = list(names)
+    return [names[(start + i) % len(names)] for start in range(repeats)
+            for i in range(len(names))]
 
 
 def measure(candidates: Mapping[Hashable, Callable[[], Result]], repeats: int, *,

@@ -11,9 +11,11 @@ timing = runpy.run_path(os.path.join(ROOT, "scripts", "bench", "timing.py"))
 Runs, Ratio, measure = timing["Runs"], timing["Ratio"], timing["measure"]
 
 
-def test_repeats_take_turns_a_b_a_b():
+def test_repeats_take_turns_each_round_starting_one_candidate_later():
     assert timing["interleaved"](["base", "case"], 3) == [
-        "base", "case", "base", "case", "base", "case"]
+        "base", "case", "case", "base", "base", "case"]
+    assert timing["interleaved"](["a", "b", "c"], 4) == [
+        "a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
     assert timing["interleaved"](["a", "b", "c"], 1) == ["a", "b", "c"]
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         timing["interleaved"](["a"], 0)
@@ -29,9 +31,9 @@ def test_measure_warms_every_candidate_then_interleaves_its_runs():
         return run
 
     results = measure({"a": candidate("a"), "b": candidate("b")}, 2)
-    # Warm-up a, b (calls 1-2, untimed), then a b a b: calls 3-6.
-    assert calls == ["a", "b", "a", "b", "a", "b"]
-    assert results == {"a": [3, 5], "b": [4, 6]}
+    # Warm-up a, b (calls 1-2, untimed), then a b b a: calls 3-6.
+    assert calls == ["a", "b", "a", "b", "b", "a"]
+    assert results == {"a": [3, 6], "b": [4, 5]}
     calls.clear()
     assert measure({"a": candidate("a")}, 2, warmup=False) == {"a": [1, 2]}
 
