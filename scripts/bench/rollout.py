@@ -13,10 +13,10 @@ engine first compiles every program it can call (`warmup()`, time printed) and e
 measured configuration then runs once untimed, so it has met each shape it will meet;
 the compile counters (the engine's `COMPILE_COUNTS` and every JAX compilation in the
 process) must not move during a timed run, or the bench stops naming the run. The
-repeats of a table's configurations take turns (A B C, B C A, C A B, ...), so load from other
-processes hits them alike; each row shows its best run and its spread (interquartile
-range / best); a ratio is printed only when it differs from 1 by more than the larger
-spread of its two rows, otherwise the cell says "unresolved".
+repeats of a table's configurations take turns (A B C, B C A, C A B, ...), so load from
+other processes hits them alike; each row shows its best run and its spread
+(interquartile range / best); a ratio is printed only when it differs from 1 by more
+than the larger spread of its two rows, otherwise the cell says "unresolved".
 
 1. generate: JaxEngine and LanedEngine (one lane per core, up to 4), each also with
    `deterministic=True` (the price of batch invariance: every decode step over all rows
