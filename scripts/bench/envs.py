@@ -11,7 +11,7 @@
 
 Each section warms its candidates up, then runs them `--repeats` times in turn
 (scripts/bench/timing.py: load from other processes hits them alike); a row shows the
-rate of its best run, the spread of its runs' wall times (interquartile range / best)
+rate of its best run, the spread of its runs' wall times ((max - min) / min)
 and latency percentiles over all its runs; a ratio is printed only when it exceeds the
 larger spread of its two rows.
 """

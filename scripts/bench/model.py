@@ -17,7 +17,7 @@ vocab 8192, batch 8 x seq 512, float32, left-padded rows (lengths in [seq/2, seq
 JAX compile time (ahead-of-time `lower().compile()`) is printed separately. After one
 warm-up call per side, the two sides' `--iters` calls take turns (scripts/bench/timing.py:
 load from other processes hits both alike); each side reports its best call and the
-spread of its calls (interquartile range / best), and the ratio is printed only when it
+spread of its calls ((max - min) / min), and the ratio is printed only when it
 exceeds the larger spread. torch uses its default intra-op threads, XLA its default CPU
 thread pool.
 """

@@ -16,7 +16,7 @@ Measurements:
      compiled) minus the resident set at that point, on the first call.
 
 Times (scripts/bench/timing.py): each candidate's best of `--repeats` calls taken in turn
-with the others', beside its spread (interquartile range / best); a speedup is printed
+with the others', beside its spread ((max - min) / min); a speedup is printed
 only when it exceeds the larger spread of its two rows, and a speedup target with an
 unresolved speedup reads UNRESOLVED, not PASS.
 

@@ -15,7 +15,7 @@ the compile counters (the engine's `COMPILE_COUNTS` and every JAX compilation in
 process) must not move during a timed run, or the bench stops naming the run. The
 repeats of a table's configurations take turns (A B C, B C A, C A B, ...), so load from
 other processes hits them alike; each row shows its best run and its spread
-(interquartile range / best); a ratio is printed only when it differs from 1 by more
+((max - min) / min); a ratio is printed only when it differs from 1 by more
 than the larger spread of its two rows, otherwise the cell says "unresolved".
 
 1. generate: JaxEngine and LanedEngine (one lane per core, up to 4), each also with

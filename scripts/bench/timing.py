@@ -10,9 +10,10 @@ land on one side only, where it reads as an effect. So:
   one candidate later (A B C, B C A, C A B, ...; for two, A B B A A B ...), so none always
   runs first in a round or always right after the same other one;
 - each candidate reports its best (minimum) run, timeit's estimator and the least
-  disturbed by load, and its spread: the interquartile range of its runs over the best
-  run (half the range for 2 or 3 runs; unlike the full range it does not grow with
-  every extra run that catches one burst of load);
+  disturbed by load, and its spread, (max - min) / min over its runs. The full range,
+  not the interquartile range: with the three or so runs a slow benchmark affords, the
+  IQR is half the range and lets one lucky run carry a ratio that the next invocation
+  does not reproduce; the price is that many repeats on a loaded machine widen it;
 - a ratio of two candidates' best runs is printed only when it differs from 1 by more
   than the larger of their spreads; otherwise the text says it is unresolved.
 
@@ -22,7 +23,6 @@ module: `python scripts/bench/<bench>.py` puts this folder first on sys.path.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
 from typing import Callable, Hashable, Mapping, Sequence, TypeVar
 
@@ -99,12 +99,10 @@ class Runs:
 
     @property
     def spread(self) -> float | None:
-        """Interquartile range / best (quartiles interpolated between the sorted runs,
-        numpy's default); None for a single run (no measure of its noise)."""
+        """(max - min) / min; None for a single run (no measure of its noise)."""
         if len(self.costs) < 2:
             return None
-        low, _, high = statistics.quantiles(self.costs, n=4, method="inclusive")
-        return (high - low) / self.best
+        return (max(self.costs) - self.best) / self.best
 
     def spread_text(self) -> str:
         return "one run" if self.spread is None else percent(self.spread)

@@ -55,24 +55,18 @@ def test_a_compilation_inside_a_timed_run_is_an_error_warm_up_compiles_are_not()
                    compilations=lambda: dict(compiled)) == {"b": [None, None]}
 
 
-def test_best_is_the_minimum_and_spread_the_interquartile_range_over_it():
+def test_best_is_the_minimum_and_spread_is_max_minus_min_over_min():
     runs = Runs((2.5, 2.0, 3.0))
     assert runs.best == 2.0
-    # Sorted 2.0, 2.5, 3.0: quartiles 2.25 and 2.75, range 0.5, over the best 2.0.
-    assert runs.spread == pytest.approx(0.25)
-    assert runs.spread_text() == "25%"
-    # Two runs: quartiles 1.005 and 1.015.
-    assert Runs((1.0, 1.02)).spread_text() == "1.0%"
-    # Ten runs, one caught by a burst of load: quartiles 3.25 and 7.75 (the 100 does not
-    # count, as it would in (max - min) / min = 99).
-    assert Runs((1, 2, 3, 4, 5, 6, 7, 8, 9, 100)).spread == pytest.approx(4.5)
+    assert runs.spread == pytest.approx(0.5)  # (3.0 - 2.0) / 2.0
+    assert runs.spread_text() == "50%"
+    assert Runs((1.0, 1.02)).spread_text() == "2.0%"
     single = Runs((4.0,))
     assert single.best == 4.0 and single.spread is None and single.spread_text() == "one run"
-    # Per unit of work: 10 s / 100 tokens, 12 s / 100 tokens, 9 s / 90 tokens; sorted
-    # 0.1, 0.1, 0.12: quartiles 0.1 and 0.11.
+    # Per unit of work: 10 s / 100 tokens, 12 s / 100 tokens, 9 s / 90 tokens.
     per_token = Runs((10.0, 12.0, 9.0)).per([100, 100, 90])
     assert per_token.costs == pytest.approx((0.1, 0.12, 0.1))
-    assert per_token.spread == pytest.approx(0.1)
+    assert per_token.spread == pytest.approx(0.2)
     with pytest.raises(ValueError, match="2 unit counts for 3 runs"):
         Runs((1.0, 2.0, 3.0)).per([1, 2])
     with pytest.raises(ValueError, match="positive costs"):
@@ -82,17 +76,16 @@ def test_best_is_the_minimum_and_spread_the_interquartile_range_over_it():
 
 
 def test_a_ratio_is_printed_only_when_its_effect_exceeds_both_spreads():
-    # Baseline best 4.0 s (runs 4.0, 6.0: quartiles 4.5, 5.5, spread 25%), case best
-    # 5.0 s (runs 5.0, 5.5: spread 5%): the case takes 1.25x the time, an effect of 25%,
-    # not above the 25% spread.
-    base, case = Runs((4.0, 6.0)), Runs((5.5, 5.0))
+    # Baseline best 4.0 s (runs 4.0, 5.0: spread 25%), case best 5.0 s (runs 5.5, 5.0:
+    # spread 10%): the case takes 1.25x the time, an effect of 25%, not above 25%.
+    base, case = Runs((4.0, 5.0)), Runs((5.5, 5.0))
     ratio = Ratio.of(case, base)
     assert (ratio.value, ratio.effect, ratio.spread) == (1.25, 0.25, 0.25)
     assert not ratio.resolved
     assert ratio.text() == "unresolved: spread 25% >= effect 25%"
-    # Baseline runs 4.5 and 4.0 (quartiles 4.125, 4.375: spread 6.25%): resolved.
+    # Baseline runs 4.5 and 4.0 (spread 12.5%): the 25% effect is resolved.
     resolved = Ratio.of(case, Runs((4.5, 4.0)))
-    assert (resolved.spread, resolved.resolved, resolved.text()) == (0.0625, True, "1.25x")
+    assert (resolved.spread, resolved.resolved, resolved.text()) == (0.125, True, "1.25x")
     # The effect is symmetric: 4.0 / 5.0 = 0.8x is also a 25% effect.
     inverse = Ratio.of(Runs((4.5, 4.0)), case)
     assert inverse.value == pytest.approx(0.8) and inverse.effect == pytest.approx(0.25)
@@ -101,13 +94,13 @@ def test_a_ratio_is_printed_only_when_its_effect_exceeds_both_spreads():
 
 def test_the_polluted_pool_table_is_refused():
     # The table this rule was written for: zero latency 17.67 s, 100 ms latency 7.63 s,
-    # printed as "2.32x". Had the zero-latency runs been 17.67 and 7.2 s (spread
-    # (17.67 - 7.2) / 2 / 7.2 = 73%), the best-of ratio 7.2 / 7.63 = 0.944 is refused.
+    # printed as "2.32x". Had the zero-latency runs been 17.67 and 7.2 s (a 145% spread,
+    # best 7.2 s), the best-of ratio 7.2 / 7.63 = 0.944 is refused.
     ratio = Ratio.of(Runs((17.67, 7.2)), Runs((7.63, 7.7)))
     assert ratio.value == pytest.approx(7.2 / 7.63)
     assert ratio.effect == pytest.approx(7.63 / 7.2 - 1)
-    assert ratio.spread == pytest.approx((17.67 - 7.2) / 2 / 7.2)
-    assert ratio.text() == "unresolved: spread 73% >= effect 6.0%"
+    assert ratio.spread == pytest.approx((17.67 - 7.2) / 7.2)
+    assert ratio.text() == "unresolved: spread 145% >= effect 6.0%"
 
 
 def test_one_run_has_no_spread_so_its_ratio_is_unresolved():
