@@ -8,6 +8,12 @@
 2. Retrieval: queries/s and latency of BM25Retriever in-process (one thread, and
    `--clients` threads) and through scripts/serve_retrieval.py over HTTP with `--clients`
    concurrent HttpRetriever callers, on a synthetic corpus of `--docs` documents.
+
+Each section warms its candidates up, then runs them `--repeats` times in turn
+(scripts/bench/timing.py: load from other processes hits them alike); a row shows the
+rate of its best run, the spread of its runs' wall times ((max - min) / min)
+and latency percentiles over all its runs; a ratio is printed only when it exceeds the
+larger spread of its two rows.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import time
 
 import httpx
 import numpy as np
+from timing import Ratio, Runs, measure  # scripts/bench/timing.py
 
 from agentjax.envs.retrieval import BM25Retriever, HttpRetriever
 from agentjax.envs.sandbox import Sandbox
@@ -44,19 +51,24 @@ def timed_parallel(fn, n: int, workers: int) -> tuple[float, np.ndarray]:
     return time.perf_counter() - start, latencies
 
 
-def row(name, wall, latencies, baseline_rate=None):
-    rate = len(latencies) / wall
-    ratio = "" if baseline_rate is None else f"{rate / baseline_rate:8.3f}"
-    p50, p99 = np.percentile(latencies, [50, 99]) * 1e3
-    print(f"  {name:<44} {rate:10.1f} {p50:9.2f} {p99:9.2f} {ratio:>8}")
-    return rate
+def row(name, runs: list[tuple[float, np.ndarray]], baseline: Runs | None = None) -> Runs:
+    """Prints one candidate's row from its runs' (wall seconds, latencies); returns its
+    wall times (every run in a section makes the same number of calls)."""
+    walls = Runs(tuple(wall for wall, _ in runs))
+    rate = len(runs[0][1]) / walls.best
+    ratio = "" if baseline is None else Ratio.of(baseline, walls).text(3)
+    p50, p99 = np.percentile(np.concatenate([lat for _, lat in runs]), [50, 99]) * 1e3
+    print(f"  {name:<44} {rate:10.1f} {walls.spread_text():>7} {p50:9.2f} {p99:9.2f} "
+          f"{ratio:>8}")
+    return walls
 
 
 def header(unit):
-    print(f"  {'':<44} {unit + '/s':>10} {'p50 ms':>9} {'p99 ms':>9} {'ratio':>8}")
+    print(f"  {'':<44} {unit + '/s':>10} {'spread':>7} {'p50 ms':>9} {'p99 ms':>9} "
+          f"{'ratio':>8}")
 
 
-def bench_sandbox(runs: int, parallel: int) -> None:
+def bench_sandbox(runs: int, parallel: int, repeats: int) -> None:
     sandbox = Sandbox(max_parallel=parallel)
     plain = [sandbox.python, "-B", "-E", "-s", "-c", TRIVIAL_PROGRAM]
 
@@ -70,13 +82,16 @@ def bench_sandbox(runs: int, parallel: int) -> None:
 
     for fn in (baseline, sandboxed):  # warm the page cache and the slot locks
         timed_parallel(fn, parallel, parallel)
+    results = measure({name: lambda fn=fn: timed_parallel(fn, runs, parallel)
+                       for name, fn in (("base", baseline), ("sandbox", sandboxed))},
+                      repeats, warmup=False)
     print(f"\nSandbox: {runs} runs of a trivial program, {parallel} in parallel "
-          f"({sandbox.python})")
+          f"({sandbox.python}); best of {repeats} interleaved rounds")
     header("runs")
-    base_rate = row("plain subprocess (baseline)", *timed_parallel(baseline, runs, parallel))
-    rate = row("Sandbox.run (bwrap + prlimit)", *timed_parallel(sandboxed, runs, parallel),
-               baseline_rate=base_rate)
-    print(f"  sandbox overhead: {base_rate / rate:.2f}x the time of a plain subprocess")
+    base = row("plain subprocess (baseline)", results["base"])
+    ratio = Ratio.of(row("Sandbox.run (bwrap + prlimit)", results["sandbox"], base), base)
+    print(f"  sandbox overhead: {ratio.text()}"
+          + (" the time of a plain subprocess" if ratio.resolved else ""))
 
 
 def synthetic_corpus(num_docs: int, seed: int = 0) -> tuple[list[dict], list[str]]:
@@ -101,7 +116,7 @@ def synthetic_corpus(num_docs: int, seed: int = 0) -> tuple[list[dict], list[str
     return records, queries
 
 
-def bench_retrieval(num_docs: int, num_queries: int, clients: int) -> None:
+def bench_retrieval(num_docs: int, num_queries: int, clients: int, repeats: int) -> None:
     records, queries = synthetic_corpus(num_docs)
     queries = (queries * (num_queries // len(queries) + 1))[:num_queries]
     start = time.perf_counter()
@@ -123,13 +138,16 @@ def bench_retrieval(num_docs: int, num_queries: int, clients: int) -> None:
             remote = lambda i: client.search([queries[i]], 3)  # noqa: E731
             for i in range(50):  # warm up both paths
                 search(i), remote(i)
+            results = measure({
+                "base": lambda: timed_parallel(search, num_queries, 1),
+                "threads": lambda: timed_parallel(search, num_queries, clients),
+                "http": lambda: timed_parallel(remote, num_queries, clients),
+            }, repeats, warmup=False)
+            print(f"best of {repeats} interleaved rounds")
             header("queries")
-            base = row("BM25Retriever in-process, 1 thread (base)",
-                       *timed_parallel(search, num_queries, 1))
-            row(f"BM25Retriever in-process, {clients} threads",
-                *timed_parallel(search, num_queries, clients), baseline_rate=base)
-            row(f"HTTP server, {clients} concurrent clients",
-                *timed_parallel(remote, num_queries, clients), baseline_rate=base)
+            base = row("BM25Retriever in-process, 1 thread (base)", results["base"])
+            row(f"BM25Retriever in-process, {clients} threads", results["threads"], base)
+            row(f"HTTP server, {clients} concurrent clients", results["http"], base)
             got = client.search(queries[:20], 3)
             want = retriever.search(queries[:20], 3)
             assert [[d.id for d in h] for h in got] == [[d.id for d in h] for h in want]
@@ -164,9 +182,11 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed runs of each candidate (at least 2 for a ratio)")
     args = parser.parse_args()
-    bench_sandbox(args.sandbox_runs, args.parallel)
-    bench_retrieval(args.docs, args.queries, args.clients)
+    bench_sandbox(args.sandbox_runs, args.parallel, args.repeats)
+    bench_retrieval(args.docs, args.queries, args.clients, args.repeats)
 
 
 if __name__ == "__main__":

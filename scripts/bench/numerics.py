@@ -15,6 +15,11 @@ Measurements:
      reset through /proc/self/clear_refs after the inputs are built and the program is
      compiled) minus the resident set at that point, on the first call.
 
+Times (scripts/bench/timing.py): each candidate's best of `--repeats` calls taken in turn
+with the others', beside its spread ((max - min) / min); a speedup is printed
+only when it exceeds the larger spread of its two rows, and a speedup target with an
+unresolved speedup reads UNRESOLVED, not PASS.
+
 Usage:
   python scripts/bench/numerics.py            # the full shapes (needs ~12 GB free RAM)
   python scripts/bench/numerics.py --quick    # small shapes, a smoke run in seconds
@@ -27,11 +32,11 @@ import os
 import resource
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
 import torch
+from timing import Ratio, Runs, measure, timed  # scripts/bench/timing.py
 
 from agentjax.rl import advantages, logprobs, losses
 
@@ -46,29 +51,33 @@ CLIP_LOW, CLIP_HIGH, DUAL_CLIP, KL_COEF = 0.2, 0.28, 3.0, 0.001
 
 
 def _timed(fns: dict, repeats: int, warmup: bool = True, torch_threads=(None,)) -> dict:
-    """Best (minimum) seconds per call of each blocking fn over `repeats` calls.
+    """Runs (seconds per call) of each blocking fn: `repeats` interleaved calls each
+    (timing.measure: load from other processes hits every candidate alike).
 
-    Calls are interleaved so that load from other processes on a shared machine hits every
-    candidate alike, and the minimum - timeit's estimator - is the least disturbed by it.
-    The whole measurement is repeated for each torch intra-op thread count in
-    `torch_threads` (None = leave as is) and every candidate keeps its best: on a loaded
-    machine, OpenMP threads spinning for a busy core make small eager torch ops up to 30x
-    slower with 2 threads than with 1, and the baseline should not pay for that.
+    A fn whose name starts with "torch" is measured once per torch intra-op thread count
+    in `torch_threads` (None = leave as is) and keeps the runs of its best count: on a
+    loaded machine, OpenMP threads spinning for a busy core make small eager torch ops up
+    to 30x slower with 2 threads than with 1, and the baseline should not pay for that.
     """
     default_threads = torch.get_num_threads()
-    best = {name: float("inf") for name in fns}
-    for threads in torch_threads:
-        torch.set_num_threads(threads or default_threads)
-        if warmup:
-            for fn in fns.values():
-                fn()  # compilation, allocator, thread pools
-        for _ in range(repeats):
-            for name, fn in fns.items():
-                start = time.perf_counter()
-                fn()
-                best[name] = min(best[name], time.perf_counter() - start)
+
+    def with_threads(fn, threads):
+        def call():
+            torch.set_num_threads(threads or default_threads)
+            return fn()
+        return call
+
+    candidates = {}
+    for name, fn in fns.items():
+        if name.startswith("torch"):
+            candidates.update({(name, threads): timed(with_threads(fn, threads))
+                               for threads in torch_threads})
+        else:
+            candidates[name, None] = timed(fn)
+    results = measure(candidates, repeats, warmup=warmup)
     torch.set_num_threads(default_threads)
-    return best
+    return {name: min((Runs(tuple(seconds)) for (of, _), seconds in results.items()
+                       if of == name), key=lambda runs: runs.best) for name in fns}
 
 
 def _token_batch(rng, batch, seq):
@@ -292,7 +301,8 @@ def child_time(cfg, repeats):
         logp, entropy = (x.reshape(-1)[:16] for x in outs[name])
         diffs[f"{name}_vs_float64"] = float(max(np.abs(logp - logp64).max(),
                                                 np.abs(entropy - entropy64).max()))
-    print(json.dumps({"times": times, "diffs": diffs}))
+    print(json.dumps({"times": {name: runs.costs for name, runs in times.items()},
+                      "diffs": diffs}))
 
 
 def _run_child(args: list[str]) -> dict:
@@ -311,15 +321,28 @@ def _row(name, ours, base, ratio, target, ok):
     return (name, ours, base, ratio, target, "PASS" if ok else "FAIL")
 
 
-def _time_row(name, ours_s, base_s, min_speedup):
-    speedup = base_s / ours_s
+def _time_row(name, ours: Runs, base: Runs, min_speedup):
+    """A timing row: best runs with their spreads and the speedup base / ours. A speedup
+    target (min_speedup >= 1) needs the speedup resolved (above the noise); a bound
+    (min_speedup < 1: "at most 1/min_speedup the time") holds on the best runs."""
+    ratio = Ratio.of(base, ours)
     if min_speedup >= 1:
         target = f">= {min_speedup:g}x faster"
     else:
         target = f"<= {1 / min_speedup:.2f}x the time"
-    ratio = f"{speedup:.1f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x the time"
-    return _row(name, f"{ours_s * 1e3:.2f} ms", f"{base_s * 1e3:.2f} ms", ratio, target,
-                speedup >= min_speedup)
+    if not ratio.resolved:
+        shown = ratio.text()
+    elif ratio.value >= 1:
+        shown = f"{ratio.value:.1f}x faster"
+    else:
+        shown = f"{1 / ratio.value:.2f}x the time"
+    ok = ratio.value >= min_speedup and (ratio.resolved or min_speedup < 1)
+    return (name, _ms(ours), _ms(base), shown, target,
+            "PASS" if ok else "FAIL" if ratio.resolved or min_speedup < 1 else "UNRESOLVED")
+
+
+def _ms(runs: Runs) -> str:
+    return f"{runs.best * 1e3:.2f} ms (spread {runs.spread_text()})"
 
 
 def _print_table(rows):
@@ -346,7 +369,7 @@ def main():
     if args.child == "memory":
         return child_memory(shapes["logprobs"], args.path)
     if args.child == "time":
-        return child_time(shapes["logprobs"], args.repeats or 1)
+        return child_time(shapes["logprobs"], args.repeats or 3)
 
     load = os.getloadavg()
     print(f"agentjax rl numerics benchmark ({'quick' if args.quick else 'full'} shapes); "
@@ -364,8 +387,8 @@ def main():
     rows.append(_time_row(f"gae (lax.scan) B={b} T={t} vs torch loop", gae_times["scan"],
                           gae_times["torch"], 50))
     rows.append(_row(f"gae_associative B={b} T={t} vs torch loop",
-                     f"{gae_times['assoc'] * 1e3:.2f} ms", f"{gae_times['torch'] * 1e3:.2f} ms",
-                     f"{gae_times['torch'] / gae_times['assoc']:.1f}x faster", "reported",
+                     _ms(gae_times["assoc"]), _ms(gae_times["torch"]),
+                     Ratio.of(gae_times["torch"], gae_times["assoc"]).text(1), "reported",
                      True))
     rows.append(_row("gae max |agentjax - torch| on action tokens", f"{gae_diff:.1e}", "-", "-",
                      "<= 1e-4", gae_diff <= 1e-4))
@@ -382,7 +405,7 @@ def main():
         quick = ["--quick"] if args.quick else []
         mem = {p: _run_child([*quick, "--child", "memory", "--path", p])
                for p in ("jax_chunked", "jax_full", "torch_full")}
-        timing = _run_child([*quick, "--child", "time", "--repeats", str(args.repeats or 1)])
+        timing = _run_child([*quick, "--child", "time", "--repeats", str(args.repeats or 3)])
         n = cfg["batch"] * cfg["seq"]
         label = f"token_logprobs N={n} d={cfg['hidden']} V={cfg['vocab']} chunk={cfg['chunk']}"
         ours = mem["jax_chunked"]["extra_mib"]
@@ -393,8 +416,9 @@ def main():
                              f"{base_mib:.0f} MiB", f"{fraction:.3f}x", "<= 0.10x",
                              fraction <= 0.10))
         for base in ("jax_full", "torch_full"):
-            rows.append(_time_row(f"{label} time vs {base}", timing["times"]["jax_chunked"],
-                                  timing["times"][base], 0.8))
+            times = {name: Runs(tuple(costs)) for name, costs in timing["times"].items()}
+            rows.append(_time_row(f"{label} time vs {base}", times["jax_chunked"],
+                                  times[base], 0.8))
         diffs = timing["diffs"]
         for base in ("jax_full", "float64"):
             diff = diffs["jax_chunked_vs_float64" if base == "float64" else base]
