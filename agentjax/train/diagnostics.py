@@ -49,6 +49,13 @@ def rollout_metrics(groups: Sequence[Sequence[Trajectory]], batch: dict) -> dict
     for reason, count in stops.items():
         m[f"stop/{reason}"] = count / len(episodes)
     m["stop/failed"] = np.mean([bool(t.metadata.get("failed")) for t in episodes])
+    # The engine's weight versions that sampled this batch (a server pool reports the
+    # version each server held; an older one means a server missed an update).
+    versions = [turn.weight_version for t in episodes for turn in t.turns
+                if isinstance(turn.weight_version, int)]
+    if versions:
+        m["rollout/weight_version_min"] = min(versions)
+        m["rollout/weight_version_max"] = max(versions)
     m["truncated/collate_frac"] = float(np.mean(batch["truncated"][:len(episodes)]))
     m["truncated/turn_length_frac"] = np.mean([
         any(turn.finish_reason == "length" for turn in t.turns) for t in episodes])

@@ -10,8 +10,8 @@ One step, in `run_rl`:
     state, metrics = rl_step(state, groups, step)     collate -> prepare (log-probs,
                                                       advantages) -> jitted update ->
                                                       non-finite guard
-    trainer.sync_weights(state.params)                the engine samples with the update
     run_hooks(hooks, step + 1, ...)                   eval / log / checkpoint
+    trainer.sync_weights(state.params)                the engine samples with the update
 
 The Trainer (train/trainer.py) supplies the model, engine, pool, shardings and the
 restore-or-start of checkpoints; a rerun in the same workdir resumes at the last
@@ -279,16 +279,19 @@ def run_rl(trainer, params):
     # In this order: the log row holds the evaluation, the checkpoint its result.
     hooks = [Hook(config.eval.every, evaluate), Hook(config.log.every, log),
              Hook(config.checkpoint.every, save)]
-    done, resume_host = start, host_state(start)
     for step in bar:
+        # Where a rerun would continue if the servers stay down: this step, with the
+        # sampler before its draw; None while the state holds an update whose log row
+        # and evaluation are not written yet (a rerun then repeats from the last
+        # checkpoint, which reproduces them).
+        resume = (step, host_state(step))
         try:
             t0 = time.perf_counter()
             groups, rollout_info = collect_groups(trainer, sampler, step)
             t1 = time.perf_counter()
             inspect_episodes(trainer, groups, step + 1, first=step == start)
+            resume = None
             state, metrics = rl_step(state, groups, step)
-            done, resume_host = step + 1, host_state(step + 1)
-            trainer.sync_weights(state.params)
             t2 = time.perf_counter()
             episodes = [t for group in groups for t in group]
             metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
@@ -300,12 +303,11 @@ def run_rl(trainer, params):
                             "success/train": np.mean([solved(t, trainer.suite.success_key)
                                                       for t in episodes])})
             run_hooks(hooks, step + 1, config.total_steps, state, metrics)
+            resume = (step + 1, host_state(step + 1))
+            trainer.sync_weights(state.params)
         except EnginesUnavailable:
-            # The servers stayed down (rollout, weight sync or evaluation): saved with
-            # the sampler as before this step's draw, or after the update once it is
-            # applied, so a rerun with the servers back repeats exactly what did not
-            # happen (a failed evaluation's log row is the one thing not kept).
-            checkpointer.save(done, state, resume_host, force=True)
+            if resume is not None:
+                checkpointer.save(resume[0], state, resume[1], force=True)
             checkpointer.wait()
             raise
     checkpointer.wait()

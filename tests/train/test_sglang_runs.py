@@ -1,0 +1,104 @@
+"""Runs whose rollouts go through SGLang's HTTP protocol (rollout.engine='sglang'):
+launched local servers sample exactly what the in-process engine samples, and a run
+whose servers all die saves a checkpoint, stops with one error line naming them, and
+resumes to the uninterrupted run's end once servers are back."""
+import os
+import subprocess
+import time
+
+import pytest
+
+from agentjax.rollout.launch import LocalServers
+from agentjax.train.checkpoint import latest_committed_step
+from agentjax.train.engines import server_flags
+from agentjax.train import presets
+from agentjax.train.metrics import read_metrics
+from tests.train.runs import ONE_DEVICE, _argv, comparable
+from tests.train.runs import train as _train
+
+# RL alone (no pretraining or SFT), to keep the runs short.
+RL_ONLY = ("--config.pretrain.steps=0", "--config.sft.steps=0")
+# Behavior log-probs come back through JSON from engines whose attention span is one
+# token longer (server_flags): equal sampled tokens, log-probs equal within float32
+# rounding. Everything else must be identical.
+LOGP_ROUNDING = 1e-6
+
+
+def _same_runs(reference, other):
+    a, b = read_metrics(reference), read_metrics(other)
+    assert len(a) == len(b) > 0
+    for row_a, row_b in zip(comparable(a), comparable(b)):
+        mismatch_a = row_a.pop("logp_mismatch_abs")
+        mismatch_b = row_b.pop("logp_mismatch_abs")
+        assert abs(mismatch_a - mismatch_b) < LOGP_ROUNDING
+        assert row_a == row_b
+    for name in ("final.json",):
+        final_a, final_b = ((w / name).read_text() for w in (reference, other))
+        strip = lambda text: [line for line in text.splitlines() if "time/" not in line]
+        assert strip(final_a) == strip(final_b)
+
+
+@pytest.mark.slow
+def test_two_launched_servers_sample_what_the_in_process_engine_samples(tmp_path):
+    _train("grpo_search.py:test", tmp_path / "jax", *RL_ONLY)
+    out = _train("grpo_search.py:test", tmp_path / "sglang", *RL_ONLY,
+                 "--config.rollout.engine=sglang", "--config.rollout.sglang.launch=2")
+    assert "local rollout servers at http://127.0.0.1:" in out
+    _same_runs(tmp_path / "jax", tmp_path / "sglang")
+    # Step k's episodes were all sampled by weight version k (RL's start is version 1).
+    rows = read_metrics(tmp_path / "sglang")
+    assert [(r["rollout/weight_version_min"], r["rollout/weight_version_max"])
+            for r in rows] == [(1, 1), (2, 2)]
+    # Versions 1-3 exported (RL's start, after steps 1 and 2; the evaluation after step
+    # 2 finds the servers holding its weights already), the last two kept.
+    assert sorted(os.listdir(tmp_path / "sglang" / "weights")) == ["v00000002", "v00000003"]
+
+
+@pytest.mark.slow
+def test_servers_down_saves_a_checkpoint_and_the_rerun_resumes(tmp_path):
+    """All servers SIGKILLed after the first RL step: the run stops with an error line
+    naming the URL and a checkpoint; rerun against a new server, it ends exactly as a
+    run that was never interrupted."""
+    steps = ("--config.total_steps=4", "--config.eval.every=0")
+    reference = tmp_path / "reference"
+    _train("grpo_search.py:test", reference, *RL_ONLY, *steps)
+    model = reference / "init_model"  # the same initial weights for the pool's servers
+    flags = server_flags(presets.search_config("grpo", "test"))
+    run = tmp_path / "run"
+    common = (*RL_ONLY, *steps, f"--config.model.path={model}",
+              "--config.rollout.engine=sglang", "--config.rollout.sglang.grace_s=3")
+
+    with LocalServers.start(str(model), count=1, flags=flags) as servers:
+        [url] = servers.urls
+        process = subprocess.Popen(
+            _argv("grpo_search.py:test", run, [*common, f"--config.rollout.sglang.urls={url}"]),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ONE_DEVICE)
+        deadline = time.monotonic() + 600
+        while (latest_committed_step(str(run / "checkpoints")) or 0) < 1:
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        os.kill(servers.pids[0], 9)
+        out, _ = process.communicate(timeout=600)
+    assert process.returncode == 1, out[-3000:]
+    [error] = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert url in error
+    stopped_at = latest_committed_step(str(run / "checkpoints"))
+    assert 1 <= stopped_at < 4
+
+    with LocalServers.start(str(model), count=1, flags=flags) as servers:
+        _train("grpo_search.py:test", run, *common,
+               f"--config.rollout.sglang.urls={servers.urls[0]}")
+    _same_runs(reference, run)
+
+
+def test_an_unreachable_server_stops_the_run_at_startup_naming_it(tmp_path):
+    url = "http://127.0.0.1:9"  # the discard port: nothing answers
+    result = subprocess.run(
+        _argv("grpo_search.py:test", tmp_path, [*RL_ONLY, "--config.rollout.engine=sglang",
+                                                f"--config.rollout.sglang.urls={url}",
+                                                "--config.rollout.sglang.startup_timeout_s=1"]),
+        capture_output=True, text=True, timeout=300, env=ONE_DEVICE)
+    assert result.returncode == 1
+    [error] = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert url in error and "/health" in error
+    assert not (tmp_path / "checkpoints").exists()
