@@ -17,6 +17,7 @@ flagging episodes, so the trainer can checkpoint and exit.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from agentjax.choices import LOGPROB_DISTRIBUTIONS
@@ -139,3 +140,24 @@ class Engine(Protocol):
 
     def end_session(self, session_id: str) -> None:
         """Frees what the engine keeps for a session (no-op for engines without any)."""
+
+
+def check_request(index: int, request: GenerateRequest) -> str:
+    """ValueError naming `requests[index]` unless every engine can take the request:
+    token ids, at least one sample of at least one token, a valid temperature and top_p,
+    one sample per session turn. Returns that name for an engine's own checks."""
+    s = request.sampling
+    where = f"requests[{index}]"
+    try:
+        ids = [operator.index(t) for t in request.input_ids]
+    except TypeError:
+        ids = []
+    if not ids or min(ids) < 0:
+        raise ValueError(f"{where}.input_ids must be a non-empty sequence of token ids")
+    if s.n < 1 or s.max_new_tokens < 1:
+        raise ValueError(f"{where}: n and max_new_tokens must be >= 1")
+    if s.temperature < 0 or not 0 < s.top_p <= 1:
+        raise ValueError(f"{where}: need temperature >= 0 and 0 < top_p <= 1")
+    if request.session_id is not None and s.n != 1:
+        raise ValueError(f"{where}: a session request must have n == 1")
+    return where

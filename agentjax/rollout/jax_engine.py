@@ -88,7 +88,7 @@ from agentjax.models.decoder import LayerwiseWeights
 from agentjax.rollout.device_programs import (COMPILE_COUNTS, decode, engine_weights,
                                               new_cache, prefill)
 from agentjax.rollout.engine import (Completion, GenerateRequest, SamplingParams,
-                                     reported_distribution)
+                                     check_request, reported_distribution)
 from agentjax.rollout.program_shapes import ProgramShapes
 from agentjax.rollout.slots import SlotTable
 
@@ -360,18 +360,9 @@ class JaxEngine:
 
     def _validate(self, index: int, request: GenerateRequest) -> None:
         s = request.sampling
-        where = f"requests[{index}]"
-        ids = list(request.input_ids)
-        if not ids:
-            raise ValueError(f"{where}.input_ids is empty")
-        if min(ids) < 0 or max(ids) >= self.config.vocab_size:
+        where = check_request(index, request)
+        if max(request.input_ids) >= self.config.vocab_size:
             raise ValueError(f"{where}.input_ids must be in [0, {self.config.vocab_size})")
-        if s.n < 1 or s.max_new_tokens < 1:
-            raise ValueError(f"{where}: n and max_new_tokens must be >= 1")
-        if s.temperature < 0 or not 0 < s.top_p <= 1:
-            raise ValueError(f"{where}: need temperature >= 0 and 0 < top_p <= 1")
-        if request.session_id is not None and s.n != 1:
-            raise ValueError(f"{where}: a session request must have n == 1")
         if len(set(s.stop_token_ids) | set(self.eos_token_ids)) > self.max_stop_ids:
             raise ValueError(f"{where}: more than max_stop_ids={self.max_stop_ids} stop ids")
         if s.stop and self.tokenizer is None:

@@ -53,13 +53,12 @@ Weights (docs/advanced_features/sglang_for_rl.md, "pause_generation --- update w
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, Sequence
 
 import httpx
 import numpy as np
 
-from agentjax.rollout.engine import Completion, GenerateRequest, SamplingParams
+from agentjax.rollout.engine import Completion, GenerateRequest, SamplingParams, check_request
 
 INT32 = 2**31
 # log(softmax) of a near-certain token may round above 0 (SGLang takes log(probs)).
@@ -77,19 +76,7 @@ class RequestRejected(ValueError):
 def validate_request(index: int, request: GenerateRequest) -> None:
     """ValueError naming `requests[index]` unless SGLang can take it."""
     s = request.sampling
-    where = f"requests[{index}]"
-    try:
-        ids = [operator.index(t) for t in request.input_ids]
-    except TypeError:
-        ids = []
-    if not ids or min(ids) < 0:
-        raise ValueError(f"{where}.input_ids must be a non-empty sequence of token ids")
-    if s.n < 1 or s.max_new_tokens < 1:
-        raise ValueError(f"{where}: n and max_new_tokens must be >= 1")
-    if s.temperature < 0 or not 0 < s.top_p <= 1:
-        raise ValueError(f"{where}: need temperature >= 0 and 0 < top_p <= 1")
-    if request.session_id is not None and s.n != 1:
-        raise ValueError(f"{where}: a session request must have n == 1")
+    where = check_request(index, request)
     if s.seed is not None and not -INT32 <= s.seed < INT32:
         raise ValueError(f"{where}: seed {s.seed} does not fit SGLang's int32 sampling_seed")
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from agentjax.rl import losses
 from tests import reference as ref
 from tests.rl._inputs import B, T, edge_mask, floats
+from tests.sharding import assert_rows_sharded_match_one_device
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 CLIPS = dict(clip_low=0.2, clip_high=0.28)
@@ -270,8 +270,6 @@ def test_micro_batches_sum_to_the_full_batch(logp, old_logp, adv, mask):
 
 
 def test_sharded_matches_single_device(eight_devices):
-    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=eight_devices)
-    rows = NamedSharding(mesh, PartitionSpec("data"))
     logp, old_logp, adv, mask = _policy_inputs(3)
     seq_adv = adv[:, 0]
     ref_logp = old_logp - 0.1
@@ -282,17 +280,8 @@ def test_sharded_matches_single_device(eight_devices):
         gspo, _ = losses.policy_loss(logp, old_logp, seq_adv, mask, kind="gspo", agg=_AGG)
         return loss + gspo, metrics
 
-    fn = jax.jit(jax.value_and_grad(objective, has_aux=True))
-    args = (logp, old_logp, ref_logp, seq_adv, mask)
-    (loss, metrics), grad = fn(*(jax.device_put(x, eight_devices[0]) for x in args))
-    sharded_args = [jax.device_put(x, rows) for x in args]
-    (s_loss, s_metrics), s_grad = fn(*sharded_args)
-    assert s_grad.sharding.is_equivalent_to(rows, 2)
-    np.testing.assert_allclose(s_loss, loss, rtol=1e-6)
-    np.testing.assert_allclose(s_grad, grad, rtol=1e-6, atol=1e-8)
-    # atol: means of O(1) values that nearly cancel (advantage_mean ~ 0.02) differ by the
-    # absolute rounding of a reordered float32 sum, not by a relative amount.
-    chex.assert_trees_all_close(s_metrics, metrics, rtol=1e-6, atol=1e-7)
+    assert_rows_sharded_match_one_device(
+        objective, (logp, old_logp, ref_logp, seq_adv, mask), eight_devices)
 
 
 def test_bad_arguments_name_the_argument():

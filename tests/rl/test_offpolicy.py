@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from agentjax.rl import losses, offpolicy
 from tests import reference as ref
 from tests.rl._inputs import B, T, edge_mask, floats
+from tests.sharding import assert_rows_sharded_match_one_device
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 CLIPS = dict(clip_low=0.2, clip_high=0.28)
@@ -178,17 +178,8 @@ def test_micro_batches_sum_to_the_full_batch():
 
 
 def test_sharded_matches_single_device(eight_devices):
-    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=eight_devices)
-    rows = NamedSharding(mesh, PartitionSpec("data"))
-    args = _inputs(3)
-    fn = jax.jit(jax.value_and_grad(functools.partial(_decoupled, bound="mask", dual_clip=3.0),
-                                    has_aux=True))
-    (loss, metrics), grad = fn(*(jax.device_put(x, eight_devices[0]) for x in args))
-    (s_loss, s_metrics), s_grad = fn(*(jax.device_put(x, rows) for x in args))
-    assert s_grad.sharding.is_equivalent_to(rows, 2)
-    np.testing.assert_allclose(s_loss, loss, rtol=1e-6)
-    np.testing.assert_allclose(s_grad, grad, rtol=1e-6, atol=1e-8)
-    chex.assert_trees_all_close(s_metrics, metrics, rtol=1e-6, atol=1e-7)
+    assert_rows_sharded_match_one_device(
+        functools.partial(_decoupled, bound="mask", dual_clip=3.0), _inputs(3), eight_devices)
 
 
 def test_bad_arguments_name_the_argument():

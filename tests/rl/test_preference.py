@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from agentjax.rl import logprobs, preference
 from tests import reference as ref
 from tests.rl._inputs import B, T, edge_mask, floats
+from tests.sharding import assert_rows_sharded_match_one_device
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 BETA = 0.5
@@ -187,18 +187,9 @@ def test_micro_batches_sum_to_the_full_batch():
 
 
 def test_sharded_matches_single_device(eight_devices):
-    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=eight_devices)
-    pairs = NamedSharding(mesh, PartitionSpec("data"))
-    arrays = _pairs(4)
-    fn = jax.jit(jax.value_and_grad(
+    assert_rows_sharded_match_one_device(
         functools.partial(preference.dpo_loss, beta=BETA, label_smoothing=0.1,
-                          length_normalized=True), argnums=(0, 1), has_aux=True))
-    (loss, metrics), grads = fn(*(jax.device_put(x, eight_devices[0]) for x in arrays))
-    (s_loss, s_metrics), s_grads = fn(*(jax.device_put(x, pairs) for x in arrays))
-    assert s_grads[0].sharding.is_equivalent_to(pairs, 2)
-    np.testing.assert_allclose(s_loss, loss, rtol=1e-6)
-    chex.assert_trees_all_close(s_grads, grads, rtol=1e-6, atol=1e-8)
-    chex.assert_trees_all_close(s_metrics, metrics, rtol=1e-6, atol=1e-7)
+                          length_normalized=True), _pairs(4), eight_devices, argnums=(0, 1))
 
 
 def test_bad_arguments_name_the_argument():
