@@ -27,6 +27,10 @@ The trainer reaches only `Sandbox.run`: the python env calls it from the rollout
 worker threads, which already run many episodes' tool calls at once. `arun` (from an
 event loop) and `run_many` (a batch of programs) are library API for other callers,
 e.g. an asyncio agent framework or checking a set of programs offline.
+
+Over 450 lines because one process tree's whole life (the prlimit + bwrap argv,
+uid slots, supervision, output caps, killing the group and the uid) is the security
+boundary, reviewed in one place.
 """
 from __future__ import annotations
 

@@ -39,6 +39,10 @@ Parameters live stacked over layers (leading axis `layers`) and the layers run u
 `jax.lax.scan`, so compile time does not grow with depth; each layer is rematerialized
 per `config.remat`. Every Param carries `logical_axes` metadata (parallel.py). Norms,
 softmax and logits are float32 whatever `config.dtype` is.
+
+Over 450 lines because the layer primitives (RoPE, masks, attention over a
+segment or a KV cache) serve both the training forward and the engine's cached decode
+of the same module; moving them out would split one forward pass over two files.
 """
 from __future__ import annotations
 

@@ -17,6 +17,11 @@ Conventions (all functions):
 `rl_objective` composes the policy objective the trainer optimizes,
   policy_loss(...) + kl_coef * kl_penalty(...) - entropy_coef * entropy_bonus(...),
 from arrays and the algorithm's knobs; `grpo_loss` is its GRPO preset.
+
+Over 450 lines because every term of `rl_objective` (the policy-loss kinds, value
+loss, KL penalty, entropy bonus) follows the masking and global-denominator conventions
+above, written and enforced once here; the file is the loss reference the float64
+tests mirror.
 """
 from __future__ import annotations
 
