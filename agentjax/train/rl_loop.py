@@ -230,7 +230,9 @@ def run_rl(trainer, params):
     start, last_eval = host.get("step", 0), host.get("last_eval", {})
     if host:
         sampler.load_state_dict(host["sampler"])
-    trainer.sync_weights(state.params)
+    # Weight version v samples the episodes of step v (after v - 1 updates), resumed or
+    # not.
+    trainer.sync_weights(state.params, version=start + 1)
     bar = tqdm(range(start, config.total_steps), desc=config.algo.name,
                disable=not (trainer.is_main and config.log.progress))
     bad_steps = 0
@@ -304,7 +306,7 @@ def run_rl(trainer, params):
                                                       for t in episodes])})
             run_hooks(hooks, step + 1, config.total_steps, state, metrics)
             resume = (step + 1, host_state(step + 1))
-            trainer.sync_weights(state.params)
+            trainer.sync_weights(state.params, version=step + 2)
         except EnginesUnavailable:
             if resume is not None:
                 checkpointer.save(resume[0], state, resume[1], force=True)

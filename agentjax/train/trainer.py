@@ -362,11 +362,12 @@ class Trainer:
             print(report_table(results))
         return results
 
-    def sync_weights(self, params) -> None:
+    def sync_weights(self, params, version: int | None = None) -> None:
         """Sends `params` to the rollout engine unless it has them already (evaluation
-        after an RL step: a second export and reload for an SGLang pool)."""
+        after an RL step: a second export and reload for an SGLang pool); `version` is
+        what completions will report (default: the engine's previous + 1)."""
         if params is not self._engine_params:
-            self.engine.update_weights(params)
+            self.engine.update_weights(params, version=version)
             self._engine_params = params
 
     def close(self):
