@@ -10,6 +10,7 @@ rerunning with the same workdir resumes the run exactly. A value no run can use 
 the script at once with `error: <the key, its value, what is allowed>` (exit status 2).
 """
 import os
+import re
 import sys
 
 from absl import app, flags, logging
@@ -60,10 +61,31 @@ def main(argv):
         fail(error, status=1)
 
 
-def fail(error: Exception, *, status: int):
+def parse_flags(argv):
+    """absl's flag parsing, with an override of a key the config does not have (which
+    ml_collections raises as AttributeError or KeyError) as one error line."""
+    try:
+        return flags.FLAGS(argv)
+    except (AttributeError, KeyError) as error:
+        message = str(error)
+        keys = [a[len("--config."):].split("=")[0] for a in argv[1:]
+                if a.startswith("--config.")]
+        # The message names the first part of the key path that does not exist.
+        unknown = [k for k in keys if any(re.search(rf"\b{re.escape(part)}\b", message)
+                                          for part in k.split("."))]
+        if not unknown:
+            raise
+        hint = re.search(r'Did you mean "(\w+)"', message)
+        fail(f"unknown config key {unknown[0]!r}"
+             + (f"; did you mean {hint.group(1)!r}?" if hint else "")
+             + ("; --workdir is a flag of its own" if unknown[0] == "workdir" else ""),
+             status=2)
+
+
+def fail(error, *, status: int):
     print(f"error: {error}", file=sys.stderr)
     sys.exit(status)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -222,8 +222,9 @@ def test_bad_override_fails_before_anything_runs(tmp_path):
             f"--workdir={tmp_path}", "--config.rollout.grup_size=4"]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT,
                             env=ONE_DEVICE)
-    assert result.returncode != 0
-    assert "grup_size" in result.stderr
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("error: unknown config key 'rollout.grup_size'; did "
+                                     "you mean 'group_size'?")
     assert not (tmp_path / "checkpoints").exists()
 
 
