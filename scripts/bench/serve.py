@@ -317,19 +317,26 @@ def bench_failover(work: Workload, servers: LocalServers, repeats: int, referenc
         finally:
             close()
         start = time.perf_counter()
-        replacement = keep.enter_context(work.start_servers(1))
-        warm, close = work.client(replacement.urls)
-        rollout(warm, work, tasks=work.tasks[:1])  # its first requests, untimed
-        close()
+        second.update(servers=keep.enter_context(work.start_servers(1)), index=0)
+        warm(second["servers"].urls[0])
         restart_s.append(time.perf_counter() - start)
-        second.update(servers=replacement, index=0)
         return result
 
+    def warm(url):
+        """One untimed group on a server: its first requests."""
+        engine, close = work.client([url])
+        rollout(engine, work, tasks=work.tasks[:1])
+        close()
+
+    # Each server is warmed by one group instead of an untimed round of both rows, which
+    # would cost one more kill and server start.
+    for url in servers.urls[:2]:
+        warm(url)
     killed = "one of two SIGKILLed midway"
     results = measure({"two servers, none killed": uninterrupted, killed: one_killed},
-                      repeats)
+                      repeats, warmup=False)
     print(f"\n## Failover: {total} episodes over two servers, best of {repeats} "
-          f"interleaved runs (after one untimed run of each)")
+          f"interleaved runs (both servers warmed by one untimed group each)")
     table(ROLLOUT_HEADERS, rollout_rows(results, "two servers, none killed", total,
                                         reference))
     print(f"- requests re-issued on the surviving server, per killed run: "
@@ -383,16 +390,23 @@ def parameter_count(hidden, intermediate, layers, heads, kv_heads, vocab, tied) 
     return sum(x.size for x in jax.tree.leaves(shapes))
 
 
+def sync_seconds(params: int, args) -> tuple[int, float, float, float]:
+    """(bytes, write s, read s, broadcast s) of one sync of `params` bf16 weights: one host
+    writes them; every server reads them at its own rate unless the storage's total rate
+    for all servers is the slower; an NCCL broadcast is pipelined, so its time does not
+    grow with the servers."""
+    size = params * jnp.dtype(jnp.bfloat16).itemsize
+    read = max(size / (args.read_gbps * GB), args.servers * size / (args.storage_gbps * GB))
+    return size, size / (args.write_gbps * GB), read, size / (args.nccl_gbps * GB)
+
+
 def paper_sync(args) -> None:
     """Seconds per sync at scale, bf16 weights: the disk path (one host writes, every
     server reads from shared storage) vs an NCCL broadcast from the trainer."""
     rows = []
     for name, shape in QWEN25.items():
         params = parameter_count(*shape)
-        size = params * jnp.dtype(jnp.bfloat16).itemsize
-        write = size / (args.write_gbps * GB)
-        read = max(size / (args.read_gbps * GB), args.servers * size / (args.storage_gbps * GB))
-        broadcast = size / (args.nccl_gbps * GB)
+        size, write, read, broadcast = sync_seconds(params, args)
         rows.append([f"Qwen2.5-{name}", f"{params / 1e9:.2f}B", f"{size / GB:.1f}",
                      f"{write:.1f}", f"{read:.1f}", f"{write + read:.1f}",
                      f"{(write + read) / args.step_s:.0%}", f"{broadcast:.2f}",
