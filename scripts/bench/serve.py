@@ -1,7 +1,7 @@
 """Rollouts over SGLang's HTTP API: what the server pool costs, measured against the
 in-process engine in the same run.
 
-    python scripts/bench/serve.py                        # all three (~7 min, 2 shared cores)
+    python scripts/bench/serve.py                        # all three (~6 min, 2 shared cores)
     python scripts/bench/serve.py --only overhead        # overhead | failover | sync
     python scripts/bench/serve.py --prompts 16 --repeats 5   # the trainer's full step
 
@@ -57,7 +57,7 @@ import httpx
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from rollout import compilations, compile_line, table  # scripts/bench/rollout.py
+from rollout import PROGRAM_STATS, compilations, compile_line, table  # bench/rollout.py
 from timing import Ratio, Runs, measure, timed  # scripts/bench/timing.py
 
 from agentjax.models.config import ModelConfig
@@ -151,9 +151,6 @@ class Rollout:
         """Episodes whose tokens differ from `reference`'s, or that it lacks."""
         return sum(reference.tokens_by_episode.get(key) != tokens
                    for key, tokens in self.tokens_by_episode.items())
-
-
-PROGRAM_STATS = ("prefill_calls", "decode_calls", "prefill_s", "decode_s")
 
 
 def lane_stats(lanes) -> collections.Counter:
