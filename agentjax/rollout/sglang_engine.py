@@ -153,6 +153,10 @@ class SGLangEngine:
       keep_versions: exported folders kept.
       seed: seed of the stream unseeded requests draw their sampling_seed from.
       log: where warnings go (default: this module's logger).
+      server_sessions: send each turn's session_id and close ended sessions on their
+        server, for servers that keep a session's KV cache between turns
+        (scripts/serve.py, whose turns otherwise re-prefill the whole context). SGLang
+        reuses prefixes through its radix cache instead: leave it off there.
     """
 
     def __init__(self, urls: Sequence[str], *, tokenizer=None, weights_dir: str | None = None,
@@ -162,7 +166,7 @@ class SGLangEngine:
                  weight_sync_timeout_s: float = 600.0, retries: int = 3,
                  backoff_s: float = 0.5, health_interval_s: float = 1.0, grace_s: float = 120.0,
                  keep_versions: int = 2, seed: int = 0,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, server_sessions: bool = False):
         urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
         if not urls or any(not u.startswith(("http://", "https://")) for u in urls):
             raise ValueError(f"SGLangEngine needs http(s):// server URLs, got {urls!r}")
@@ -188,6 +192,7 @@ class SGLangEngine:
         self.health_interval_s, self.grace_s = health_interval_s, grace_s
         self.keep_versions = keep_versions
         self.log = log or logging.getLogger(__name__).warning
+        self.server_sessions = server_sessions
         self.weight_version = 0
         self.stats: collections.Counter = collections.Counter()
         self._folder: str | None = None  # the current weights, once synced
@@ -271,8 +276,23 @@ class SGLangEngine:
 
     def end_session(self, session_id: str) -> None:
         server = self._pins.pop(session_id, None)
-        if server is not None:
-            server.pinned -= 1
+        if server is None:
+            return
+        server.pinned -= 1
+        state = self._state
+        if self.server_sessions and state is not None and not state.loop.is_closed():
+            # Called from the episode's coroutine: the close runs beside it. One cancelled
+            # when the loop ends only delays the free: a weight update drops every session.
+            state.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(
+                self._close_session(state.client, server, session_id)))
+
+    async def _close_session(self, client: httpx.AsyncClient, server: _Server,
+                             session_id: str) -> None:
+        try:
+            await client.post(f"{server.url}/close_session", json={"session_id": session_id},
+                              timeout=self.health_timeout_s)
+        except httpx.HTTPError:
+            pass  # a server that is gone holds no session
 
     def wait_until_ready(self, timeout_s: float) -> None:
         """Waits until every server answers /health; else EnginesUnavailable naming the
@@ -315,8 +335,10 @@ class SGLangEngine:
         max_attempts = self.retries + 1 + 2 * len(self.servers)
         while True:
             attempts += 1
-            payload = generate_payload(request.input_ids, s, seed=seed, stop_token_ids=stop_ids,
-                                       rid=f"{base}-{attempts}")
+            payload = generate_payload(
+                request.input_ids, s, seed=seed, stop_token_ids=stop_ids,
+                rid=f"{base}-{attempts}",
+                session_id=request.session_id if self.server_sessions else None)
             server = await self._acquire(state, request.session_id)
             kind, value = await self._attempt(state, server, payload)
             if kind == _DONE:

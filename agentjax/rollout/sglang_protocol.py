@@ -92,11 +92,14 @@ def sample_seed(seed: int, index: int) -> int:
 
 
 def generate_payload(input_ids: Sequence[int], sampling: SamplingParams, *, seed: int,
-                     stop_token_ids: Sequence[int], rid: str) -> dict[str, Any]:
-    """The /generate body of one sample (module docstring)."""
+                     stop_token_ids: Sequence[int], rid: str,
+                     session_id: str | None = None) -> dict[str, Any]:
+    """The /generate body of one sample (module docstring); `session_id` only for servers
+    that keep a session's KV cache between turns (scripts/serve.py)."""
     if not -INT32 <= seed < INT32:
         raise ValueError(f"seed {seed} does not fit SGLang's int32 sampling_seed")
-    return {
+    session = {} if session_id is None else {"session_id": session_id}
+    return {**session,
         "input_ids": [int(t) for t in input_ids],
         "sampling_params": {
             "temperature": float(sampling.temperature),

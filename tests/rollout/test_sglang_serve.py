@@ -1,7 +1,7 @@
 """SGLangEngine against two real scripts/serve.py servers (agentjax's engine behind
 SGLang's native API): the same completions as the in-process engine, stop strings and
-ids, n > 1, a session's turns on one server, and weight updates that change the
-outputs and the reported version."""
+ids, n > 1, a session's turns on one server reusing its cache there, and weight updates
+that change the outputs and the reported version."""
 import asyncio
 
 import jax
@@ -89,15 +89,21 @@ def test_sessions_stay_on_one_server_and_weight_updates_reach_every_server(serve
 
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
     with SGLangEngine(servers.urls, tokenizer=tokenizer, weights_dir=str(tmp_path),
-                      export_fn=export, logprob_distribution="sampling") as engine:
-        turns = {}
+                      export_fn=export, logprob_distribution="sampling",
+                      server_sessions=True) as engine:
+        used, contexts = {}, {session: [5, 6, 7] for session in "abcd"}
         for turn in range(3):
-            for session in ("a", "b", "c", "d"):
+            for session in contexts:
                 [[done]] = _generate(engine, [GenerateRequest(
-                    [5, 6, 7 + turn], greedy, session_id=session)])
-                turns.setdefault(session, set()).add(done.meta["server"])
-        assert all(len(used) == 1 for used in turns.values())
-        assert set().union(*turns.values()) == set(servers.urls)  # both servers used
+                    contexts[session], greedy, session_id=session)])
+                used.setdefault(session, set()).add(done.meta["server"])
+                # Later turns extend the context: the server's session cache holds it.
+                assert (done.meta["cached_tokens"] > 0) == (turn > 0)
+                contexts[session] += done.output_ids + [8]
+        assert all(len(servers_used) == 1 for servers_used in used.values())
+        assert set().union(*used.values()) == set(servers.urls)  # both servers used
+        for session in contexts:
+            engine.end_session(session)
 
         probe = [GenerateRequest([5, 6, 7], greedy)] * 4
         before = _generate(engine, probe)
