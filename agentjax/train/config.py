@@ -195,6 +195,10 @@ def default_config() -> ml_collections.ConfigDict:
     # serve.py), "temperature" (SGLang's default: tempered, not truncated), "raw"
     # (SGLANG_RETURN_ORIGINAL_LOGPROB=1); "auto": sampling if launched, else temperature.
     c.rollout.sglang.logprob_distribution = "auto"
+    # Servers given by URL that are scripts/serve.py keep each episode's KV cache between
+    # turns when told its session (launched servers always are); SGLang's radix cache
+    # needs no session, so leave it off there.
+    c.rollout.sglang.server_sessions = False
     c.rollout.sglang.max_in_flight = 128  # requests per server
     c.rollout.sglang.grace_s = 120.0  # all servers down this long: save and stop
     c.rollout.sglang.startup_timeout_s = 600.0
@@ -584,6 +588,7 @@ RULES = {
     "rollout.sglang.launch": COUNT,
     "rollout.sglang.weights_dir": FOLDER_TO_CREATE,
     "rollout.sglang.logprob_distribution": Choice(("auto",) + LOGPROB_DISTRIBUTIONS),
+    "rollout.sglang.server_sessions": Flag(),
     "rollout.sglang.max_in_flight": POSITIVE,
     "rollout.sglang.grace_s": POSITIVE_REAL,
     "rollout.sglang.startup_timeout_s": POSITIVE_REAL,

@@ -75,7 +75,7 @@ def build_engine(config, *, graphdef: nnx.GraphDef, params: Any, model_config, t
         urls, tokenizer=tokenizer, export_fn=export,
         weights_dir=s.weights_dir or os.path.join(workdir, WEIGHTS_DIR),
         logprob_distribution=sglang_logprob_distribution(config), max_in_flight=s.max_in_flight,
-        grace_s=s.grace_s, seed=config.seed, log=log, server_sessions=bool(s.launch))
+        grace_s=s.grace_s, seed=config.seed, log=log, server_sessions=bool(s.launch) or s.server_sessions)
 
     def close():
         engine.close()

@@ -102,9 +102,10 @@ class Workload:
                             model_path=self.model_path, workdir=str(self.folder), log=print)
 
     def client(self, urls):
-        """(SGLangEngine, close) over running servers; their log-probs are serve_main's."""
+        """(SGLangEngine, close) over running serve_main servers (their log-probs, their
+        session caches)."""
         return self.engine(engine="sglang", sglang=dict(
-            urls=",".join(urls), logprob_distribution="sampling"))
+            urls=",".join(urls), logprob_distribution="sampling", server_sessions=True))
 
     def start_servers(self, count: int) -> LocalServers:
         return LocalServers.start(self.model_path, count=count,
