@@ -42,7 +42,8 @@ def successful(traj: Trajectory, min_reward: float) -> bool:
     return usable(traj) and traj.total_reward >= min_reward
 
 
-def _key(traj: Trajectory) -> tuple:
+def episode_key(traj: Trajectory) -> tuple:
+    """What makes two episodes the same training example: ids and action mask."""
     return tuple(traj.token_ids.tolist()), tuple(traj.action_mask.tolist())
 
 
@@ -53,8 +54,8 @@ def rft_set(groups: Sequence[Sequence[Trajectory]], *, min_reward: float,
     seen = set() if seen is None else seen
     kept = []
     for traj in (t for group in groups for t in group):
-        if successful(traj, min_reward) and _key(traj) not in seen:
-            seen.add(_key(traj))
+        if successful(traj, min_reward) and episode_key(traj) not in seen:
+            seen.add(episode_key(traj))
             kept.append(traj)
     return kept
 
@@ -62,7 +63,7 @@ def rft_set(groups: Sequence[Sequence[Trajectory]], *, min_reward: float,
 def _pick(candidates: list[tuple[Trajectory, Trajectory]], per_task: int,
           rng: np.random.Generator) -> list[tuple[Trajectory, Trajectory]]:
     """Up to `per_task` distinct (chosen, rejected) pairs, a seeded choice."""
-    unique = list({(_key(c), _key(r)): (c, r) for c, r in candidates}.values())
+    unique = list({(episode_key(c), episode_key(r)): (c, r) for c, r in candidates}.values())
     order = rng.permutation(len(unique))[:per_task]
     return [unique[i] for i in sorted(order)]
 
