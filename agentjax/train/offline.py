@@ -75,8 +75,7 @@ def run_offline(trainer, params):
     """RFT or DPO (config.stage) from `params` for total_steps, resuming from the
     workdir's last committed checkpoint; exports to <workdir>/hf and returns (final
     params, last evaluation metrics and the episodes the stage sampled)."""
-    stages = {"rft": rft_stage, "dpo": dpo_stage}
-    return _train(trainer, params, stages[trainer.config.stage](trainer))
+    return _train(trainer, params, STAGES[trainer.config.stage](trainer))
 
 
 # ------------------------------------------------------------------ collections
@@ -179,7 +178,7 @@ def _round_episodes(path: str, info: dict, bounds: dict) -> list:
 def dpo_stage(trainer) -> OfflineStage:
     config, dpo = trainer.config, trainer.config.dpo
     window = dpo.refresh_every or config.total_steps
-    levels = ("trajectory", "turn") if dpo.pairs == "both" else (dpo.pairs,)
+    levels = PAIR_LEVELS_OF[dpo.pairs]
     bounds = _read_bounds(trainer)
 
     def collect(params, step):
@@ -227,6 +226,12 @@ def dpo_stage(trainer) -> OfflineStage:
     return OfflineStage(step_lib.dpo_loss(trainer.graphdef, dpo,
                                           chunk_size=config.model.logprob_chunk),
                         step_lib.pair_norm, window, collect, make_batch, prepare)
+
+
+# choices.STAGES after SFT other than "rl", and the pair levels of each dpo.pairs.
+STAGES = {"rft": rft_stage, "dpo": dpo_stage}
+PAIR_LEVELS_OF = {"trajectory": ("trajectory",), "turn": ("turn",),
+                  "both": ("trajectory", "turn")}
 
 
 # ------------------------------------------------------------------ the loop

@@ -192,24 +192,29 @@ def offline_config(stage: str, variant: str | None):
     return config
 
 
+# Ablation arms of the RFT and DPO configs: stage -> sweep name -> [(arm, overrides)].
+OFFLINE_SWEEPS = {
+    "rft": {
+        # The same episode budget in one, two or four rounds.
+        "rounds": [(f"rounds{n}", {"rft.rounds": n, "rft.tasks": 640 // n})
+                   for n in (1, 2, 4)],
+        "accumulate": [("latest", {"rft.accumulate": False}),
+                       ("all", {"rft.accumulate": True})],
+    },
+    "dpo": {
+        "beta": [(f"beta{b}", {"dpo.beta": b}) for b in (0.05, 0.1, 0.3)],
+        # The same episode budget: one collection of 512 tasks, or four of 128.
+        "online": [("offline", {"dpo.refresh_every": 0, "dpo.tasks": 512}),
+                   ("online", {"dpo.refresh_every": 10, "dpo.tasks": 128})],
+        "pairs": [(kind, {"dpo.pairs": kind}) for kind in ("trajectory", "turn", "both")],
+        "kind": [(kind, {"dpo.kind": kind}) for kind in ("sigmoid", "ipo", "hinge")],
+    },
+}
+
+
 def offline_sweep(stage: str, name: str) -> list[dict]:
     """Ablation arms of the RFT and DPO configs: {"name", "overrides"} each."""
-    arms = {
-        "rft": {
-            "rounds": [(f"rounds{n}", {"rft.rounds": n, "rft.tasks": 640 // n})
-                       for n in (1, 2, 4)],
-            "accumulate": [("latest", {"rft.accumulate": False}),
-                           ("all", {"rft.accumulate": True})],
-        },
-        "dpo": {
-            "beta": [(f"beta{b}", {"dpo.beta": b}) for b in (0.05, 0.1, 0.3)],
-            # The same episode budget: one collection of 512 tasks, or four of 128.
-            "online": [("offline", {"dpo.refresh_every": 0, "dpo.tasks": 512}),
-                       ("online", {"dpo.refresh_every": 10, "dpo.tasks": 128})],
-            "pairs": [(kind, {"dpo.pairs": kind}) for kind in ("trajectory", "turn", "both")],
-            "kind": [(kind, {"dpo.kind": kind}) for kind in ("sigmoid", "ipo", "hinge")],
-        },
-    }[stage]
+    arms = OFFLINE_SWEEPS[stage]
     if name not in arms:
         raise ValueError(f"unknown sweep {name!r}; choose one of {sorted(arms)}")
     return [{"name": arm, "overrides": overrides} for arm, overrides in arms[name]]
