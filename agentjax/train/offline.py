@@ -14,10 +14,11 @@ the current policy:
         turn-level), trained with the preference loss of rl/preference.py against the
         frozen starting policy; once (dpo.refresh_every=0: offline DPO) or every
         dpo.refresh_every steps from the current policy (online / iterative DPO).
-A collection writes its data to <workdir>/<stage>/<window>.jsonl (data/offline_jsonl.py)
-and what it measured to <window>.json, atomically and before any step trains on it;
-every step reads the data back from there, so a run resumed at any step trains on the
-data of the uninterrupted run. A user's own RFT set or pair file (rft.data_path,
+Collection k writes its data to <workdir>/<stage>/<k>.jsonl (0000.jsonl, 0001.jsonl, ...;
+data/offline_jsonl.py) and what it measured to <k>.json, atomically and before any step
+trains on it; every step reads the data back from there, so a run resumed at any step
+trains on the data of the uninterrupted run. Tasks are drawn from a seeded shuffled
+stream over the training tasks (data.curriculum applies to RL only). A user's own RFT set or pair file (rft.data_path,
 dpo.data_path) goes through the same reader.
 """
 from __future__ import annotations

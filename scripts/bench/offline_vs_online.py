@@ -9,10 +9,11 @@ configs/grpo_search.py, on that seed) and then every method from its exported po
 (`init_from`), each a `scripts/train.py` run of its config's variant:
   grpo         configs/grpo_search.py
   rft          configs/rft_search.py
-  dpo_offline  configs/dpo_search.py (pairs collected once, from the SFT policy)
-  dpo_online   configs/dpo_search.py, the "online" arm of its sweep (pairs re-collected
-               every 10 steps; the same episode budget in four collections)
-Flags after `--` go to every run. Finished runs are skipped, so a rerun continues. The
+  dpo_offline  configs/dpo_search.py, the "offline" arm of its "online" sweep (pairs
+               collected once, from the SFT policy)
+  dpo_online   configs/dpo_search.py, the "online" arm (pairs re-collected from the
+               current policy every 10 steps: the same episodes in four collections)
+Flags after `--` go to every run (after the arms' overrides). Finished runs are skipped, so a rerun continues. The
 table (written to <out>/offline_vs_online.md and printed): held-out sampled and greedy
 success of the SFT agent and of each method, the episodes each method sampled for
 training (evaluation episodes are the same for all and not counted) and its minutes
@@ -35,7 +36,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {arm: str(ROOT / "configs" / f"{name}.py") for arm, name in (
     ("sft", "sft_search"), ("grpo", "grpo_search"), ("rft", "rft_search"),
     ("dpo_offline", "dpo_search"), ("dpo_online", "dpo_search"))}
-OVERRIDES = {"dpo_online": dict(presets.OFFLINE_SWEEPS["dpo"]["online"])["online"]}
+# The two arms of the DPO config's "online" sweep: one budget of episodes collected at
+# once or in four collections.
+OVERRIDES = {f"dpo_{arm}": overrides
+             for arm, overrides in presets.OFFLINE_SWEEPS["dpo"]["online"]}
 OFFLINE = ("rft", "dpo_offline", "dpo_online")
 
 

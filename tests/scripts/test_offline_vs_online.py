@@ -28,6 +28,8 @@ def test_methods_start_from_their_seeds_sft_export(tmp_path):
         assert run.overrides["seed"] == run.overrides["data.world_seed"] == run.seed
     assert runs[2].overrides["dpo.refresh_every"] == 10 and "dpo.refresh_every" not in \
         runs[0].overrides
+    _, [offline] = bench["planned_runs"](["dpo_offline"], [0], str(tmp_path))
+    assert offline.overrides["dpo.refresh_every"] == 0
 
 
 def test_report_tables_success_episodes_minutes_and_the_offline_verdict(tmp_path):

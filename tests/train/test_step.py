@@ -265,3 +265,17 @@ def test_dpo_micro_batches_equal_the_full_batch(setup):
     assert _max_diff(full.params, micro.params) < 1e-6
     np.testing.assert_allclose(micro_metrics["loss"], full_metrics["loss"], rtol=1e-5)
     assert full_metrics["grad_norm"] > 0 and _max_diff(full.params, params) > 1e-4
+
+
+def test_dpo_on_eight_devices_equals_one(setup, eight_devices):
+    """Pairs [P, 2, T] sharded by rows, as the trainer places them (row sharding for
+    arrays that are not [B, T])."""
+    graphdef, params = setup[:2]
+    single, single_metrics = _run_dpo(graphdef, params, _pairs(), micro_batches=2)
+    mesh = parallel.make_mesh({"data": 4, "fsdp": 1, "tensor": 2}, devices=eight_devices)
+    rows = parallel.batch_sharding(mesh, logical_axes=("batch",))
+    sharded, sharded_metrics = _run_dpo(
+        graphdef, parallel.shard_params(params, mesh),
+        {k: jax.device_put(v, rows) for k, v in _pairs().items()}, micro_batches=1)
+    assert _max_diff(jax.device_get(sharded.params), single.params) < 1e-6
+    np.testing.assert_allclose(sharded_metrics["loss"], single_metrics["loss"], rtol=1e-5)
