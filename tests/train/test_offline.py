@@ -1,5 +1,6 @@
 """End-to-end runs of the RFT and DPO configs (tiny `:test` variants): each stage trains
-on the data it collected and saved, a pair file of one's own trains the same way, and a
+on the data it collected and saved (with an RFT set of one's own added), a pair file of
+one's own trains the same way, and a
 DPO run killed after its first collection and again after a checkpoint ends exactly as
 the uninterrupted run."""
 import json
@@ -51,16 +52,21 @@ def _collection(workdir, stage: str, index: int):
 
 
 def test_rft_trains_on_the_successful_episodes_it_collected(tmp_path, env):
-    out = runs.train("rft_search.py:test", tmp_path, env=env)
-    final, rows = _finished(tmp_path, out, "rft")
+    # An episode of one's own (rft.data_path) joins every round's set.
+    own = tmp_path / "own.jsonl"
+    own.write_text(json.dumps({"token_ids": [5, 6, 7, 8], "action_mask": [0, 0, 1, 1]}))
+    workdir = tmp_path / "run"
+    out = runs.train("rft_search.py:test", workdir, f"--config.rft.data_path={own}", env=env)
+    final, rows = _finished(workdir, out, "rft")
     assert "sft/success_greedy" in final
     # Two rounds (one step each) of 4 tasks x 4 episodes.
     assert final["rft/episodes"] == 32
     for index, row in enumerate(rows):
-        path, info = _collection(tmp_path, "rft", index)
+        path, info = _collection(workdir, "rft", index)
         kept = read_episodes(path)
         assert row["data/episodes"] == info["data/episodes"] == 16
-        assert row["data/kept"] == info["data/kept"] == row["data/size"] == len(kept) > 0
+        assert row["data/kept"] == info["data/kept"] == len(kept) > 0
+        assert row["data/size"] == len(kept) + 1
         assert all(t.total_reward >= MIN_REWARD for t in kept)
         assert len({tuple(t.token_ids.tolist()) for t in kept}) == len(kept)
         assert row["nll"] > 0 and math.isfinite(row["grad_norm"])
