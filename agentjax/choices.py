@@ -36,8 +36,11 @@ OLD_LOGP = ("recompute", "behavior")
 IS_BOUNDS = ("truncate", "mask")
 # rl/preference.py: dpo_loss.
 DPO_KINDS = ("sigmoid", "ipo", "hinge")
-# train/trainer.py: Trainer.run ("sft" stops after SFT, "rl" goes on to RL).
-STAGES = ("rl", "sft")
+# train/trainer.py: Trainer.run ("sft" stops after SFT, "rl" goes on to RL, "rft" and
+# "dpo" to the stages of train/offline.py).
+STAGES = ("rl", "sft", "rft", "dpo")
+# train/offline.py: which DPO pairs a collection makes (train/offline_data.py).
+DPO_PAIRS = ("trajectory", "turn", "both")
 # train/suites.py: build_search_suite (a synthetic world, or a user's Search-R1 files).
 DATA_SOURCES = ("synthetic", "files")
 # train/suites.py: INSTRUCTIONS (the search env's prompt).

@@ -6,7 +6,8 @@ from agentjax.data import curriculum
 from agentjax.data.demonstrators import DemonstratorConfig
 from agentjax.models import config as model_config
 from agentjax.rl import losses, offpolicy, preference
-from agentjax.train import suites
+from agentjax.data import offline_jsonl
+from agentjax.train import offline, suites
 
 
 def test_every_env_has_a_task_suite():
@@ -42,3 +43,13 @@ def test_the_demonstrator_takes_exactly_the_guess_names():
         DemonstratorConfig(guess=guess)
     with pytest.raises(ValueError, match=r"one of \('sample', 'mode'\)"):
         DemonstratorConfig(guess="median")
+
+
+def test_every_stage_has_a_runner():
+    assert set(choices.STAGES) == {"sft", "rl"} | set(offline.STAGES)
+
+
+def test_every_dpo_pairs_choice_names_pair_levels():
+    assert tuple(offline.PAIR_LEVELS_OF) == choices.DPO_PAIRS
+    assert {level for levels in offline.PAIR_LEVELS_OF.values() for level in levels} == set(
+        offline_jsonl.PAIR_LEVELS)

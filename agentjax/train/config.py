@@ -31,6 +31,8 @@ from agentjax.choices import (
     ARCHS,
     CURRICULA,
     DATA_SOURCES,
+    DPO_KINDS,
+    DPO_PAIRS,
     ENGINES,
     GUESSES,
     INSTRUCTIONS,
@@ -72,7 +74,7 @@ def default_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.total_steps = 60
-    c.stage = "rl"  # "rl" | "sft"
+    c.stage = "rl"  # "rl" | "sft" | "rft" | "dpo" (what follows SFT; see choices.STAGES)
     c.init_from = ""  # a workdir (or checkpoint dir) whose latest params start this run
     c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
     # Logical-axis rules as a JSON object of overrides of parallel.DEFAULT_RULES, e.g.
@@ -270,6 +272,32 @@ def default_config() -> ml_collections.ConfigDict:
     # with such an update the run saves a checkpoint and stops.
     c.optim.on_nonfinite = "skip"
     c.optim.max_nonfinite_steps = 3
+
+    # stage="rft": rejection-sampling fine-tuning after SFT (train/offline.py). total_steps
+    # optimizer steps in `rounds` rounds; each round rolls out rollout.group_size
+    # episodes of `tasks` training tasks with the current policy, keeps those whose
+    # reward reaches `min_reward` (each token sequence once) and trains the masked SFT
+    # loss on them (`batch_size` packed rows a step, optim.lr). `accumulate` trains on
+    # every round's kept episodes so far; `data_path` adds an RFT set file of one's own
+    # (JSONL, data/offline_jsonl.py) to every round.
+    c.rft = ml_collections.ConfigDict(
+        {"rounds": 4, "tasks": 128, "min_reward": 1.0, "batch_size": 8, "accumulate": False,
+         "data_path": ""})
+    # stage="dpo": DPO on pairs of the policy's own episodes (train/offline.py), against
+    # the policy DPO starts from as the frozen reference. A collection rolls out
+    # rollout.group_size episodes of `tasks` training tasks and pairs a successful episode
+    # (reward >= `min_reward`) with a failed one of the same task ("trajectory"), and/or
+    # two episodes that share a prefix and diverge at one turn ("turn": `branches`
+    # branch rollouts per task), at most `pairs_per_task` of each. refresh_every=0 is
+    # offline DPO (pairs collected once, from the starting policy); n > 0 re-collects
+    # them from the current policy every n steps (online / iterative DPO). `data_path`:
+    # a pair file of one's own instead (JSONL, data/offline_jsonl.py). The loss:
+    # rl/preference.py (`kind`, `beta`, `label_smoothing`, `length_normalized`);
+    # `batch_size` pairs a step, total_steps steps, optim.lr.
+    c.dpo = ml_collections.ConfigDict(
+        {"beta": 0.1, "kind": "sigmoid", "label_smoothing": 0.0, "length_normalized": False,
+         "pairs": "both", "branches": 4, "pairs_per_task": 4, "tasks": 256,
+         "min_reward": 1.0, "batch_size": 16, "refresh_every": 0, "data_path": ""})
 
     c.eval = ml_collections.ConfigDict()
     c.eval.every = 20  # also evaluates after the last step; 0: only then
@@ -499,6 +527,7 @@ COUNT = Integer(0)
 PROBABILITY = Real("[0, 1]")
 NON_NEGATIVE = Real("[0, inf)")
 POSITIVE_REAL = Real("(0, inf)")
+ANY_REAL = Real("(-inf, inf)")
 
 # What every key of default_config() allows. validate() checks each key against its
 # entry (a key without one is a bug that tests/train/test_config.py catches), then the
@@ -633,6 +662,24 @@ RULES = {
     "algo.critic_lr": NON_NEGATIVE,
     "algo.value_clip": Real("(0, inf)", special=((0, "off"),)),
     "algo.critic_warmup_steps": COUNT,
+    "rft.rounds": POSITIVE,
+    "rft.tasks": POSITIVE,
+    "rft.min_reward": ANY_REAL,
+    "rft.batch_size": POSITIVE,
+    "rft.accumulate": Flag(),
+    "rft.data_path": Path("file", "an RFT set: JSONL of token_ids and action_mask"),
+    "dpo.beta": POSITIVE_REAL,
+    "dpo.kind": Choice(DPO_KINDS),
+    "dpo.label_smoothing": Real("[0, 0.5]"),
+    "dpo.length_normalized": Flag(),
+    "dpo.pairs": Choice(DPO_PAIRS),
+    "dpo.branches": POSITIVE,
+    "dpo.pairs_per_task": POSITIVE,
+    "dpo.tasks": POSITIVE,
+    "dpo.min_reward": ANY_REAL,
+    "dpo.batch_size": POSITIVE,
+    "dpo.refresh_every": Integer(1, special=((0, "offline: pairs collected once"),)),
+    "dpo.data_path": Path("file", "preference pairs: JSONL of chosen and rejected episodes"),
     "optim.lr": POSITIVE_REAL,
     "optim.schedule": Choice(SCHEDULES),
     "optim.warmup_steps": COUNT,
@@ -769,6 +816,7 @@ def _check_combinations(config) -> None:
                 "env.name='search' and data.source='synthetic'")
     if config.stage == "sft" and config.sft.steps == 0:
         _reject("sft.steps", 0, "stage='sft' needs sft.steps > 0")
+    _check_offline(config)
 
     if searches_synthetic_world and data.num_cities < data.num_countries:
         _reject("data.num_cities", data.num_cities,
@@ -850,6 +898,32 @@ def _check_combinations(config) -> None:
     if config.multihost.process_id >= config.multihost.num_processes:
         _reject("multihost.process_id", config.multihost.process_id,
                 f"it must be < multihost.num_processes={config.multihost.num_processes}")
+
+
+def _check_offline(config) -> None:
+    """The RFT and DPO stages: one optimizer update per step, rounds that split the
+    steps, micro-batches that split a step's rows, options that go together."""
+    algo, stage = config.algo, config.stage
+    if stage not in ("rft", "dpo"):
+        return
+    for key in ("ppo_epochs", "minibatches"):
+        if algo[key] != 1:
+            _reject(f"algo.{key}", algo[key], f"stage={stage!r} makes one optimizer update "
+                    "per step: it must be 1")
+    section = config[stage]
+    if algo.microbatch_size and section.batch_size % algo.microbatch_size:
+        _reject("algo.microbatch_size", algo.microbatch_size,
+                f"it must divide {stage}.batch_size={section.batch_size}")
+    if stage == "rft" and config.total_steps % section.rounds:
+        _reject("rft.rounds", section.rounds, f"it must divide total_steps="
+                f"{config.total_steps} (each round trains as many steps)")
+    if stage == "dpo":
+        if section.label_smoothing and section.kind != "sigmoid":
+            _reject("dpo.label_smoothing", section.label_smoothing,
+                    f"only dpo.kind='sigmoid' has one (dpo.kind is {section.kind!r})")
+        if section.data_path and section.refresh_every:
+            _reject("dpo.refresh_every", section.refresh_every, "the pairs of dpo.data_path "
+                    "are fixed: it must be 0 with a pair file")
 
 
 def sglang_logprob_distribution(config) -> str:

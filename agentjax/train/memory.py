@@ -12,7 +12,8 @@ they are not counted):
   initial params        float32, the loaded weights the trainer keeps
                         (Trainer.initial_params)
   Adam moments          2 x float32 per param (TrainState.opt_state)
-  KL reference          float32 copy, when algo.kl_coef > 0 (TrainState.ref_params)
+  KL reference          float32 copy, when algo.kl_coef > 0 (TrainState.ref_params;
+                        stage "dpo": the DPO reference)
   critic + Adam         3 x float32 (trunk copy + value head), PPO's critic only
   engine weights        the compute dtype (model.dtype), one copy per engine lane
   engine weight swap    one more lane copy while update_weights builds the new one
@@ -148,7 +149,9 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
     rows = [MemoryRow("policy params (float32)", master, shard_params),
             MemoryRow("initial params (float32)", master, shard_params),
             MemoryRow("Adam moments (2 x float32)", 2 * master, shard_params)]
-    if algo.kl_coef > 0:
+    if config.stage == "dpo":  # the frozen starting policy of the preference loss
+        rows.append(MemoryRow("DPO reference (float32)", master, shard_params))
+    elif algo.kl_coef > 0:
         rows.append(MemoryRow("KL reference (float32)", master,
                               f"algo.kl_coef=0 drops it, or {shard_params}"))
     if algo.advantage == "gae":

@@ -146,6 +146,80 @@ def python_config(algorithm: str, variant: str | None):
     return config
 
 
+def _offline_cpu(c, stage):
+    # The RL job's budget of about 5,000 episodes, the same 40 steps, from the same SFT
+    # agent; one optimizer update per step (the RL preset's two minibatches do not apply).
+    c.algo.minibatches = 1
+    c.rft.rounds, c.rft.tasks = 4, 160  # 4 x 160 tasks x 8 episodes
+    c.rft.batch_size = 8  # packed rows of rollout.max_tokens, as SFT
+    c.dpo.tasks = 512  # 4,096 episodes, plus 4 branches of each task with a multi-turn one
+    c.dpo.batch_size = 16
+    # DPO moves a policy faster than GRPO's clipped ratio does (the loss is unbounded in
+    # the log-ratio), so its step is smaller; neither value was tuned.
+    c.optim.lr = 5e-4 if stage == "rft" else 1e-4
+
+
+def _offline_hf(c, stage):
+    c.algo.minibatches = 1
+    c.total_steps = 200
+    c.rft.rounds, c.rft.tasks, c.rft.batch_size = 4, 1024, 16
+    c.dpo.tasks, c.dpo.batch_size = 2048, 32
+    c.optim.lr = 1e-6 if stage == "rft" else 5e-7  # DPO's usual step on a pretrained model
+
+
+def _offline_test(c, stage):
+    # Three SFT steps leave every episode the same failure; 150 teach the tiny model the
+    # action format often enough that rewards differ (format reward 0.1 x [0, 1]), so
+    # there is something to keep and to pair. Online DPO: a collection every step.
+    c.sft.steps = 150
+    c.reward.format_weight = 0.1
+    c.rollout.group_size = 4
+    c.rft.rounds, c.rft.tasks, c.rft.min_reward = 2, 4, 0.05
+    c.dpo.tasks, c.dpo.min_reward, c.dpo.branches = 4, 0.05, 2
+    c.dpo.batch_size, c.dpo.refresh_every = 4, 1
+
+
+OFFLINE_VARIANTS = {"cpu": _offline_cpu, "hf": _offline_hf, "test": _offline_test}
+
+
+def offline_config(stage: str, variant: str | None):
+    """The search agent's config for stage "rft" or "dpo" (train/offline.py) after the
+    SFT of the RL configs (same world, pretraining and demonstrations)."""
+    variant = variant or default_variant()
+    config = search_config("grpo", variant)
+    config.stage = stage
+    OFFLINE_VARIANTS[variant](config, stage)
+    return config
+
+
+# Ablation arms of the RFT and DPO configs: stage -> sweep name -> [(arm, overrides)].
+OFFLINE_SWEEPS = {
+    "rft": {
+        # The same episode budget in one, two or four rounds.
+        "rounds": [(f"rounds{n}", {"rft.rounds": n, "rft.tasks": 640 // n})
+                   for n in (1, 2, 4)],
+        "accumulate": [("latest", {"rft.accumulate": False}),
+                       ("all", {"rft.accumulate": True})],
+    },
+    "dpo": {
+        "beta": [(f"beta{b}", {"dpo.beta": b}) for b in (0.05, 0.1, 0.3)],
+        # The same episode budget: one collection of 512 tasks, or four of 128.
+        "online": [("offline", {"dpo.refresh_every": 0, "dpo.tasks": 512}),
+                   ("online", {"dpo.refresh_every": 10, "dpo.tasks": 128})],
+        "pairs": [(kind, {"dpo.pairs": kind}) for kind in ("trajectory", "turn", "both")],
+        "kind": [(kind, {"dpo.kind": kind}) for kind in ("sigmoid", "ipo", "hinge")],
+    },
+}
+
+
+def offline_sweep(stage: str, name: str) -> list[dict]:
+    """Ablation arms of the RFT and DPO configs: {"name", "overrides"} each."""
+    arms = OFFLINE_SWEEPS[stage]
+    if name not in arms:
+        raise ValueError(f"unknown sweep {name!r}; choose one of {sorted(arms)}")
+    return [{"name": arm, "overrides": overrides} for arm, overrides in arms[name]]
+
+
 def algorithm_overrides(name: str) -> dict:
     """Dotted-key overrides that switch a config to algorithm `name`."""
     return {"algo.name": name, **{f"algo.{k}": v for k, v in ALGORITHM_PRESETS[name].items()}}

@@ -73,7 +73,7 @@ def _copy(tree):
 def init_rl_state(trainer, params):
     """(TrainState, optimizer, critic graphdef, critic optimizer) of an RL run from
     `params`: float32 masters, a critic initialized from the policy (GAE only), a frozen
-    reference copy (KL only)."""
+    reference copy (KL, or the DPO stage's reference)."""
     config, algo = trainer.config, trainer.config.algo
     optimizer = step_lib.make_optimizer(
         config.optim.lr, total_steps=optimizer_updates(config),
@@ -93,7 +93,8 @@ def init_rl_state(trainer, params):
                                 rng=jax.random.key(config.seed),
                                 critic_params=critic_params,
                                 critic_opt_state=critic_opt_state,
-                                ref_params=_copy(params) if algo.kl_coef > 0 else None)
+                                ref_params=_copy(params) if algo.kl_coef > 0
+                                or config.stage == "dpo" else None)
     return state, optimizer, critic_graphdef, critic_optimizer
 
 
@@ -174,13 +175,13 @@ def collect_groups(trainer, sampler, step: int):
     return groups, info
 
 
-def inspect_episodes(trainer, groups, step: int, first: bool) -> None:
+def inspect_episodes(trainer, groups, step: int, first: bool, stage: str = "rl") -> None:
     """Records the episodes' errors and samples; warns when many failed (stops when all
     of the first step's did: `check_failures`)."""
     episodes = [t for group in groups for t in group]
-    for message in trainer.recorder.record(step, "rl", episodes):
+    for message in trainer.recorder.record(step, stage, episodes):
         trainer.log(f"step {step}: new episode error: {message}")
-    warning = check_failures(episodes, where=f"RL step {step}", fatal=first)
+    warning = check_failures(episodes, where=f"{stage.upper()} step {step}", fatal=first)
     if warning:
         trainer.log(f"step {step}: warning: {warning}")
 

@@ -11,7 +11,8 @@ Because every micro-batch loss divides by the minibatch's global token / sequenc
 counts (`agentjax.rl.losses.LossNorm`), the summed gradient equals the full-minibatch
 gradient exactly (up to float rounding), unlike dividing each micro-batch by its own
 token count. The same machinery runs the RL objective (`agentjax.rl.losses.rl_objective`),
-the critic's value loss and the SFT loss; only `loss_fn` differs.
+the critic's value loss, the SFT loss and DPO on pairs (whose global denominator is the
+pair count, `pair_norm`); only `loss_fn` (and `norm_fn`) differ.
 
 A batch is a dict of [B, T] / [B] arrays as `agentjax.rollout.trajectory.collate`
 makes them, plus what `prepare` adds (old_logp, ref_logp, advantages, ...).
@@ -28,9 +29,13 @@ import optax
 from flax import nnx
 
 from agentjax.rl import losses as rl_losses
+from agentjax.rl import preference
 from agentjax.rl.logprobs import token_logprobs
 
-LossFn = Callable[[Any, dict, rl_losses.LossNorm], tuple[jax.Array, dict]]
+LossFn = Callable[[Any, dict, Any], tuple[jax.Array, dict]]
+# The global denominators of a batch a LossFn divides by (a LossNorm, or DPO's pair
+# count), computed once for a whole minibatch.
+NormFn = Callable[[dict], Any]
 
 
 @flax.struct.dataclass
@@ -141,6 +146,46 @@ def rl_loss(graphdef: nnx.GraphDef, algo: Any, *, chunk_size: int) -> LossFn:
     return loss_fn
 
 
+PAIR_KEYS = ("inputs", "positions", "segment_ids", "targets")
+
+
+def pair_logprobs(graphdef: nnx.GraphDef, params: Any, batch: dict, *,
+                  chunk_size: int) -> jax.Array:
+    """[P, 2, T] log-probs of pairs' tokens: batch arrays [P, 2, T] (chosen, rejected)
+    run through the model as 2P rows at once."""
+    shape = batch["targets"].shape
+    rows = {k: batch[k].reshape(-1, shape[-1]) for k in PAIR_KEYS}
+    logp, _ = policy_logprobs(graphdef, params, rows, chunk_size=chunk_size)
+    return logp.reshape(shape)
+
+
+def pair_norm(batch: dict) -> jax.Array:
+    """DPO's global denominator: the counted pairs of the whole minibatch."""
+    return preference.count_pairs(batch["loss_mask"][:, 0], batch["loss_mask"][:, 1])
+
+
+def dpo_loss(graphdef: nnx.GraphDef, dpo: Any, *, chunk_size: int) -> LossFn:
+    """The preference loss `rl.preference.dpo_loss` of `dpo.kind` on pairs.
+
+    The batch holds [P, 2, T] arrays, index 0 the chosen and 1 the rejected trajectory:
+    the model inputs, `loss_mask` (their action tokens) and `ref_logp` (the frozen
+    reference's log-probs); the norm is `pair_norm` of the whole minibatch.
+    """
+
+    def loss_fn(params, batch, num_pairs):
+        logp, ref, mask = (pair_logprobs(graphdef, params, batch, chunk_size=chunk_size),
+                           batch["ref_logp"], batch["loss_mask"])
+        loss, metrics = preference.dpo_loss(
+            logp[:, 0], logp[:, 1], ref[:, 0], ref[:, 1], mask[:, 0], mask[:, 1],
+            beta=dpo.beta, kind=dpo.kind, label_smoothing=dpo.label_smoothing,
+            length_normalized=dpo.length_normalized, num_pairs=num_pairs)
+        # Counts of a micro-batch would be averaged over micro-batches: left out.
+        del metrics["num_pairs"]
+        return loss, {f"dpo/{k}": v for k, v in metrics.items()}
+
+    return loss_fn
+
+
 def value_loss_fn(critic_graphdef: nnx.GraphDef, algo: Any) -> LossFn:
     """Clipped value loss of the critic on `loss_mask` tokens."""
 
@@ -163,17 +208,19 @@ def _split(batch: dict, parts: int) -> dict:
 
 
 def accumulate_grads(loss_fn: LossFn, params: Any, batch: dict, *, micro_batches: int,
-                     norm_constant: float | None = None):
+                     norm_constant: float | None = None, norm_fn: NormFn | None = None):
     """Gradient of `batch`'s loss, summed over `micro_batches` equal row slices.
 
-    Every slice is normalized by the global LossNorm of the whole `batch`, so the result
-    equals `grad(loss_fn)(params, batch, norm)` up to float rounding.
+    Every slice is normalized by the global norm of the whole `batch` (`norm_fn`; None:
+    the LossNorm of its loss_mask), so the result equals
+    `grad(loss_fn)(params, batch, norm)` up to float rounding.
 
     Returns:
       (loss, grads, metrics): summed loss and grads; metrics named "*loss" summed (they
       are additive terms of the loss), the others averaged over slices.
     """
-    norm = rl_losses.loss_norm(batch["loss_mask"], constant=norm_constant)
+    norm = (norm_fn(batch) if norm_fn is not None
+            else rl_losses.loss_norm(batch["loss_mask"], constant=norm_constant))
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if micro_batches == 1:
         (loss, metrics), grads = grad_fn(params, batch, norm)
@@ -230,7 +277,8 @@ def update_size_metrics(old: Any, new: Any, updates: Any) -> dict[str, jax.Array
 def epoch_minibatch_steps(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                           params: Any, opt_state: Any, batch: dict, rng: jax.Array, *,
                           epochs: int, minibatches: int, micro_batches: int,
-                          norm_constant: float | None = None, shuffle: bool = True):
+                          norm_constant: float | None = None, norm_fn: NormFn | None = None,
+                          shuffle: bool = True):
     """Runs `epochs` passes over `batch` in `minibatches` optimizer steps each.
 
     Returns:
@@ -245,7 +293,7 @@ def epoch_minibatch_steps(loss_fn: LossFn, optimizer: optax.GradientTransformati
         params, opt_state = carry
         loss, grads, metrics = accumulate_grads(
             loss_fn, params, _rows(batch, index), micro_batches=micro_batches,
-            norm_constant=norm_constant)
+            norm_constant=norm_constant, norm_fn=norm_fn)
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         grad_norm = optax.tree.norm(grads)
@@ -274,8 +322,12 @@ def build_update(policy_loss_fn: LossFn, optimizer: optax.GradientTransformation
                  epochs: int, minibatches: int, micro_batches: int,
                  norm_constant: float | None = None, critic_loss_fn: LossFn | None = None,
                  critic_optimizer: optax.GradientTransformation | None = None,
-                 critic_warmup_steps: int = 0, shuffle: bool = True):
+                 critic_warmup_steps: int = 0, norm_fn: NormFn | None = None,
+                 shuffle: bool = True):
     """Returns the pure `update(state, batch) -> (state, metrics)` (jit it with shardings).
+
+    `norm_fn` gives the policy loss's global denominators (default: the LossNorm of the
+    batch's loss_mask, with `norm_constant`).
 
     With a critic, the critic is updated on the same minibatch schedule; during the
     first `critic_warmup_steps` updates only the critic learns (the policy is frozen).
@@ -298,7 +350,8 @@ def build_update(policy_loss_fn: LossFn, optimizer: optax.GradientTransformation
             new_state = new_state.replace(critic_params=critic_params,
                                           critic_opt_state=critic_opt)
         params, opt_state, policy_metrics = steps(
-            policy_loss_fn, optimizer, state.params, state.opt_state, batch, policy_key)
+            policy_loss_fn, optimizer, state.params, state.opt_state, batch, policy_key,
+            norm_fn=norm_fn)
         if critic_warmup_steps:
             frozen = state.step < critic_warmup_steps
             params = jax.tree.map(lambda new, old: jnp.where(frozen, old, new),

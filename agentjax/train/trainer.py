@@ -9,8 +9,11 @@ Sections, in the order a run meets them:
                 documents mixed in (config.sft.corpus_mix): train/sft.py
   3. RL         sample tasks -> roll out groups -> prepare (log-probs, advantages)
                 -> jitted update -> sync weights to the engine, then the hooks due:
-                evaluate / log / checkpoint: train/rl_loop.py
-  4. report     held-out success of the demonstrator, the SFT agent and the RL agent
+                evaluate / log / checkpoint: train/rl_loop.py; or instead (stage "rft",
+                "dpo") rejection-sampling fine-tuning or DPO on the policy's own
+                episodes: train/offline.py
+  4. report     held-out success of the demonstrator, the SFT agent and the RL (RFT,
+                DPO) agent
 
 Resume: every stage checkpoints into the workdir (orbax: device state; json: sampler
 and step); rerunning with the same `--workdir` continues where the run stopped, with
@@ -39,7 +42,7 @@ from agentjax.models.tokenizer import AGENT_TAGS, build_tokenizer, load_tokenize
 from agentjax.rollout.agent_loop import EpisodeLimits
 from agentjax.rollout.engine import SamplingParams
 from agentjax.rollout.pool import RolloutPool
-from agentjax.train import rl_loop, sft
+from agentjax.train import offline, rl_loop, sft
 from agentjax.train.checkpoint import Checkpointer, latest_committed_step
 from agentjax.train.config import ConfigError, validate
 from agentjax.train.engines import build_engine
@@ -93,6 +96,8 @@ class Trainer:
                       "sft.batch_size": config.sft.batch_size}
         if config.pretrain.steps:
             row_counts["pretrain.batch_size"] = config.pretrain.batch_size
+        if config.stage in ("rft", "dpo"):
+            row_counts[f"{config.stage}.batch_size"] = config[config.stage].batch_size
         for key, rows in row_counts.items():
             if rows % data_parallel:
                 raise ConfigError(f"{key} = {rows} rows must be divisible by the data-parallel "
@@ -318,8 +323,8 @@ class Trainer:
     # ------------------------------------------------------------------ the run
 
     def run(self) -> dict[str, Any]:
-        """Pretraining and SFT (if configured), RL (unless stage == "sft"), then the
-        final report."""
+        """Pretraining and SFT (if configured), RL, RFT or DPO (config.stage; none for
+        "sft"), then the final report."""
         try:
             return self._run()
         finally:
@@ -344,7 +349,7 @@ class Trainer:
             if os.path.exists(sft_file):
                 with open(sft_file) as f:
                     sft_results = json.load(f)
-            rl_resumes = config.stage == "rl" and latest_committed_step(
+            rl_resumes = config.stage != "sft" and latest_committed_step(
                 os.path.join(self.workdir, CHECKPOINTS)) is not None
             if sft_results is None or not rl_resumes:
                 params = sft.run_sft(self, params)
@@ -353,13 +358,15 @@ class Trainer:
                 if self.is_main:
                     atomic.write_json(sft_file, sft_results)
             results.update(sft_results)
-        if config.stage == "rl":
-            _, last_eval = rl_loop.run_rl(self, params)
+        if config.stage != "sft":
+            run_stage = rl_loop.run_rl if config.stage == "rl" else offline.run_offline
+            _, last_eval = run_stage(self, params)
             results.update(last_eval)
         results["time/total_s"] = time.perf_counter() - self.started
         if self.is_main:
             atomic.write_json(os.path.join(self.workdir, "final.json"), results)
-            print(report_table(results))
+            print(report_table(results, agent="RL agent" if config.stage in ("rl", "sft")
+                               else f"{config.stage.upper()} agent"))
         return results
 
     def sync_weights(self, params, version: int | None = None) -> None:
@@ -375,9 +382,10 @@ class Trainer:
         self._close_engine()
 
 
-def report_table(results: dict[str, float]) -> str:
-    """Markdown table of held-out success: demonstrator, SFT agent, RL agent; a column
-    per task group (hops, taught: see train.evaluate)."""
+def report_table(results: dict[str, float], agent: str = "RL agent") -> str:
+    """Markdown table of held-out success: demonstrator, SFT agent, the agent of the
+    stage after SFT (row `agent`); a column per task group (hops, taught: see
+    train.evaluate)."""
     rows = []
     groups = sorted({group_of(k) for k in results} - {None})
 
@@ -386,7 +394,7 @@ def report_table(results: dict[str, float]) -> str:
                 for key in [prefix] + [f"{prefix}/{g}" for g in groups]]
 
     rows.append(["demonstrator (scripted)", "-"] + cells("demonstrator/demonstrator"))
-    for name, prefix in (("SFT agent", "sft"), ("RL agent", "eval")):
+    for name, prefix in (("SFT agent", "sft"), (agent, "eval")):
         greedy = results.get(f"{prefix}/success_greedy")
         rows.append([name, "-" if greedy is None else f"{greedy:.3f}"]
                     + cells(f"{prefix}/success_sampled"))

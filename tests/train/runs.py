@@ -87,6 +87,23 @@ def temporaries(workdir) -> list[str]:
                   if name.endswith((".tmp", ".old")) or "orbax-checkpoint-tmp" in name)
 
 
+def kill_when(config: str, workdir, *overrides, when, env=ONE_DEVICE,
+              timeout_s: float = 600) -> None:
+    """Runs `config` in `workdir` and SIGKILLs it as soon as `when(workdir)` holds
+    (asserting it was still running then)."""
+    log_path = f"{workdir}.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(_argv(config, workdir, overrides), stdout=log,
+                                   stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    deadline = time.time() + timeout_s
+    while process.poll() is None and not when(str(workdir)):
+        assert time.time() < deadline, f"the kill condition did not hold in {timeout_s}s"
+        time.sleep(0.02)
+    assert process.poll() is None, Path(log_path).read_text()[-4000:]
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
 def kill_campaign(config: str, workdir, *overrides, kills: int, seed: int,
                   max_delay_s: float = 2.0, env=ONE_DEVICE, timeout_s: float = 600
                   ) -> dict[str, int]:

@@ -63,6 +63,14 @@ def test_ppo_critic_and_lanes():
     assert rows["KV cache"] == 2 * KV_ELEMENTS + 4 * SLOTS  # the slots split over lanes
 
 
+def test_dpo_keeps_its_reference_whatever_the_kl_coefficient():
+    config = search_config("grpo", "hf")
+    config.stage, config.algo.kl_coef = "dpo", 0.0
+    mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    rows = _rows(memory_plan(config, _qwen25_3b(config), mesh, device_bytes=None))
+    assert rows["DPO reference"] == 4 * PARAMS and "KL reference" not in rows
+
+
 def test_fsdp_divides_params_and_data_parallel_divides_the_cache(eight_devices):
     config = search_config("grpo", "hf")
     mesh = parallel.make_mesh({"data": 1, "fsdp": 8, "tensor": 1}, devices=eight_devices)

@@ -71,3 +71,13 @@ def test_every_variant_of_every_config_file_builds_its_task_suite(name, variant,
         assert len(suite.train_tasks) == train_count
     assert len(suite.train_tasks) >= config.rollout.prompts_per_step
     assert len(suite.demonstrations) > 0 or config.sft.steps == 0
+
+
+@pytest.mark.parametrize("stage", sorted(presets.OFFLINE_SWEEPS))
+def test_every_arm_of_the_offline_sweeps_is_a_valid_config(stage):
+    for name in presets.OFFLINE_SWEEPS[stage]:
+        for arm in presets.offline_sweep(stage, name):
+            config = presets.offline_config(stage, "cpu")
+            for key, value in arm["overrides"].items():
+                sweep_plan.set_dotted(config, key, value)
+            config_lib.validate(config)

@@ -8,6 +8,7 @@ from flax import nnx
 
 from agentjax import parallel
 from agentjax.models import Decoder, ModelConfig
+from agentjax.rl import preference
 from agentjax.train import step as step_lib
 from agentjax.train.config import default_config
 from agentjax.train.prepare import build_prepare, model_logprob_fn
@@ -203,3 +204,78 @@ def test_update_reports_its_relative_size_and_a_frozen_policy_none():
     expected = 0.1 * np.sqrt(20) / np.sqrt(16 + 4 * 4)
     assert float(thawed["update/rel_size"]) == pytest.approx(expected, rel=1e-6)
     assert float(thawed["update/intended_rel_size"]) == pytest.approx(expected, rel=1e-6)
+
+
+P = 4  # pairs of the DPO tests: [P, 2, T] arrays, index 0 chosen, 1 rejected
+
+
+def _pairs(seed=0):
+    rng = np.random.default_rng(seed)
+    mask = (rng.random((P, 2, T)) < 0.5).astype(np.float32)
+    mask[..., :4] = 0  # the prompt
+    mask[2, 1] = 0  # a rejected side without action tokens: the pair does not count
+    return dict(inputs=rng.integers(0, V, (P, 2, T)).astype(np.int32),
+                targets=rng.integers(0, V, (P, 2, T)).astype(np.int32),
+                positions=np.tile(np.arange(T, dtype=np.int32), (P, 2, 1)),
+                segment_ids=np.ones((P, 2, T), np.int32), loss_mask=mask,
+                ref_logp=(-rng.random((P, 2, T)) * 3).astype(np.float32))
+
+
+def _dpo_section():
+    section = default_config().dpo
+    section.beta, section.kind = 0.5, "sigmoid"
+    return section
+
+
+def test_dpo_loss_is_the_preference_loss_of_each_sides_log_probs(setup):
+    graphdef, params = setup[:2]
+    batch = _pairs()
+    loss_fn = step_lib.dpo_loss(graphdef, _dpo_section(), chunk_size=8)
+    loss, metrics = jax.jit(loss_fn)(params, batch, step_lib.pair_norm(batch))
+    side = [step_lib.policy_logprobs(graphdef, params, {k: batch[k][:, i]
+                                                        for k in step_lib.PAIR_KEYS},
+                                     chunk_size=8)[0] for i in (0, 1)]
+    m = batch["loss_mask"]
+    expected, expected_metrics = preference.dpo_loss(
+        side[0], side[1], batch["ref_logp"][:, 0], batch["ref_logp"][:, 1], m[:, 0],
+        m[:, 1], beta=0.5)
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+    assert float(step_lib.pair_norm(batch)) == 3.0
+    for key in ("reward_margin", "reward_accuracy", "logp_chosen"):
+        np.testing.assert_allclose(metrics[f"dpo/{key}"], expected_metrics[key], rtol=1e-5)
+
+
+def _run_dpo(graphdef, params, batch, *, micro_batches):
+    optimizer = optax.sgd(0.1)
+    update = step_lib.build_update(step_lib.dpo_loss(graphdef, _dpo_section(), chunk_size=8),
+                                   optimizer, epochs=1, minibatches=1,
+                                   micro_batches=micro_batches, norm_fn=step_lib.pair_norm,
+                                   shuffle=False)
+    state = step_lib.TrainState(step=jnp.int32(0), params=params,
+                                opt_state=optimizer.init(params), rng=jax.random.key(1))
+    return jax.jit(update)(state, batch)
+
+
+def test_dpo_micro_batches_equal_the_full_batch(setup):
+    """Each micro-batch divides by the minibatch's pair count (pair_norm), so the summed
+    gradient is the full batch's although the uncounted pair sits in one half."""
+    graphdef, params = setup[:2]
+    full, full_metrics = _run_dpo(graphdef, params, _pairs(), micro_batches=1)
+    micro, micro_metrics = _run_dpo(graphdef, params, _pairs(), micro_batches=2)
+    assert _max_diff(full.params, micro.params) < 1e-6
+    np.testing.assert_allclose(micro_metrics["loss"], full_metrics["loss"], rtol=1e-5)
+    assert full_metrics["grad_norm"] > 0 and _max_diff(full.params, params) > 1e-4
+
+
+def test_dpo_on_eight_devices_equals_one(setup, eight_devices):
+    """Pairs [P, 2, T] sharded by rows, as the trainer places them (row sharding for
+    arrays that are not [B, T])."""
+    graphdef, params = setup[:2]
+    single, single_metrics = _run_dpo(graphdef, params, _pairs(), micro_batches=2)
+    mesh = parallel.make_mesh({"data": 4, "fsdp": 1, "tensor": 2}, devices=eight_devices)
+    rows = parallel.batch_sharding(mesh, logical_axes=("batch",))
+    sharded, sharded_metrics = _run_dpo(
+        graphdef, parallel.shard_params(params, mesh),
+        {k: jax.device_put(v, rows) for k, v in _pairs().items()}, micro_batches=1)
+    assert _max_diff(jax.device_get(sharded.params), single.params) < 1e-6
+    np.testing.assert_allclose(sharded_metrics["loss"], single_metrics["loss"], rtol=1e-5)
