@@ -195,16 +195,17 @@ class AsyncSource(_Source):
             while len(taken) < self.per_step:
                 self._wait_for(lambda: self._ready)
                 draw = heapq.heappop(self._ready)
+                # Either way a place in the pipeline is free: the producer may start more.
+                self._wake_producer()
                 if version - draw.oldest_version() > self.max_staleness:
                     dropped.append(draw)
+                    self._dropped += 1
                     continue
                 taken.append(draw)
                 self._taken += 1
                 self.sampler.update([draw.task], [np.mean(
                     [solved(t, self.trainer.suite.success_key) for t in draw.episodes])])
-            self._dropped += len(dropped)
             queued, tokens, self._tokens = len(self._ready), self._tokens, 0
-        self._wake_producer()
         now, idle = time.perf_counter(), self.clock.idle_s()
         taken.sort()
         groups = [draw.episodes for draw in taken]
