@@ -1023,6 +1023,9 @@ def _check_judge(reward) -> None:
 def _check_async(config) -> None:
     """What rollout.mode='async' needs beyond each key's range."""
     rollout = config.rollout
+    if config.stage != "rl":
+        _reject("rollout.mode", "async", f"it drives the RL stage's rollouts, and "
+                f"stage={config.stage!r} has none of its own: use rollout.mode='sync'")
     if config.algo.dynamic_sampling:
         _reject("algo.dynamic_sampling", True, "rollout.mode='async' does not filter "
                 "groups yet: use rollout.mode='sync' for dynamic sampling")

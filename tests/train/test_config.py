@@ -241,6 +241,7 @@ COMBINATIONS = [
      "multi-host"),
     (_search(rollout__mode="async", data__hindsight=True), "data.hindsight",
      "does not relabel"),
+    (_search(rollout__mode="async", stage="sft"), "rollout.mode", "stage='sft'"),
     (_search(mesh__data=-1, mesh__fsdp=-1), "mesh", "at most one axis"),
     (_search(multihost__enabled=True), "multihost.enabled", "multihost.coordinator"),
     (_search(multihost__process_id=1), "multihost.process_id", "num_processes=1"),
