@@ -34,6 +34,8 @@ SCHEDULES = ("constant", "cosine")
 OLD_LOGP = ("recompute", "behavior")
 # rl/offpolicy.py: importance_weights (how the proximal / behavior ratio is bounded).
 IS_BOUNDS = ("truncate", "mask")
+# train/rollout_source.py: SOURCES (where the RL loop's groups come from).
+ROLLOUT_MODES = ("sync", "async")
 # rl/preference.py: dpo_loss.
 DPO_KINDS = ("sigmoid", "ipo", "hinge")
 # train/trainer.py: Trainer.run ("sft" stops after SFT, "rl" goes on to RL, "rft" and

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import pathlib
+import time
 from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import bm25s
@@ -306,6 +307,20 @@ def _parse_hit(hit: Any, where: str) -> Document:
                              f"finite number")
     return Document.from_contents(doc_id, doc["contents"],
                                   None if score is None else float(score))
+
+
+class DelayedRetriever:
+    """`retriever` answering each search after `latency_s` seconds, as a remote server
+    (50-500 ms) would: benchmarks of rollouts against slow tools on a local index."""
+
+    def __init__(self, retriever: Retriever, latency_s: float):
+        if not latency_s >= 0:
+            raise ValueError(f"latency_s must be >= 0, got {latency_s}")
+        self.retriever, self.latency_s = retriever, latency_s
+
+    def search(self, queries: Sequence[str], topk: int) -> list[list[Document]]:
+        time.sleep(self.latency_s)
+        return self.retriever.search(queries, topk)
 
 
 def make_retriever(spec: "Retriever | str") -> Retriever:

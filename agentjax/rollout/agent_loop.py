@@ -33,7 +33,8 @@ from typing import Any
 
 from agentjax.envs.base import Env, Task
 from agentjax.models.tokenizer import end_of_turn_id, prompt_ids
-from agentjax.rollout.engine import Engine, EnginesUnavailable, GenerateRequest, SamplingParams
+from agentjax.rollout.engine import (Completion, Engine, EnginesUnavailable, GenerateRequest,
+                                     SamplingParams)
 from agentjax.rollout.trajectory import Trajectory, Turn, observation_token_ids
 
 
@@ -166,7 +167,8 @@ async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
                     completion.finish_reason, matched_stop=completion.matched_stop,
                     weight_version=completion.meta.get("weight_version"),
                     logprob_distribution=completion.meta.get("logprob_distribution",
-                                                             "sampling"))
+                                                             "sampling"),
+                    versions=sampled_versions(completion))
         traj.turns.append(turn)
         context.extend(turn.action_ids)
         result = await _env_call(loop, executor, env.step, action_text(tokenizer, turn.action_ids))
@@ -185,6 +187,19 @@ async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
         turn.observation_ids = observation
         context.extend(observation)
     raise AssertionError("unreachable: the last turn returns max_turns")
+
+
+def sampled_versions(completion: Completion) -> list[int]:
+    """The weight version that sampled each output token: the engine's per-token report
+    (`token_versions`), else its one integer `weight_version` for every token, else []
+    (a server that names its weights otherwise, e.g. SGLang's "default")."""
+    meta = completion.meta
+    if "token_versions" in meta:
+        return [int(v) for v in meta["token_versions"]]
+    version = meta.get("weight_version")
+    if isinstance(version, int) and not isinstance(version, bool):
+        return [version] * len(completion.output_ids)
+    return []
 
 
 def _close_last_turn(turn: Turn, tokenizer, room: int) -> None:

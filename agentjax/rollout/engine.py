@@ -86,7 +86,9 @@ class Completion:
           "raw": log_softmax(logits), before temperature too (what greedy requests
             report: their sampling distribution is a point mass).
         Engines add their own (cached_tokens, the server that answered, an abort's
-        error, ...).
+        error, ...). Where the weights can change while a completion decodes (the
+        JaxEngine swaps between decode rounds), "token_versions" is the version that
+        sampled each output token (weight_version is then the version at the end).
     """
 
     output_ids: list[int]

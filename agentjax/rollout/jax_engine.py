@@ -38,7 +38,10 @@ Design:
 - Weights: `update_weights` copies the new params into the engine (same structure,
   shapes, dtypes and shardings as before — checked), cast to the model's compute dtype
   (`config.dtype`: float32 master weights become a bfloat16 copy), so nothing
-  recompiles and the trainer may donate its own buffers afterwards.
+  recompiles and the trainer may donate its own buffers afterwards. The swap happens
+  between rounds, also while sequences are in flight: each output token's weight
+  version is reported (`meta["token_versions"]`), so a turn that straddles a swap
+  says which tokens which weights sampled.
 - Sharding: params may live on a mesh (e.g. `parallel.shard_model`); the cache is then
   placed on it by `LayerKVCache.logical_axes` and the rules the model was sharded with
   (`device_programs.new_cache`), and jit propagates the rest.
@@ -132,6 +135,7 @@ class _Sequence:
     prefilled: int = 0
     outputs: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)  # weight version per output
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
     cancelled: bool = False
 
@@ -580,6 +584,7 @@ class JaxEngine:
         """Records a sampled token; finishes the sequence when it ends. True if ended."""
         seq.outputs.append(token)
         seq.logprobs.append(logprob)
+        seq.versions.append(self.weight_version)
         if token in seq.stop_ids:
             return self._finish(seq, "stop", token)
         matched = seq.stop_strings.match(seq.outputs)
@@ -598,7 +603,8 @@ class JaxEngine:
             self._table.release(seq)
         meta = dict(seq.meta, prompt_tokens=len(seq.input_ids),
                     completion_tokens=len(seq.outputs), weight_version=self.weight_version,
-                    logprob_distribution=reported_distribution("sampling", seq.sampling))
+                    logprob_distribution=reported_distribution("sampling", seq.sampling),
+                    token_versions=list(seq.versions))
         if error is not None:
             meta["error"] = error
         _resolve(seq, Completion(list(seq.outputs), list(seq.logprobs), reason, matched, meta))

@@ -20,6 +20,7 @@ with fewer, parked sessions are evicted while their tools run and re-prefilled l
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import itertools
 import time
@@ -105,6 +106,13 @@ class RolloutPool:
         self._executor = ThreadPoolExecutor(
             max_workers=tool_workers or concurrency, thread_name_prefix="rollout-env")
         self._group_ids = itertools.count()
+
+    def with_engine(self, engine: Engine) -> "RolloutPool":
+        """A pool with this one's settings and worker threads around another engine
+        (e.g. an `EngineClock` over this one's); closing either closes both."""
+        other = copy.copy(self)
+        other.engine = engine
+        return other
 
     def close(self) -> None:
         """Releases the worker threads (threads stuck in hung env calls are abandoned)."""

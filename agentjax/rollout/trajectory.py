@@ -61,6 +61,8 @@ class Turn:
       logprob_distribution: which distribution `logprobs` are under
         (`engine.LOGPROB_DISTRIBUTIONS`; an engine that does not say reports "sampling",
         the Engine protocol's original contract).
+      versions: the weight version that sampled each action token (an asynchronous run
+        may swap weights mid-turn); empty when the engine reports none.
     """
 
     action_ids: list[int]
@@ -72,12 +74,14 @@ class Turn:
     matched_stop: int | str | None = None
     weight_version: int | str | None = None
     logprob_distribution: str = "sampling"
+    versions: list[int] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
-        if len(self.logprobs) != len(self.action_ids):
-            raise ValueError(
-                f"Turn.logprobs has {len(self.logprobs)} entries but action_ids has "
-                f"{len(self.action_ids)}")
+        for name in ("logprobs",) + (("versions",) if self.versions else ()):
+            if len(getattr(self, name)) != len(self.action_ids):
+                raise ValueError(
+                    f"Turn.{name} has {len(getattr(self, name))} entries but action_ids "
+                    f"has {len(self.action_ids)}")
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(
                 f"Turn.finish_reason must be one of {FINISH_REASONS}, got "

@@ -36,6 +36,7 @@ from agentjax.choices import (
     ENGINES,
     GUESSES,
     INSTRUCTIONS,
+    IS_BOUNDS,
     KL_KINDS,
     LOGPROB_DISTRIBUTIONS,
     OLD_LOGP,
@@ -44,6 +45,7 @@ from agentjax.choices import (
     POLICY_LOSSES,
     REMAT_POLICIES,
     RETRIEVERS,
+    ROLLOUT_MODES,
     SCHEDULES,
     STAGES,
 )
@@ -139,7 +141,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.env.instruction = "short"  # "minimal" | "short" | "search_r1" (see suites.py)
     c.env.mask_observations = True  # False: observation tokens enter the loss (ablation)
 
-    c.retrieval = ml_collections.ConfigDict({"kind": "bm25", "url": "", "timeout_s": 10.0})
+    # latency_s: every search waits this long before answering, as a remote retrieval
+    # server would (50-500 ms); benchmarks of the rollout against slow tools.
+    c.retrieval = ml_collections.ConfigDict({"kind": "bm25", "url": "", "timeout_s": 10.0,
+                                             "latency_s": 0.0})
 
     c.reward = ml_collections.ConfigDict()
     # The rewarded outcome: "em" (exact match), or for search "f1" or "judge" (an LLM
@@ -223,6 +228,18 @@ def default_config() -> ml_collections.ConfigDict:
     # share the engine's batches, so runs (and resumed runs) are exactly reproducible.
     c.rollout.deterministic = True
     c.rollout.episode_timeout_s = 120.0
+    # Where each step's groups come from (train/rollout_source.py). "sync": rolled out
+    # under the current weights, then trained on. "async": a producer thread keeps
+    # `concurrency` episodes in flight while the learner updates; a group is trained at
+    # most `max_staleness` weight versions after the oldest weights that sampled it
+    # (0 gives exactly the sync run); at most `queue_groups` groups finished or in
+    # flight (0: (max_staleness + 1) x prompts_per_step). partial_rollouts: episodes in
+    # flight continue under new weights (their tokens carry mixed versions) instead of
+    # new weights waiting until they finish.
+    c.rollout.mode = "sync"
+    c.rollout.max_staleness = 1
+    c.rollout.queue_groups = 0
+    c.rollout.partial_rollouts = False
 
     c.algo = ml_collections.ConfigDict()
     c.algo.name = "grpo"
@@ -246,6 +263,9 @@ def default_config() -> ml_collections.ConfigDict:
     # old_logp="recompute": the policy-gradient term is weighted by the truncated IS ratio
     # min(pi_trainer / pi_engine, tis_cap) on action tokens (0 disables).
     c.algo.tis_cap = 2.0
+    # How the weight is bounded: "truncate" min(ratio, tis_cap), "mask" 0 above tis_cap
+    # (AReaL's behav_imp_weight_cap); rl/offpolicy.py.
+    c.algo.tis_bound = "truncate"
     c.algo.dynamic_sampling = False
     c.algo.max_resample_rounds = 3
     # DAPO soft overlong punishment on the exact sampled (action) tokens of an episode,
@@ -584,6 +604,7 @@ RULES = {
     "retrieval.kind": Choice(RETRIEVERS),
     "retrieval.url": URL,
     "retrieval.timeout_s": POSITIVE_REAL,
+    "retrieval.latency_s": NON_NEGATIVE,
     "reward.outcome": Choice(tuple(dict.fromkeys(o for by_env in OUTCOMES.values()
                                                  for o in by_env))),
     "reward.format_weight": NON_NEGATIVE,
@@ -635,6 +656,11 @@ RULES = {
     "rollout.decode_steps": POSITIVE,
     "rollout.deterministic": Flag(),
     "rollout.episode_timeout_s": POSITIVE_REAL,
+    "rollout.mode": Choice(ROLLOUT_MODES),
+    "rollout.max_staleness": COUNT,
+    "rollout.queue_groups": Integer(1, special=(
+        (0, "(rollout.max_staleness + 1) x rollout.prompts_per_step"),)),
+    "rollout.partial_rollouts": Flag(),
     "algo.name": Choice(ALGORITHMS),
     "algo.advantage": Choice(ADVANTAGES),
     "algo.loss": Choice(POLICY_LOSSES),
@@ -654,6 +680,7 @@ RULES = {
     "algo.microbatch_size": Integer(1, special=((0, "the whole minibatch"),)),
     "algo.old_logp": Choice(OLD_LOGP),
     "algo.tis_cap": Real("(0, inf)", special=((0, "off"),)),
+    "algo.tis_bound": Choice(IS_BOUNDS),
     "algo.dynamic_sampling": Flag(),
     "algo.max_resample_rounds": COUNT,
     "algo.overlong_buffer": Integer(1, special=((0, "off"),)),
@@ -887,6 +914,8 @@ def _check_combinations(config) -> None:
                 f"it must be < rollout.max_tokens={rollout.max_tokens} (the context "
                 "holds the prompt too)")
     _check_sglang(config)
+    if rollout.mode == "async":
+        _check_async(config)
 
     mesh_sizes = dict(config.mesh)
     if list(mesh_sizes.values()).count(-1) > 1:
@@ -989,6 +1018,35 @@ def _check_judge(reward) -> None:
     if judge.votes > 1 and judge.temperature == 0:
         _reject("reward.judge.votes", judge.votes, "several votes at "
                 "reward.judge.temperature=0 repeat one greedy verdict: set a temperature > 0")
+
+
+def _check_async(config) -> None:
+    """What rollout.mode='async' needs beyond each key's range."""
+    rollout = config.rollout
+    if config.stage != "rl":
+        _reject("rollout.mode", "async", f"it drives the RL stage's rollouts, and "
+                f"stage={config.stage!r} has none of its own: use rollout.mode='sync'")
+    if config.algo.dynamic_sampling:
+        _reject("algo.dynamic_sampling", True, "rollout.mode='async' does not filter "
+                "groups yet: use rollout.mode='sync' for dynamic sampling")
+    if rollout.final_temperature != rollout.temperature:
+        _reject("rollout.final_temperature", rollout.final_temperature,
+                f"rollout.mode='async' trains groups sampled at other steps together: it "
+                f"must equal rollout.temperature={rollout.temperature}")
+    if rollout.concurrency < rollout.group_size:
+        _reject("rollout.concurrency", rollout.concurrency,
+                f"rollout.mode='async' starts whole groups: it must be >= "
+                f"rollout.group_size={rollout.group_size}")
+    if rollout.queue_groups and rollout.queue_groups < rollout.prompts_per_step:
+        _reject("rollout.queue_groups", rollout.queue_groups,
+                f"an update takes rollout.prompts_per_step={rollout.prompts_per_step} "
+                "groups from the queue: it must hold at least that many")
+    if config.data.hindsight:
+        _reject("data.hindsight", True, "rollout.mode='async' does not relabel groups yet: "
+                "use rollout.mode='sync' for hindsight relabeling")
+    if config.multihost.enabled:
+        _reject("rollout.mode", "async", "every host would train on the groups its own "
+                "timing produced: multi-host runs need rollout.mode='sync'")
 
 
 def apply_algorithm(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:

@@ -17,6 +17,8 @@ they are not counted):
   critic + Adam         3 x float32 (trunk copy + value head), PPO's critic only
   engine weights        the compute dtype (model.dtype), one copy per engine lane
   engine weight swap    one more lane copy while update_weights builds the new one
+  staged weights        float32, rollout.mode="async": the update's params copied for
+                        the producer (train/rollout_source.py) until it swaps them in
   KV cache              engine_slots x max_tokens x layers x kv_heads x head_dim x 2
                         (keys and values) in the compute dtype (`init_layer_cache`)
 
@@ -164,6 +166,9 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
                           r.engine_lanes * compute,
                           f"lower rollout.engine_lanes; {lane_weights}"))
     rows.append(MemoryRow("engine weight swap (one lane)", compute, lane_weights))
+    if r.mode == "async":
+        rows.append(MemoryRow("staged weights (float32, async)", master,
+                              f"rollout.mode='sync' drops it, or {shard_params}"))
     cache = jax.eval_shape(lambda: init_layer_cache(model_config, lane_slots, r.max_tokens))
     # JaxEngine places its cache by the default rules, whatever config.rules says.
     cache_shardings = parallel.tree_shardings(

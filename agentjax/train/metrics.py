@@ -3,7 +3,8 @@
 `MetricsWriter.write(step, metrics)` appends one json line per call to
 `<workdir>/metrics.jsonl` (on resume the rows after the restored step, and a
 last line a kill cut short, are dropped, so a resumed run's file reads like an
-uninterrupted one) and mirrors scalars to TensorBoard.
+uninterrupted one) and mirrors scalars to TensorBoard. `StepLog` is that file
+without the scalar filter, for other per-step records (the trained groups).
 """
 from __future__ import annotations
 
@@ -25,6 +26,31 @@ def _scalar(value):
     return value if isinstance(value, (int, float, bool)) else None
 
 
+class StepLog:
+    """A JSONL file of rows with a "step" key, one appended per call.
+
+    Args:
+      path: the file; its folder is created if missing.
+      resume_step: on resume, rows with `step > resume_step` (written after the
+        checkpoint the run restarts from) are dropped so the file has no duplicates.
+      enabled: False on non-zero processes of a multi-host run.
+    """
+
+    def __init__(self, path: str, *, resume_step: int = 0, enabled: bool = True):
+        self.path, self.enabled = path, enabled
+        if not enabled:
+            return
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        if os.path.exists(path):
+            kept = [row for row in _read_rows(path) if row["step"] <= resume_step]
+            atomic.write_text(path, "".join(json.dumps(row) + "\n" for row in kept))
+
+    def append(self, row: Mapping[str, object]) -> None:
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
 class MetricsWriter:
     """Writes metrics to `<workdir>/metrics.jsonl` and, optionally, TensorBoard.
 
@@ -39,14 +65,12 @@ class MetricsWriter:
     def __init__(self, workdir: str, *, tensorboard: bool = True, resume_step: int = 0,
                  enabled: bool = True):
         self.enabled = enabled
-        self.path = os.path.join(workdir, "metrics.jsonl")
+        self._log = StepLog(os.path.join(workdir, "metrics.jsonl"), resume_step=resume_step,
+                            enabled=enabled)
+        self.path = self._log.path
         self._tb = None
         if not enabled:
             return
-        os.makedirs(workdir, exist_ok=True)
-        if os.path.exists(self.path):
-            kept = [row for row in _read_rows(self.path) if row["step"] <= resume_step]
-            atomic.write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))
         if tensorboard:
             from tensorboardX import SummaryWriter
             self._tb = SummaryWriter(os.path.join(workdir, "tb"))
@@ -61,9 +85,7 @@ class MetricsWriter:
         if self.enabled:
             # Strict JSON has no NaN/inf: the file spells them as strings, the returned
             # row keeps them as floats (the progress bar formats them).
-            line = {k: v if math.isfinite(v) else str(v) for k, v in row.items()}
-            with open(self.path, "a") as f:
-                f.write(json.dumps(line) + "\n")
+            self._log.append({k: v if math.isfinite(v) else str(v) for k, v in row.items()})
             if self._tb is not None:
                 for key, value in row.items():
                     if key != "step" and math.isfinite(value):
@@ -93,4 +115,9 @@ def _read_rows(path: str) -> list[dict]:
 
 def read_metrics(workdir: str) -> list[dict]:
     """Reads back `<workdir>/metrics.jsonl` (for sweeps, reports and tests)."""
-    return _read_rows(os.path.join(workdir, "metrics.jsonl"))
+    return read_step_log(os.path.join(workdir, "metrics.jsonl"))
+
+
+def read_step_log(path: str) -> list[dict]:
+    """Reads back a `StepLog` file."""
+    return _read_rows(path)

@@ -74,7 +74,8 @@ def sequence_advantages(kind: str, scores: jax.Array, group_ids: jax.Array, num_
 
 
 def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
-                  mask_observations: bool = True, value_fn: ValueFn | None = None):
+                  mask_observations: bool = True, value_fn: ValueFn | None = None,
+                  offpolicy_metrics: bool = False):
     """Returns `prepare(params, ref_params, critic_params, batch) -> (batch, metrics)`.
 
     Args:
@@ -85,6 +86,9 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
         id -1 and get zero advantage.
       mask_observations: False puts observation tokens into the loss (ablation).
       value_fn: (critic_params, batch) -> values [B, T]; required for advantage="gae".
+      offpolicy_metrics: also return the importance weights' metrics (is_ratio_mean,
+        is_ratio_max, is_weight_mean, is_clipfrac: `rl.offpolicy.importance_weights`)
+        when old_logp="recompute" and tis_cap > 0 (asynchronous runs log them).
 
     The batch must hold `temperature` [B]: the rollout temperature, so recomputed
     log-probs describe the distribution the engine sampled from.
@@ -114,8 +118,10 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
         else:
             old = current
             if algo.tis_cap:
-                batch["is_weights"], _ = importance_weights(current, behavior, action,
-                                                            cap=algo.tis_cap)
+                batch["is_weights"], is_metrics = importance_weights(
+                    current, behavior, action, cap=algo.tis_cap, bound=algo.tis_bound)
+                if offpolicy_metrics:
+                    metrics.update(is_metrics)
         batch["old_logp"] = old
         token_rewards = batch["rewards"]
         if need_ref:

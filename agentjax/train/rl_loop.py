@@ -1,17 +1,20 @@
-"""The RL stage: each step rolls out groups, updates the policy on them, then runs the
-hooks due (evaluation, logging with warnings, checkpoint).
+"""The RL stage: each step takes groups from the rollout source, updates the policy on
+them, then runs the hooks due (evaluation, logging with warnings, checkpoint).
 
     params, last_eval = run_rl(trainer, params)
 
 One step, in `run_rl`:
-    groups = collect_groups(trainer, sampler, step)   tasks -> P groups of G episodes
-                                                      (DAPO: dynamic sampling, overlong
-                                                      shaping)
+    groups = source.next_groups(step)                 P groups of G episodes: sync,
+                                                      `collect_groups` (tasks -> groups;
+                                                      hindsight relabeling; DAPO: dynamic
+                                                      sampling, overlong shaping), or
+                                                      async, a producer running ahead
+                                                      (train/rollout_source)
     state, metrics = rl_step(state, groups, step)     collate -> prepare (log-probs,
                                                       advantages) -> jitted update ->
                                                       non-finite guard
+    source.push_weights(state.params, step + 2)       the engine samples with the update
     run_hooks(hooks, step + 1, ...)                   eval / log / checkpoint
-    trainer.sync_weights(state.params)                the engine samples with the update
 
 The Trainer (train/trainer.py) supplies the model, engine, pool, shardings and the
 restore-or-start of checkpoints; a rerun in the same workdir resumes at the last
@@ -40,6 +43,8 @@ from agentjax.train.hindsight import hindsight_groups
 from agentjax.train.hooks import Hook, run_hooks
 from agentjax.train.precision import master_copy
 from agentjax.train.prepare import build_prepare, critic_value_fn, model_logprob_fn
+# A module import: rollout_source imports this module back (collect_groups).
+from agentjax.train import rollout_source
 
 
 class TrainingDiverged(RuntimeError):
@@ -116,7 +121,8 @@ def build_rl_update(trainer, params):
         model_logprob_fn(trainer.graphdef, chunk_size=config.model.logprob_chunk), algo,
         num_groups=config.rollout.prompts_per_step,
         mask_observations=config.env.mask_observations,
-        value_fn=critic_value_fn(critic_graphdef) if critic_graphdef else None))
+        value_fn=critic_value_fn(critic_graphdef) if critic_graphdef else None,
+        offpolicy_metrics=config.rollout.mode == "async"))
     return state, update, prepare
 
 
@@ -229,21 +235,19 @@ def run_rl(trainer, params):
     sampler = make_sampler(config.data.curriculum, trainer.suite.train_tasks, seed=config.seed)
     state, host, checkpointer, writer = trainer.restore_or_start(trainer.workdir, state, "RL")
     start, last_eval = host.get("step", 0), host.get("last_eval", {})
-    if host:
-        sampler.load_state_dict(host["sampler"])
-    # Weight version v samples the episodes of step v (after v - 1 updates), resumed or
-    # not.
-    trainer.sync_weights(state.params, version=start + 1)
+    source = rollout_source.make_source(trainer, sampler, state.params, start=start,
+                                        host=host)
     bar = tqdm(range(start, config.total_steps), desc=config.algo.name,
                disable=not (trainer.is_main and config.log.progress))
     bad_steps = 0
 
     def host_state(done: int) -> dict:
         """What a resumed run needs after `done` steps, beyond the device state."""
-        return {"step": done, "sampler": sampler.state_dict(), "last_eval": last_eval}
+        return {"step": done, **source.state_dict(), "last_eval": last_eval}
 
     def rl_step(state, groups, step: int):
-        """The update on one step's groups (the loop then syncs the engine's weights)."""
+        """The update on one step's groups (the loop then hands its weights to the
+        rollout source)."""
         nonlocal bad_steps
         trajectories = [t for group in groups for t in group]
         batch = collate(trajectories, buckets=trainer.buckets,
@@ -264,7 +268,8 @@ def run_rl(trainer, params):
 
     def evaluate(step, state, metrics):
         nonlocal last_eval
-        last_eval = trainer.evaluate(state.params, "eval")
+        with source.paused():
+            last_eval = trainer.evaluate(state.params, "eval", version=step + 1)
         metrics.update(last_eval)
 
     def log(step, state, metrics):
@@ -282,37 +287,41 @@ def run_rl(trainer, params):
     # In this order: the log row holds the evaluation, the checkpoint its result.
     hooks = [Hook(config.eval.every, evaluate), Hook(config.log.every, log),
              Hook(config.checkpoint.every, save)]
-    for step in bar:
-        # Where a rerun would continue if the servers stay down: this step, with the
-        # sampler before its draw; None while the state holds an update whose log row
-        # and evaluation are not written yet (a rerun then repeats from the last
-        # checkpoint, which reproduces them).
-        resume = (step, host_state(step))
-        try:
-            t0 = time.perf_counter()
-            groups, rollout_info = collect_groups(trainer, sampler, step)
-            t1 = time.perf_counter()
-            inspect_episodes(trainer, groups, step + 1, first=step == start)
-            resume = None
-            state, metrics = rl_step(state, groups, step)
-            t2 = time.perf_counter()
-            episodes = [t for group in groups for t in group]
-            metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
-                            "time/step_s": t2 - t0,
-                            "rollout/tokens_per_s": sum(t.num_action_tokens
-                                                        for t in episodes) / (t1 - t0),
-                            **rollout_info,
-                            "rollout/temperature": temperature_at(config, step),
-                            "success/train": np.mean([solved(t, trainer.suite.success_key)
-                                                      for t in episodes])})
-            run_hooks(hooks, step + 1, config.total_steps, state, metrics)
-            resume = (step + 1, host_state(step + 1))
-            trainer.sync_weights(state.params, version=step + 2)
-        except EnginesUnavailable:
-            if resume is not None:
-                checkpointer.save(resume[0], state, resume[1], force=True)
-            checkpointer.wait()
-            raise
+    try:
+        for step in bar:
+            # Where a rerun would continue if the rollout stops (servers down, the async
+            # producer failed): this step, with the rollout source's state before its
+            # groups; None while the state holds an update whose log row and evaluation
+            # are not written yet (a rerun then repeats from the last checkpoint, which
+            # reproduces them).
+            resume = (step, host_state(step))
+            try:
+                t0 = time.perf_counter()
+                groups, rollout_info = source.next_groups(step)
+                t1 = time.perf_counter()
+                inspect_episodes(trainer, groups, step + 1, first=step == start)
+                resume = None
+                state, metrics = rl_step(state, groups, step)
+                # Weight version v samples the episodes of step v (after v - 1 updates).
+                source.push_weights(state.params, version=step + 2)
+                t2 = time.perf_counter()
+                episodes = [t for group in groups for t in group]
+                metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
+                                "time/step_s": t2 - t0,
+                                "rollout/tokens_per_s": sum(t.num_action_tokens
+                                                            for t in episodes) / (t1 - t0),
+                                **rollout_info,
+                                "rollout/temperature": temperature_at(config, step),
+                                "success/train": np.mean([
+                                    solved(t, trainer.suite.success_key) for t in episodes])})
+                run_hooks(hooks, step + 1, config.total_steps, state, metrics)
+            except (EnginesUnavailable, rollout_source.RolloutProducerError):
+                if resume is not None:
+                    checkpointer.save(resume[0], state, resume[1], force=True)
+                checkpointer.wait()
+                raise
+    finally:
+        source.close()
     checkpointer.wait()
     writer.close()
     trainer.export(state.params, "")

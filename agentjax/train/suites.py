@@ -26,7 +26,7 @@ from agentjax.data.world import WorldConfig, other_worlds_documents
 from agentjax.envs.base import Env, EpisodeLog, Task
 from agentjax.envs.python_env import DEFAULT_INSTRUCTION as PYTHON_INSTRUCTION
 from agentjax.envs.python_env import PythonEnv
-from agentjax.envs.retrieval import BM25Retriever, HttpRetriever
+from agentjax.envs.retrieval import BM25Retriever, DelayedRetriever, HttpRetriever
 from agentjax.envs.search import DEFAULT_INSTRUCTION, SHORT_INSTRUCTION, SearchEnv
 from agentjax.rewards import process
 from agentjax.rewards.composite import RewardFn, make_reward_fn
@@ -194,6 +194,8 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
         retriever = HttpRetriever(config.retrieval.url, timeout_s=config.retrieval.timeout_s)
     else:
         retriever = BM25Retriever.load(index)
+    if config.retrieval.latency_s:
+        retriever = DelayedRetriever(retriever, config.retrieval.latency_s)
 
     def make_env():
         return SearchEnv(retriever, **env_kwargs)

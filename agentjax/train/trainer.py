@@ -289,10 +289,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate(self, params, prefix: str, tasks=None) -> dict[str, float]:
+    def evaluate(self, params, prefix: str, tasks=None, *,
+                 version: int | None = None) -> dict[str, float]:
         """Greedy and sampled success of `params` (also pass@k, per hops) on `tasks`
-        (default: the fixed held-out evaluation subset)."""
-        self.sync_weights(params)
+        (default: the fixed held-out evaluation subset); the engine holds `params` as
+        weight `version` afterwards (None: its next, unless it holds `params` already)."""
+        self.sync_weights(params, version)
         tasks = self.eval_tasks if tasks is None else tasks
         sampling = dataclasses.replace(self.sampling(0),
                                        temperature=self.config.rollout.temperature,

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from agentjax.envs.base import Task
-from agentjax.envs.retrieval import (BM25Retriever, Document, HttpRetriever,
-                                     RetrievalError, format_docs, make_retriever,
-                                     read_corpus)
+from agentjax.envs.retrieval import (BM25Retriever, DelayedRetriever, Document,
+                                     HttpRetriever, RetrievalError, format_docs,
+                                     make_retriever, read_corpus)
 from agentjax.envs.search import SearchEnv
 
 from tests.envs.retrieval_server import VALID, free_port, send_malformed, serve
@@ -99,6 +99,16 @@ def test_bm25_search_semantics(bm25):
     assert bm25.search([], topk=3) == []
     with pytest.raises(ValueError, match="topk"):
         bm25.search(["x"], topk=0)
+
+
+def test_a_delayed_retriever_answers_the_same_after_its_latency(bm25):
+    delayed = DelayedRetriever(bm25, latency_s=0.05)
+    start = time.perf_counter()
+    hits = delayed.search(["where was Castellan born"], topk=3)
+    assert time.perf_counter() - start >= 0.05
+    assert hits == bm25.search(["where was Castellan born"], topk=3)
+    with pytest.raises(ValueError, match="latency_s"):
+        DelayedRetriever(bm25, latency_s=-1.0)
 
 
 def test_bm25_save_load_round_trip(tmp_path, corpus_path, bm25):

@@ -12,9 +12,10 @@ from agentjax.envs.python_env import PythonEnv
 from agentjax.envs.retrieval import Document
 from agentjax.envs.sandbox import Sandbox
 from agentjax.envs.search import SearchEnv
-from agentjax.rollout.agent_loop import EpisodeLimits, action_text, run_episode
-from agentjax.rollout.engine import SamplingParams
-from agentjax.rollout.trajectory import Trajectory, collate, observation_token_ids
+from agentjax.rollout.agent_loop import (EpisodeLimits, action_text, run_episode,
+                                        sampled_versions)
+from agentjax.rollout.engine import Completion, SamplingParams
+from agentjax.rollout.trajectory import Trajectory, Turn, collate, observation_token_ids
 from agentjax.models.tokenizer import load_tokenizer, observation_ids, prompt_ids
 from tests.models.qwen_tokenizers import FAMILIES, VARIANTS, qwen_tokenizer_folder
 from tests.rollout.fakes import ScriptedEngine, ToyEnv
@@ -181,6 +182,19 @@ def test_action_text_drops_only_template_tokens(tokenizer):
     assert action_text(tokenizer, ids + [tokenizer.eos_token_id]) == "<answer>Paris</answer>"
 
 
+def test_turns_record_the_weight_version_of_each_token():
+    per_token = Completion([7, 8, 9], [-1.0] * 3, "stop", None,
+                           {"token_versions": [4, 4, 5], "weight_version": 5})
+    assert sampled_versions(per_token) == [4, 4, 5]
+    one_version = Completion([7, 8], [-1.0] * 2, "stop", None, {"weight_version": 3})
+    assert sampled_versions(one_version) == [3, 3]
+    assert sampled_versions(Completion([7], [-1.0], "stop")) == []
+    assert sampled_versions(Completion([7], [-1.0], "stop", None,
+                                       {"weight_version": "default"})) == []
+    with pytest.raises(ValueError, match="versions has 1 entries but action_ids has 2"):
+        Turn([7, 8], [-1.0, -1.0], "stop", versions=[3])
+
+
 def test_limits_validation():
     with pytest.raises(ValueError, match="max_turns"):
         EpisodeLimits(max_turns=0)
@@ -217,6 +231,7 @@ def test_episode_on_the_jax_engine_is_exact(engine, tiny_model, tokenizer, role)
     positions = np.flatnonzero(traj.action_mask)
     expected = [reference_logp(logits[p - 1], 1.0, -1, 1.0)[ids[p]] for p in positions]
     np.testing.assert_allclose(traj.behavior_logp[positions], expected, atol=1e-4)
+    assert all(t.versions == [engine.weight_version] * len(t.action_ids) for t in traj.turns)
     # Re-prefilling every turn from scratch gives the same episode.
     again = _run(_WithoutSessions(engine), ToyEnv(observation_role=role), limits, sampling,
                  tokenizer)

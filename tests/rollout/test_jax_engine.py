@@ -193,6 +193,36 @@ def test_update_weights_changes_outputs_without_recompiling(engine, tiny_model, 
         engine.update_weights(bad)
 
 
+def test_a_swap_during_decoding_is_reported_per_token(engine, tiny_model, tokenizer):
+    """Weights swapped while a sequence decodes: tokens sampled before the swap report
+    the old version, those after it the new one (the same weights here, so the shared
+    engine samples as before)."""
+    params = nnx.split(tiny_model)[1]
+    prompt = _prompts(tokenizer)[0]
+
+    async def swap_while_decoding(seed):
+        old = engine.weight_version
+        calls = engine.stats["decode_calls"]
+        pending = asyncio.ensure_future(engine.generate([GenerateRequest(
+            prompt, SamplingParams(temperature=1.0, max_new_tokens=80, seed=seed))]))
+        while engine.stats["decode_calls"] == calls and not pending.done():
+            await asyncio.sleep(0.001)
+        await asyncio.to_thread(engine.update_weights, params, version=old + 1)
+        [[completion]] = await pending
+        return old, completion
+
+    for seed in range(20):  # a short completion may end before the swap lands
+        old, completion = asyncio.run(swap_while_decoding(seed))
+        versions = completion.meta["token_versions"]
+        assert len(versions) == len(completion.output_ids)
+        assert versions == sorted(versions) and set(versions) <= {old, old + 1}
+        if versions[0] == old and versions[-1] == old + 1:
+            assert completion.meta["weight_version"] == old + 1
+            break
+    else:
+        raise AssertionError("no completion straddled a weight swap in 20 attempts")
+
+
 def test_warmup_compiled_every_program(engine, tokenizer):
     """The fixture ran `warmup`: a workload touching every batch layout, chunk and span
     compiles nothing new, and warming up again is free."""

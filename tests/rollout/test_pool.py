@@ -54,6 +54,16 @@ def test_collect_returns_complete_ordered_groups_with_rewards(tokenizer):
     assert last.tokens_per_s > 0
 
 
+def test_a_pool_with_another_engine_keeps_its_settings(tokenizer):
+    engine = ScriptedEngine(tokenizer, _two_turns(tokenizer))
+    other = ScriptedEngine(tokenizer, _two_turns(tokenizer))
+    with RolloutPool(engine, ToyEnv, tokenizer, concurrency=2, reward_fn=_reward) as pool:
+        rebound = pool.with_engine(other)
+        [group] = rebound.collect_sync(TASKS[:1], group_size=2, sampling=SAMPLING)
+    assert pool.engine is engine and not engine.requests and len(other.requests) == 4
+    assert rebound.concurrency == 2 and group[0].final_reward == 1.0
+
+
 def test_slow_tools_overlap(tokenizer):
     latency, episodes = 0.1, 16
     engine = ScriptedEngine(tokenizer, _two_turns(tokenizer), latency_s=0.005)

@@ -123,26 +123,36 @@ def kill_campaign(config: str, workdir, *overrides, kills: int, seed: int,
                    + [*rng.choice(every, kills % every, replace=False)])
     delays = rng.uniform(0, max_delay_s, size=kills)
     counts = collections.Counter()
-    log_path = f"{workdir}.log"
     for mark, delay in zip(marks, delays):
-        with open(log_path, "w") as log:
-            process = subprocess.Popen(_argv(config, workdir, overrides), stdout=log,
-                                       stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-        deadline = time.time() + timeout_s
-        while process.poll() is None and not PROGRESS[mark][1](str(workdir)):
-            assert time.time() < deadline, f"no {PROGRESS[mark][0]!r} in {timeout_s}s"
-            time.sleep(0.05)
-        time.sleep(delay)
-        if process.poll() is None:
-            counts[f"after {progress(workdir)}"] += 1
-            counts["during a write"] += bool(temporaries(workdir))
-            process.send_signal(signal.SIGKILL)
-        else:
-            counts["finished first"] += 1
-        process.wait()
-        assert process.returncode in (0, -signal.SIGKILL), Path(log_path).read_text()[-4000:]
+        counts[kill_once(config, workdir, *overrides, mark=PROGRESS[mark][0], delay_s=delay,
+                         env=env, timeout_s=timeout_s)] += 1
+        counts["during a write"] += bool(temporaries(workdir))
     train(config, workdir, *overrides, env=env)
     return dict(counts)
+
+
+def kill_once(config: str, workdir, *overrides, mark: str, delay_s: float, env=ONE_DEVICE,
+              timeout_s: float = 600) -> str:
+    """Runs `config` in `workdir` until the PROGRESS mark named `mark` and `delay_s`
+    seconds more, then SIGKILLs it. Returns "after <the mark reached>" or, when the run
+    ended first, "finished first"."""
+    done = dict(PROGRESS)[mark]
+    log_path = f"{workdir}.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(_argv(config, workdir, overrides), stdout=log,
+                                   stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    deadline = time.time() + timeout_s
+    while process.poll() is None and not done(str(workdir)):
+        assert time.time() < deadline, f"no {mark!r} in {timeout_s}s"
+        time.sleep(0.05)
+    time.sleep(delay_s)
+    outcome = "finished first"
+    if process.poll() is None:
+        outcome = f"after {progress(workdir)}"
+        process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode in (0, -signal.SIGKILL), Path(log_path).read_text()[-4000:]
+    return outcome
 
 
 def _weights(folder) -> dict[str, np.ndarray]:
@@ -162,6 +172,8 @@ def differences(reference, workdir) -> list[str]:
                 read_metrics(reference / stage)) != comparable(read_metrics(workdir / stage)):
             found.append(f"{stage or 'RL'} metrics")
     for name in ("sft/eval.json", "final.json"):
+        if not (reference / name).exists():  # a stage this config does not run
+            continue
         want, got = (json.loads((run / name).read_text()) for run in (reference, workdir))
         if comparable([want]) != comparable([got]):
             found.append(name)

@@ -71,6 +71,14 @@ def test_dpo_keeps_its_reference_whatever_the_kl_coefficient():
     assert rows["DPO reference"] == 4 * PARAMS and "KL reference" not in rows
 
 
+def test_async_rollouts_stage_one_more_float32_copy():
+    config = search_config("grpo", "hf")
+    config.rollout.mode = "async"
+    mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    rows = _rows(memory_plan(config, _qwen25_3b(config), mesh, device_bytes=None))
+    assert rows["staged weights"] == 4 * PARAMS
+
+
 def test_fsdp_divides_params_and_data_parallel_divides_the_cache(eight_devices):
     config = search_config("grpo", "hf")
     mesh = parallel.make_mesh({"data": 1, "fsdp": 8, "tensor": 1}, devices=eight_devices)

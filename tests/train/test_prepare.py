@@ -72,11 +72,14 @@ def make_algo(**overrides):
 
 @pytest.fixture(params=[False, True], ids=["eager", "jit"])
 def run(request):
-    """run(algo, batch=None, mask_observations=True, value_fn=None, critic_params=None)."""
+    """run(algo, batch=None, mask_observations=True, value_fn=None, critic_params=None,
+    offpolicy_metrics=False)."""
 
-    def run(algo, batch=None, *, mask_observations=True, value_fn=None, critic_params=None):
+    def run(algo, batch=None, *, mask_observations=True, value_fn=None, critic_params=None,
+            offpolicy_metrics=False):
         prepare = build_prepare(fake_logprob_fn, algo, num_groups=NUM_GROUPS,
-                                mask_observations=mask_observations, value_fn=value_fn)
+                                mask_observations=mask_observations, value_fn=value_fn,
+                                offpolicy_metrics=offpolicy_metrics)
         if request.param:
             prepare = jax.jit(prepare)
         out, metrics = prepare(jnp.asarray(CURRENT), jnp.asarray(REF), critic_params,
@@ -134,6 +137,23 @@ def test_truncated_importance_weights(run):
     expected[ACTION > 0] = [0.5, 1.5, 2.0, 1.0, 2.0, 1.5, 0.5, 1.0, 1.0, 2.0]
     np.testing.assert_allclose(out["is_weights"], expected, **TOL)
     np.testing.assert_allclose(out["old_logp"], CURRENT, **TOL)
+
+
+def test_masked_importance_weights_and_their_metrics(run):
+    """AReaL's bound: a token whose ratio exceeds the cap gets weight 0; the weights'
+    metrics come back when asked for (asynchronous runs), over action tokens."""
+    out, metrics = run(make_algo(tis_cap=2.5, tis_bound="mask"), offpolicy_metrics=True)
+    weights = [0.5, 1.5, 0.0, 1.0, 0.0, 1.5, 0.5, 1.0, 1.0, 2.0]  # 3 and exp(30) masked
+    expected = np.ones((B, T), np.float32)
+    expected[ACTION > 0] = weights
+    np.testing.assert_allclose(out["is_weights"], expected, **TOL)
+    ratios = [np.exp(20.0) if r is None else r for r in _RATIOS]  # log-ratio clamped at 20
+    np.testing.assert_allclose(metrics["is_ratio_mean"], np.mean(ratios), rtol=1e-5)
+    np.testing.assert_allclose(metrics["is_ratio_max"], np.exp(20.0), rtol=1e-5)
+    np.testing.assert_allclose(metrics["is_weight_mean"], np.mean(weights), **TOL)
+    np.testing.assert_allclose(metrics["is_clipfrac"], 0.2, **TOL)
+    _, metrics = run(make_algo(tis_cap=2.5, tis_bound="mask"))
+    assert not any(key.startswith("is_") for key in metrics)
 
 
 def test_mismatch_metrics(run):
