@@ -150,7 +150,7 @@ def collect_groups(trainer, sampler, step: int):
     while len(kept) < r.prompts_per_step:
         drawn = sampler.sample(r.prompts_per_step - len(kept))
         collected = trainer.pool.collect_sync(
-            drawn, r.group_size, sampling=trainer.sampling(step * 100 + rounds),
+            drawn, r.group_size, sampling=trainer.sampling(step, seed_index=step * 100 + rounds),
             first_group_id=0)
         sampler.update(drawn, [np.mean([solved(t, trainer.suite.success_key) for t in g])
                                for g in collected])

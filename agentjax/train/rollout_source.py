@@ -343,7 +343,8 @@ class AsyncSource(_Source):
         step = draw.index // self.per_step
         try:
             [episodes] = await self.pool.collect(
-                [draw.task], self.group_size, sampling=self.trainer.sampling(step * 100),
+                [draw.task], self.group_size,
+                sampling=self.trainer.sampling(step, seed_index=step * 100),
                 first_group_id=draw.index % self.per_step)
             if self.trainer.config.algo.overlong_buffer:
                 rl_loop.shape_overlong(episodes, self.trainer.config.algo)

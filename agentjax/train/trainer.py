@@ -217,14 +217,16 @@ class Trainer:
         save_hf(Decoder(model_config, rngs=nnx.Rngs(config.seed)), model_config, path,
                 tokenizer=tokenizer)
 
-    def sampling(self, step: int) -> SamplingParams:
-        """Rollout sampling at `step` (temperature schedule; a seed per step, so the
-        episodes of a resumed run are those of an uninterrupted one)."""
+    def sampling(self, step: int, seed_index: int | None = None) -> SamplingParams:
+        """Rollout sampling at `step`: the temperature schedule's value there and a seed
+        drawn from `seed_index` (default: step; a step's several draws pass their own),
+        so the episodes of a resumed run are those of an uninterrupted one."""
         r = self.config.rollout
+        index = step if seed_index is None else seed_index
         return SamplingParams(
             temperature=temperature_at(self.config, step), top_p=r.top_p, top_k=r.top_k,
             max_new_tokens=r.max_new_tokens,
-            seed=int(np.random.SeedSequence([self.config.seed, step]).generate_state(1)[0]
+            seed=int(np.random.SeedSequence([self.config.seed, index]).generate_state(1)[0]
                      & 0x7FFFFFFF))
 
     def _batch_shardings(self, batch: dict) -> dict:

@@ -44,7 +44,7 @@ def _trainer(dynamic_sampling, rounds=3):
     config.algo.overlong_buffer = 0
     return types.SimpleNamespace(config=config, pool=_Pool(),
                                  suite=types.SimpleNamespace(success_key="exact_match"),
-                                 sampling=lambda step: step)
+                                 sampling=lambda step, seed_index=None: (step, seed_index))
 
 
 def test_dynamic_sampling_draws_until_every_group_varies():
@@ -54,7 +54,8 @@ def test_dynamic_sampling_draws_until_every_group_varies():
     assert [g[0].task_id for g in groups] == ["varied-0", "varied-1", "varied-2"]
     assert [t.group_id for g in groups for t in g] == [0, 0, 1, 1, 2, 2]
     assert info == {"rollout/rounds": 3, "rollout/kept_groups": 3}
-    assert trainer.pool.seeds == [500, 501, 502]  # Trainer.sampling(step * 100 + round)
+    # The temperature of step 5, a seed per draw (step * 100 + round).
+    assert trainer.pool.seeds == [(5, 500), (5, 501), (5, 502)]
 
 
 def test_set_aside_groups_fill_the_batch_when_the_rounds_run_out():
