@@ -120,7 +120,7 @@ def _trainer(groups, reward_fn=REWARD):
         success_key="exact_match", relabel=RELABEL, reward_fn=reward_fn,
         make_env=env)
     trainer = types.SimpleNamespace(
-        config=config, pool=_Pool(groups), suite=suite, sampling=lambda step: step,
+        config=config, pool=_Pool(groups), suite=suite, sampling=lambda step, seed_index=None: step,
         tokenizer=build_tokenizer(texts, vocab_size=400), logged=[])
     trainer.log = trainer.logged.append
     return trainer

@@ -85,7 +85,8 @@ def _trainer(tmp_path, *, total_steps=6, pool_kwargs=None, **rollout):
     return types.SimpleNamespace(
         config=config, engine=engine, pool=_Pool(engine, **(pool_kwargs or {})),
         suite=types.SimpleNamespace(train_tasks=TASKS, success_key="exact_match"),
-        sampling=lambda step, seed_index=None: SamplingParams(seed=seed_index), workdir=str(tmp_path),
+        sampling=lambda step, seed_index=None: SamplingParams(seed=seed_index),
+        workdir=str(tmp_path),
         is_main=True, log=print,
         sync_weights=lambda params, version=None: engine.update_weights(params,
                                                                          version=version))
