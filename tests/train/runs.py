@@ -87,18 +87,27 @@ def temporaries(workdir) -> list[str]:
                   if name.endswith((".tmp", ".old")) or "orbax-checkpoint-tmp" in name)
 
 
-def kill_when(config: str, workdir, *overrides, when, env=ONE_DEVICE,
-              timeout_s: float = 600) -> None:
-    """Runs `config` in `workdir` and SIGKILLs it as soon as `when(workdir)` holds
-    (asserting it was still running then)."""
+def _start_until(config: str, workdir, overrides, *, until, env, timeout_s: float,
+                 poll_s: float):
+    """Starts `config` in `workdir` (output in <workdir>.log) and returns (process, log
+    path) once `until(workdir)` holds or the run has exited."""
     log_path = f"{workdir}.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(_argv(config, workdir, overrides), stdout=log,
                                    stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     deadline = time.time() + timeout_s
-    while process.poll() is None and not when(str(workdir)):
-        assert time.time() < deadline, f"the kill condition did not hold in {timeout_s}s"
-        time.sleep(0.02)
+    while process.poll() is None and not until(str(workdir)):
+        assert time.time() < deadline, f"the condition did not hold in {timeout_s}s"
+        time.sleep(poll_s)
+    return process, log_path
+
+
+def kill_when(config: str, workdir, *overrides, when, env=ONE_DEVICE,
+              timeout_s: float = 600) -> None:
+    """Runs `config` in `workdir` and SIGKILLs it as soon as `when(workdir)` holds
+    (asserting it was still running then)."""
+    process, log_path = _start_until(config, workdir, overrides, until=when, env=env,
+                                     timeout_s=timeout_s, poll_s=0.02)
     assert process.poll() is None, Path(log_path).read_text()[-4000:]
     process.send_signal(signal.SIGKILL)
     process.wait()
@@ -136,15 +145,9 @@ def kill_once(config: str, workdir, *overrides, mark: str, delay_s: float, env=O
     """Runs `config` in `workdir` until the PROGRESS mark named `mark` and `delay_s`
     seconds more, then SIGKILLs it. Returns "after <the mark reached>" or, when the run
     ended first, "finished first"."""
-    done = dict(PROGRESS)[mark]
-    log_path = f"{workdir}.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(_argv(config, workdir, overrides), stdout=log,
-                                   stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-    deadline = time.time() + timeout_s
-    while process.poll() is None and not done(str(workdir)):
-        assert time.time() < deadline, f"no {mark!r} in {timeout_s}s"
-        time.sleep(0.05)
+    process, log_path = _start_until(config, workdir, overrides,
+                                     until=dict(PROGRESS)[mark], env=env,
+                                     timeout_s=timeout_s, poll_s=0.05)
     time.sleep(delay_s)
     outcome = "finished first"
     if process.poll() is None:
