@@ -151,7 +151,7 @@ def check_request(index: int, request: GenerateRequest) -> str:
     s = request.sampling
     where = f"requests[{index}]"
     try:
-        ids = [operator.index(t) for t in request.input_ids]
+        ids = list(map(operator.index, request.input_ids))
     except TypeError:
         ids = []
     if not ids or min(ids) < 0:

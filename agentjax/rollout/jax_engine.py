@@ -93,6 +93,7 @@ from agentjax.rollout.device_programs import (COMPILE_COUNTS, decode, engine_wei
 from agentjax.rollout.engine import (Completion, GenerateRequest, SamplingParams,
                                      check_request, reported_distribution)
 from agentjax.rollout.program_shapes import ProgramShapes
+from agentjax.rollout.sampling import fold_in_data, prng_key_data
 from agentjax.rollout.slots import SlotTable
 
 
@@ -241,7 +242,7 @@ class JaxEngine:
         self._table = SlotTable(max_slots, evict_parked=not deterministic, stats=self.stats)
         self._waiting: collections.deque[_Sequence] = collections.deque()
         self._inbox: queue.Queue = queue.Queue()
-        self._base_key = jax.random.PRNGKey(seed)
+        self._base_key = prng_key_data(seed)
         self._unseeded = itertools.count()
         self.weight_version = 0
         self._closed = False
@@ -375,12 +376,12 @@ class JaxEngine:
     def _make_sequence(self, request: GenerateRequest, sample_index: int, loop) -> _Sequence:
         s = request.sampling
         if s.seed is None:
-            base = jax.random.fold_in(self._base_key, next(self._unseeded))
+            base = fold_in_data(self._base_key, next(self._unseeded))
         else:
-            base = jax.random.fold_in(jax.random.PRNGKey(s.seed), sample_index)
+            base = fold_in_data(prng_key_data(s.seed), sample_index)
         return _Sequence(
-            input_ids=tuple(int(t) for t in request.input_ids), sampling=s,
-            session_id=request.session_id, key=np.asarray(base, np.uint32),
+            input_ids=tuple(map(int, request.input_ids)), sampling=s,
+            session_id=request.session_id, key=base,
             stop_ids=frozenset(s.stop_token_ids) | frozenset(self.eos_token_ids),
             stop_strings=_StopStrings(self.tokenizer, s.stop),
             future=loop.create_future(), loop=loop)

@@ -52,10 +52,12 @@ Weights (docs/advanced_features/sglang_for_rl.md, "pause_generation --- update w
 """
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 from typing import Any, Sequence
 
-import httpx
+import aiohttp
 import numpy as np
 
 from agentjax.rollout.engine import Completion, GenerateRequest, SamplingParams, check_request
@@ -233,29 +235,35 @@ def parse_generate_response(body: Any, *, where: str, rid: str, prompt_len: int,
     return Completion(list(output_ids), logprobs, reason["type"], matched, meta)
 
 
-async def answers_health(client: httpx.AsyncClient, url: str, timeout_s: float) -> bool:
+async def answers_health(client: aiohttp.ClientSession, url: str, timeout_s: float) -> bool:
     """True when GET url/health answers 200 within timeout_s."""
     try:
-        response = await client.get(url + "/health", timeout=timeout_s)
-    except httpx.HTTPError:
+        async with client.get(url + "/health",
+                              timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            return response.status == 200
+    except (aiohttp.ClientError, asyncio.TimeoutError):
         return False
-    return response.status_code == 200
 
 
-async def load_weights(client: httpx.AsyncClient, url: str, folder: str, version: int,
+async def read_answer(response: aiohttp.ClientResponse) -> tuple[int, Any, str]:
+    """(HTTP status, the body parsed as JSON or None, the body's text)."""
+    text = await response.text()
+    try:
+        return response.status, json.loads(text), text
+    except ValueError:
+        return response.status, None, text
+
+
+async def load_weights(client: aiohttp.ClientSession, url: str, folder: str, version: int,
                        timeout_s: float) -> str | None:
     """Pause, load `folder` as `version`, continue (module docstring); None, or why it
     failed."""
     async def call(path: str, body: dict) -> None:
-        response = await client.post(url + path, json=body, timeout=timeout_s)
-        try:
-            answer = response.json()
-        except ValueError:
-            answer = None
-        if response.status_code >= 300 or (isinstance(answer, dict)
-                                           and answer.get("success") is False):
-            raise RuntimeError(f"{path}: HTTP {response.status_code}: "
-                               f"{error_message(answer, response.text[:200])}")
+        async with client.post(url + path, json=body,
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            code, answer, text = await read_answer(response)
+        if code >= 300 or (isinstance(answer, dict) and answer.get("success") is False):
+            raise RuntimeError(f"{path}: HTTP {code}: {error_message(answer, text[:200])}")
 
     try:
         await call("/pause_generation", {"mode": "abort"})
@@ -264,6 +272,7 @@ async def load_weights(client: httpx.AsyncClient, url: str, folder: str, version
                 "model_path": folder, "weight_version": str(version), "flush_cache": True})
         finally:
             await call("/continue_generation", {})
-    except (httpx.HTTPError, RuntimeError) as error:
-        return f"loading weights version {version} from {folder} failed: {error}"
+    except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError) as error:
+        return (f"loading weights version {version} from {folder} failed: "
+                f"{type(error).__name__}: {error}")
     return None

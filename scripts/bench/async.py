@@ -3,11 +3,13 @@ success after the same number of steps, and both over rollout.max_staleness.
 
     python scripts/bench/async.py [--config configs/grpo_search.py:cpu] [--steps 10]
         [--latency 0.5] [--staleness 0,1,2,4] [--partial] [--seeds 0]
-        [--warm_start WORKDIR] [--out runs/bench_async] [-- --config.key=value ...]
+        [--warm_start WORKDIR] [--in_flight N] [--out runs/bench_async]
+        [-- --config.key=value ...]
 
 Every arm is one `scripts/train.py` RL run from the same warm start, in one invocation:
 `sync`, then `async` at each max_staleness (interruption off; `--partial` adds each with
-interruption on). Every search answers after --latency seconds (retrieval.latency_s: a
+interruption on; --in_flight N adds each with N episodes in flight, below). Every
+search answers after --latency seconds (retrieval.latency_s: a
 remote retrieval server). The warm start is a short SFT run (--warm_pretrain_steps,
 --warm_sft_steps) made first, or --warm_start: an HF folder or a folder holding one as
 hf/ (`init_from`), e.g. a main-job run's <workdir>/sft: held-out success is only worth comparing from a policy that
@@ -34,17 +36,26 @@ SCALE = {"rollout.prompts_per_step": 4, "rollout.group_size": 4,
 
 
 def arms(staleness: list[int], partial: bool, latency: float, steps: int,
-         warm_start: str) -> list[dict]:
+         warm_start: str, in_flight: int | None = None) -> list[dict]:
+    """The arms' runs. `in_flight` adds async arms keeping that many episodes in flight
+    (rollout.concurrency and engine_slots): a synchronous step has one step's episodes
+    (16) to run, so more rows would only make its batch-invariant decode dearer, while
+    an asynchronous producer can run the next step's episodes beside this step's."""
     common = {"init_from": warm_start, "retrieval.latency_s": latency,
               "total_steps": steps, "eval.every": 0, "checkpoint.every": 0,
               "log.progress": False, **SCALE}
     out = [{"name": "sync", "overrides": {**common, "rollout.mode": "sync"}}]
-    for interrupt in (False, True) if partial else (False,):
-        for s in staleness:
-            out.append({"name": f"async_s{s}" + ("_partial" if interrupt else ""),
-                        "overrides": {**common, "rollout.mode": "async",
-                                      "rollout.max_staleness": s,
-                                      "rollout.partial_rollouts": interrupt}})
+    widths = [None] + ([in_flight] if in_flight else [])
+    for width in widths:
+        wide = {} if width is None else {"rollout.concurrency": width,
+                                         "rollout.engine_slots": width}
+        for interrupt in (False, True) if partial else (False,):
+            for s in staleness:
+                name = (f"async_s{s}" + ("_partial" if interrupt else "")
+                        + ("" if width is None else f"_f{width}"))
+                out.append({"name": name, "overrides": {
+                    **common, **wide, "rollout.mode": "async", "rollout.max_staleness": s,
+                    "rollout.partial_rollouts": interrupt}})
     return out
 
 
@@ -119,6 +130,8 @@ def main(argv=None) -> int:
                         help="init_from of every arm, e.g. a finished run's <workdir>/sft")
     parser.add_argument("--warm_pretrain_steps", type=int, default=0)
     parser.add_argument("--warm_sft_steps", type=int, default=40)
+    parser.add_argument("--in_flight", type=int, default=None,
+                        help="also every async arm with this many episodes in flight")
     parser.add_argument("--out", default="runs/bench_async")
     parser.add_argument("extra", nargs="*", help="flags passed to every train.py run")
     args = parser.parse_args(argv)
@@ -142,7 +155,7 @@ def main(argv=None) -> int:
         warm_start = args.warm_start or os.path.join(args.out, "warm_start", f"seed{seed}",
                                                      "sft")
         runs += plan.expand(arms(staleness, args.partial, args.latency, args.steps,
-                                 warm_start), [seed], args.out)
+                                 warm_start, args.in_flight), [seed], args.out)
     status.update(launch.run_all(runs, lambda run: plan.train_command(
         run, args.config, extra_args=args.extra)))
     text = report(runs, config_arg=args.config, latency=args.latency, steps=args.steps,

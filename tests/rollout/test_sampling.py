@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentjax.rollout.sampling import (filter_logits, first_argmax, gumbel_noise, sample,
-                                       threefry_2x32)
+from agentjax.rollout.sampling import (filter_logits, first_argmax, fold_in_data, gumbel_noise,
+                                       prng_key_data, sample, threefry_2x32)
 from tests.rollout.reference import reference_logp
 
 
@@ -109,6 +109,20 @@ def test_first_argmax_and_gumbel_noise_match_jax():
     for row, key in enumerate(keys):
         expected = np.asarray(jax_threefry(key, np.concatenate([x0[row], x1[row]])))
         np.testing.assert_array_equal(np.concatenate([y0[row], y1[row]]), expected)
+
+
+def test_host_keys_are_jax_random_keys_bit_for_bit():
+    """prng_key_data / fold_in_data (numpy, no dispatch) equal jax.random.PRNGKey and
+    fold_in for seeds and counters across the uint32 range; out-of-range data raises."""
+    for seed in (0, 1, 7, 2**31 - 1, 2**31, 2**32 - 1, 2**40):
+        np.testing.assert_array_equal(prng_key_data(seed), np.asarray(jax.random.PRNGKey(seed)))
+        key = prng_key_data(seed)
+        for data in (0, 1, 3, 2**31 + 5, 2**32 - 1):
+            np.testing.assert_array_equal(
+                fold_in_data(key, data), np.asarray(jax.random.fold_in(key, data)))
+            assert fold_in_data(key, data).dtype == np.uint32
+    with pytest.raises(ValueError, match="uint32"):
+        fold_in_data(prng_key_data(0), 2**32)
 
 
 def test_sample_rejects_bad_shapes():

@@ -20,6 +20,15 @@ def test_arms_are_sync_then_async_at_each_staleness():
     assert arms[4]["overrides"]["rollout.partial_rollouts"] is True
 
 
+def test_in_flight_adds_wider_async_arms_and_leaves_sync_alone():
+    arms = bench.arms([1], partial=False, latency=0.5, steps=4, warm_start="/w", in_flight=32)
+    assert [a["name"] for a in arms] == ["sync", "async_s1", "async_s1_f32"]
+    assert arms[0]["overrides"]["rollout.concurrency"] == 16
+    assert arms[1]["overrides"]["rollout.engine_slots"] == 16
+    assert (arms[2]["overrides"]["rollout.concurrency"],
+            arms[2]["overrides"]["rollout.engine_slots"]) == (32, 32)
+
+
 def _run(folder, rows, final):
     os.makedirs(folder)
     with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
