@@ -1,12 +1,16 @@
 """Offline vs online from the same SFT agent: RFT, offline DPO, online DPO and GRPO.
 
     python scripts/bench/offline_vs_online.py [--variant cpu] [--seeds 0,1,2]
-        [--out runs/offline_vs_online] [--methods grpo,rft,dpo_offline,dpo_online]
-        [-- --config.key=value ...]
+        [--sft_from WORKDIR] [--out runs/offline_vs_online]
+        [--methods grpo,rft,dpo_offline,dpo_online] [-- --config.key=value ...]
 
 Per seed, one SFT run (configs/sft_search.py: the pretraining and SFT of the main job,
 configs/grpo_search.py, on that seed) and then every method from its exported policy
-(`init_from`), each a `scripts/train.py` run of its config's variant:
+(`init_from`), each a `scripts/train.py` run of its config's variant. With --sft_from
+(a finished main-job or SFT run's workdir) every seed starts from that one SFT agent
+instead, in its world (its data.world_seed; the seeds then vary the methods' own
+randomness only), and its final.json gives the SFT row. Runs go seed by seed, so an
+interrupted comparison has whole seeds:
   grpo         configs/grpo_search.py
   rft          configs/rft_search.py
   dpo_offline  configs/dpo_search.py, the "offline" arm of its "online" sweep (pairs
@@ -48,16 +52,26 @@ def sft_policy(out: str, seed: int) -> str:
     return os.path.join(out, "sft", f"seed{seed}", "sft")
 
 
-def planned_runs(methods: list[str], seeds: list[int], out: str) -> tuple[list, list]:
-    """(SFT runs, method runs): plan.Run's with the seed keys (and init_from) set."""
-    sft = plan.expand([{"name": "sft", "overrides": {}}], seeds, out)
+def planned_runs(methods: list[str], seeds: list[int], out: str,
+                 sft_from: str | None = None) -> tuple[list, list]:
+    """(SFT runs, method runs, seed-major): plan.Run's with the seed keys and init_from
+    set. With `sft_from`, each seed's SFT "run" is that finished workdir and the methods
+    start from its export, in its world."""
+    if sft_from:
+        with open(os.path.join(sft_from, "config.json")) as f:
+            world = {"data.world_seed": json.load(f)["data"]["world_seed"]}
+        sft = [plan.Run("sft", seed, {}, sft_from) for seed in seeds]
+    else:
+        world, sft = {}, plan.expand([{"name": "sft", "overrides": {}}], seeds, out)
     runs = []
     for method in methods:
         for run in plan.expand([{"name": method, "overrides": OVERRIDES.get(method, {})}],
                                seeds, out):
+            start = (os.path.join(sft_from, "sft") if sft_from
+                     else sft_policy(out, run.seed))
             runs.append(plan.Run(run.arm, run.seed, {
-                **run.overrides, "init_from": sft_policy(out, run.seed)}, run.workdir))
-    return sft, runs
+                **run.overrides, **world, "init_from": start}, run.workdir))
+    return sft, sorted(runs, key=lambda run: run.seed)
 
 
 def episodes(workdir: str, final: dict) -> int | None:
@@ -129,19 +143,25 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--out", default="runs/offline_vs_online")
     parser.add_argument("--methods", default="grpo,rft,dpo_offline,dpo_online")
+    parser.add_argument("--sft_from", default="",
+                        help="a finished main-job or SFT run's workdir: every seed starts "
+                             "from its SFT agent (default: one SFT run per seed)")
     parser.add_argument("extra", nargs="*", help="flags passed to every train.py run")
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
     unknown = sorted(set(methods) - set(CONFIGS) | ({"sft"} & set(methods)))
     if unknown:
         parser.error(f"unknown --methods {unknown}; choose from {sorted(set(CONFIGS) - {'sft'})}")
-    sft_runs, runs = planned_runs(methods, plan.parse_seeds(args.seeds), args.out)
+    if args.sft_from and launch.read_final(args.sft_from) is None:
+        parser.error(f"--sft_from {args.sft_from}: not a finished run (no final.json)")
+    sft_runs, runs = planned_runs(methods, plan.parse_seeds(args.seeds), args.out,
+                                  args.sft_from or None)
 
     def command(run):
         config = f"{CONFIGS[run.arm]}:{args.variant}"
         return plan.train_command(run, config, extra_args=args.extra)
 
-    status = launch.run_all(sft_runs, command)
+    status = {} if args.sft_from else launch.run_all(sft_runs, command)
     failed = [name for name, s in status.items() if s.startswith("failed")]
     launch.run_all([r for r in runs if f"sft/seed{r.seed}" not in failed], command)
     text = report(sft_runs, runs, variant=args.variant)
