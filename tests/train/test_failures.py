@@ -20,8 +20,8 @@ def _config(**overrides):
     config.checkpoint.async_save = False
     config.rollout.prompts_per_step = 4  # 8 rows: one per device of the 8-device tests
     for dotted, value in overrides.items():
-        section, key = dotted.split("__")
-        config[section][key] = value
+        *section, key = dotted.split("__")
+        (config[section[0]] if section else config)[key] = value
     return config
 
 
@@ -105,3 +105,29 @@ def test_a_token_budget_beyond_the_model_positions_is_a_setup_error(tmp_path):
     with pytest.raises(ValueError, match=r"'rollout.max_tokens' is 384, beyond the model's "
                                          r"max_position_embeddings=256"):
         trainer_lib.Trainer(_config(), str(tmp_path))
+
+
+def test_an_async_producer_failure_checkpoints_and_the_rerun_resumes(tmp_path, capsys):
+    """The producer's error (here the pool raising on the second step's first group)
+    stops an asynchronous run with that error after a checkpoint of the step it stopped
+    at (the learner raises it as soon as it sees it: before or after training step 1,
+    depending on timing); a rerun resumes there and finishes."""
+    config = _config(rollout__mode="async", total_steps=3, checkpoint__every=0)
+    trainer = trainer_lib.Trainer(config, str(tmp_path))
+    collect, calls = trainer.pool.collect, []
+
+    async def failing(tasks, *args, **kwargs):
+        calls.append(tasks)
+        if len(calls) == config.rollout.prompts_per_step + 1:
+            raise OSError("pool broke")
+        return await collect(tasks, *args, **kwargs)
+
+    trainer.pool.collect = failing
+    with pytest.raises(rl_loop.rollout_source.RolloutProducerError, match="OSError: pool broke"):
+        trainer.run()
+    [stopped_at] = Checkpointer(tmp_path / "checkpoints", every=0)._manager.all_steps()
+    assert stopped_at in (0, 1)
+    capsys.readouterr()
+    trainer_lib.Trainer(config, str(tmp_path)).run()
+    assert f"RL: resumed at step {stopped_at}" in capsys.readouterr().out
+    assert [row["step"] for row in read_metrics(str(tmp_path))][-1] == 3
