@@ -246,6 +246,8 @@ class SGLangEngine:
                                  "weights_dir to the constructor (or pass an exported folder)")
             folder = os.path.join(self.weights_dir, f"v{version:08d}")
             self.export_fn(weights, folder)
+            if folder in self._exported:  # a version exported again: one folder to prune
+                self._exported.remove(folder)
             self._exported.append(folder)
         for server in self.servers:
             server.updating = True

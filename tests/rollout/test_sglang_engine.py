@@ -230,7 +230,7 @@ def test_server_killed_mid_rollout_loses_nothing_rejoins_and_all_down_is_an_erro
 
 
 def _export(params, folder):
-    os.makedirs(folder)
+    os.makedirs(folder, exist_ok=True)  # as save_hf: a re-export overwrites
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump({"params": params}, f)
 
@@ -256,8 +256,10 @@ def test_weight_sync_order_versions_folders_and_failed_servers(tmp_path):
                          else b.generate_bodies()[-1], version="1")
 
         engine.update_weights({"step": 2}, version=5)
+        engine.update_weights({"step": 2.5}, version=5)  # re-exported: still one folder
         engine.update_weights({"step": 3})  # version 6
         assert sorted(os.listdir(tmp_path / "w")) == ["v00000005", "v00000006"]  # keep 2
+        assert not any("could not delete" in line for line in logs)
         given = str(tmp_path / "given")
         _export({"step": "given"}, given)
         engine.update_weights(given, version=9)
