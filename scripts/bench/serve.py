@@ -22,8 +22,9 @@ SGLangEngine over local servers for "sglang"; the servers are serve_main process
    SGLangEngine sends none (SGLang reuses prefixes through its radix cache, which
    agentjax's server does not have), so on serve_main every turn re-prefills its whole
    context; that row separates re-prefilling from HTTP.
-2. failover: the same rollout over two servers, one SIGKILLed once half the episodes have
-   finished, vs none killed. Every episode is counted (one per task and member, none
+2. failover: the same rollout over two servers, one SIGKILLed with requests in flight
+   once a quarter of the episodes have finished (at three quarters regardless), vs none
+   killed. Every episode is counted (one per task and member, none
    failed) and compared token for token with an uninterrupted run: requests are seeded
    and the engines batch-invariant, so a request re-issued on the other server samples
    what it would have sampled on the first; "0 lost, 0 differ" is checked, not assumed.
@@ -307,7 +308,12 @@ def bench_failover(work: Workload, servers: LocalServers, repeats: int, referenc
         killed = []
 
         def kill_midway(progress):
-            if not killed and progress.episodes_done >= total // 2:
+            # At the first episode end after a quarter of them at which the victim has
+            # requests in flight (so some are re-issued: with every episode started at
+            # once, its pinned sessions may all have ended by half-time), or at three
+            # quarters regardless.
+            due = progress.episodes_done >= total // 4 and engine.servers[1].outstanding
+            if not killed and (due or progress.episodes_done >= 3 * total // 4):
                 os.kill(victim.pids[index], signal.SIGKILL)
                 killed.append(progress.episodes_done)
         try:
