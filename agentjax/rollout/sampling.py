@@ -97,9 +97,9 @@ def threefry_2x32(key: jax.Array, x0: jax.Array,
 
 
 def prng_key_data(seed: int) -> np.ndarray:
-    """`jax.random.PRNGKey(seed)`'s raw key data (uint32 [2]), made on the host: a JAX
-    call per request costs a device dispatch on the thread that takes requests (measured
-    ~28% of a rollout server's request-handling thread)."""
+    """`jax.random.PRNGKey(seed)`'s raw key data (uint32 [2]), made on the host: JAX
+    calls per request cost device dispatches on the thread that takes requests (~28% of
+    a rollout server's request-thread samples under py-spy when JaxEngine used them)."""
     if 0 <= seed < 2**32:
         return np.array([0, seed], np.uint32)  # threefry_seed of a 32-bit seed
     return np.asarray(jax.random.PRNGKey(seed), np.uint32)
