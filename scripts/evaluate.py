@@ -6,12 +6,12 @@
 Uses the run's own config (<workdir>/config.json) to rebuild its world, env and reward;
 `--model` is any HF folder of a policy (default: the run's final export <workdir>/hf).
 """
-import json
 import os
 
 import numpy as np
 from absl import app, flags, logging
 
+from agentjax import atomic
 from agentjax.train.config import exit_on_config_error, is_run_folder
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "the run folder (has config.json)")
@@ -48,8 +48,7 @@ def main(argv):
     trainer.close()
     for key, value in sorted(results.items()):
         print(f"{key:40s} {value:.4f}")
-    with open(os.path.join(out_dir, f"{_SPLIT.value}.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    atomic.write_json(os.path.join(out_dir, f"{_SPLIT.value}.json"), results)
 
 
 if __name__ == "__main__":
