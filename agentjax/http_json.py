@@ -3,8 +3,9 @@ can heal.
 
 The clients of this project's HTTP peers (envs.retrieval.HttpRetriever: a retrieval
 server; rewards.judge_http.ChatJudgeModel: an OpenAI-compatible judge) share this one
-policy: a connection error, a timeout, an HTTP 5xx or a reply of the wrong shape is
-retried with exponential backoff; any status other than 200 and 5xx fails at once (a
+policy: a connection error, a timeout, an HTTP 5xx or a reply of the wrong shape (or
+larger than `max_bytes`: it is read in chunks and dropped past the limit, so a hostile
+peer cannot fill the trainer's memory) is retried with exponential backoff; any status other than 200 and 5xx fails at once (a
 client error does not heal on retry); after the last attempt the error names the URL
 and the last failure.
 """
@@ -17,10 +18,12 @@ from typing import Any, Callable, TypeVar
 import httpx
 
 T = TypeVar("T")
+MAX_REPLY_BYTES = 64 * 2**20  # far above any retrieval or judge reply
 
 
 def post_json(client: httpx.Client, url: str, payload: Any, *, parse: Callable[[Any], T],
-              error: type[Exception], retries: int, backoff_s: float) -> T:
+              error: type[Exception], retries: int, backoff_s: float,
+              max_bytes: int = MAX_REPLY_BYTES) -> T:
     """`parse(reply JSON)` of the first attempt that gets a well-formed 200 reply.
 
     Args:
@@ -34,6 +37,7 @@ def post_json(client: httpx.Client, url: str, payload: Any, *, parse: Callable[[
       error: the exception type raised (and the one `parse` raises).
       retries: extra attempts after a failed one.
       backoff_s: the first retry's delay in seconds, doubled for each further one.
+      max_bytes: the largest reply body read.
 
     Raises:
       error: at once on an HTTP status other than 200 and 5xx; after `retries + 1`
@@ -45,18 +49,23 @@ def post_json(client: httpx.Client, url: str, payload: Any, *, parse: Callable[[
         if attempt:
             time.sleep(backoff_s * 2 ** (attempt - 1))
         try:
-            response = client.post(url, content=body,
-                                   headers={"Content-Type": "application/json"})
+            with client.stream("POST", url, content=body,
+                               headers={"Content-Type": "application/json"}) as response:
+                data = _read_at_most(response, max_bytes)
         except httpx.HTTPError as e:
             failures.append(f"{type(e).__name__}: {e}")
             continue
+        if data is None:
+            failures.append(f"malformed response: larger than {max_bytes} bytes")
+            continue
+        text = data[:200].decode("utf-8", "replace")
         if response.status_code >= 500:
-            failures.append(f"HTTP {response.status_code}: {response.text[:200]}")
+            failures.append(f"HTTP {response.status_code}: {text}")
             continue
         if response.status_code != 200:
-            raise error(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
+            raise error(f"{url}: HTTP {response.status_code}: {text}")
         try:
-            reply = response.json()
+            reply = json.loads(data)
         except (ValueError, RecursionError) as e:  # not JSON (or nested past parsing)
             failures.append(f"malformed response: not JSON ({type(e).__name__})")
             continue
@@ -65,3 +74,14 @@ def post_json(client: httpx.Client, url: str, payload: Any, *, parse: Callable[[
         except error as e:
             failures.append(str(e))
     raise error(f"{url}: {retries + 1} attempts failed; last: {failures[-1]}")
+
+
+def _read_at_most(response: httpx.Response, max_bytes: int) -> bytes | None:
+    """The body of a streamed response, or None once it exceeds max_bytes."""
+    chunks, size = [], 0
+    for chunk in response.iter_bytes():
+        size += len(chunk)
+        if size > max_bytes:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
