@@ -141,18 +141,18 @@ def rft_stage(trainer) -> OfflineStage:
 
     def collect(params, step):
         index = step // window
+        earlier = kept_before(index) if rft.accumulate else []
 
         def write(path):
             groups, info = _rollouts(trainer, params, step, rft.tasks, index)
-            seen = {episode_key(t) for t in kept_before(index)} if rft.accumulate else set()
-            kept = rft_set(groups, min_reward=rft.min_reward, seen=seen)
+            kept = rft_set(groups, min_reward=rft.min_reward,
+                           seen={episode_key(t) for t in earlier})
             if kept:
                 write_episodes(path, kept, trainer.tokenizer)
             return {**info, "data/kept": len(kept)}
 
         path, info = _stored(trainer, index, write)
-        items = (kept_before(index) if rft.accumulate else []) + _round_episodes(
-            path, info, bounds) + own
+        items = earlier + _round_episodes(path, info, bounds) + own
         if not items:
             raise ValueError(
                 f"RFT round {index + 1}: no episode of {info['data/episodes']} reached "

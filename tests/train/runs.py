@@ -30,6 +30,13 @@ TIMING = ("time/", "rollout/tokens_per_s")
 ONE_DEVICE = {**os.environ, "XLA_FLAGS": ""}
 
 
+def cached_env(folder) -> dict:
+    """ONE_DEVICE with a persistent compilation cache in `folder`: runs sharing it
+    compile nothing an earlier one compiled (a restart then costs no compilation)."""
+    return {**ONE_DEVICE, "JAX_COMPILATION_CACHE_DIR": str(folder),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+
+
 def _argv(config: str, workdir, overrides) -> list[str]:
     return [sys.executable, TRAIN, f"--config={ROOT}/configs/{config}",
             f"--workdir={workdir}", *overrides]

@@ -14,11 +14,8 @@ CONFIG = "grpo_search.py:test"
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    """Every run of this module shares a compilation cache: a restart compiles
-    nothing the uninterrupted run compiled."""
-    return {**runs.ONE_DEVICE,
-            "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("xla")),
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    """Every run of this module shares a compilation cache."""
+    return runs.cached_env(tmp_path_factory.mktemp("xla"))
 
 
 @pytest.fixture(scope="module")
