@@ -10,9 +10,9 @@ Real model (local HF folder):
     python scripts/train.py --config configs/dapo_search.py:hf \
         --config.model.path=/data/Qwen2.5-3B --workdir=/ckpt/dapo-search
 
-Variants: cpu, hf, test (see agentjax/train/presets.py). Ablations: sweep(name).
+Variants: cpu, hf, test (see agentjax/config/presets.py). Ablations: sweep(name).
 """
-from agentjax.train import presets
+from agentjax.config import presets
 
 
 def get_config(arg=None):

@@ -8,7 +8,7 @@ checked exactly.
 
 Needs bubblewrap (`apt-get install -y bubblewrap`). Variants: cpu, hf, test.
 """
-from agentjax.train import presets
+from agentjax.config import presets
 
 
 def get_config(arg=None):

@@ -17,7 +17,7 @@ Variants: cpu (default on CPU backends), hf (default elsewhere), test (seconds; 
 Ablations: `python scripts/sweep.py --config configs/grpo_search.py --sweep NAME`
 with NAME in `sweep()`.
 """
-from agentjax.train import presets
+from agentjax.config import presets
 
 
 def get_config(arg=None):

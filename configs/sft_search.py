@@ -10,7 +10,7 @@ The run exports its policy to <workdir>/hf (an HF checkpoint + tokenizer), which
 `init_from` (and scripts/evaluate.py, SGLang) read.
 Variants: cpu (default on CPU), hf (a local HF model), test. Ablations: sweep(name).
 """
-from agentjax.train import presets
+from agentjax.config import presets
 
 
 def get_config(arg=None):

@@ -10,7 +10,7 @@ import os
 
 from absl import app, flags, logging
 
-from agentjax.train.config import exit_on_config_error, is_run_folder
+from agentjax.config.schema import exit_on_config_error, is_run_folder
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "the run folder (has config.json)")
 _OUT = flags.DEFINE_string("out", None, "output HF folder")
@@ -28,7 +28,7 @@ def main(argv):
     from flax import nnx
 
     from agentjax.models import save_hf
-    from agentjax.train.config import load_saved
+    from agentjax.config.schema import load_saved
     from agentjax.train.trainer import Trainer
 
     config = load_saved(os.path.join(_WORKDIR.value, "config.json"))

@@ -2,11 +2,11 @@
 
     python scripts/serve.py --model-path runs/grpo_search/hf --port 30000 [--lanes 2]
 
-The server lives in the package (`agentjax/rollout/serve_main.py`: flags, start-up,
-shutdown), so a trainer can launch it as `python -m agentjax.rollout.serve_main`
+The server lives in the package (`agentjax/sglang/server/main.py`: flags, start-up,
+shutdown), so a trainer can launch it as `python -m agentjax.sglang.server.main`
 wherever agentjax is installed.
 """
-from agentjax.rollout.serve_main import main
+from agentjax.sglang.server.main import main
 
 if __name__ == "__main__":
     main()

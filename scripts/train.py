@@ -16,8 +16,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from agentjax.train.config import exit_on_config_error, validate
-from agentjax.train.preflight import MissingDependency, check_runtime
+from agentjax.config.schema import exit_on_config_error, validate
+from agentjax.config.preflight import MissingDependency, check_runtime
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "config file[:variant]",
                                           lock_config=True)
@@ -48,8 +48,8 @@ def main(argv):
         fail(error, status=2)
     logging.set_verbosity(logging.WARNING)
     enable_compilation_cache()
-    from agentjax.rollout.engine import EnginesUnavailable
-    from agentjax.rollout.launch import ServerStartError
+    from agentjax.engine.protocol import EnginesUnavailable
+    from agentjax.sglang.launch import ServerStartError
     from agentjax.train.episodes import EpisodesFailed
     from agentjax.train.trainer import Trainer, TrainingDiverged
 

@@ -35,3 +35,5 @@ def eight_devices():
     if len(devices) < 8:
         pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
     return devices[:8]
+
+pytest_plugins = ["tests.engine_fixtures"]  # the shared tiny engine of the engine / agents / sglang tests

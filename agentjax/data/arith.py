@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agentjax.envs.base import Task
+from agentjax.core.task import Task
 
 DATA_SOURCE = "synthetic_arith"
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from agentjax.envs.base import Task
+from agentjax.core.task import Task
 
 
 class Sampler(Protocol):

@@ -45,11 +45,11 @@ from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from agentjax.choices import GUESSES
+from agentjax.config.choices import GUESSES
 from agentjax.data.world import RELATIONS, Entity, parse_question
-from agentjax.envs.base import EpisodeLog, Task
+from agentjax.core.task import EpisodeLog, Task
 from agentjax.envs.parsers import parse_search_r1
-from agentjax.jsonl import read_jsonl
+from agentjax.core.jsonl import read_jsonl
 from agentjax.rewards.outcome import episode_answer, exact_match
 
 _MALFORMED = ("{q}", "<query> {q} </query>", "<search> </search>", "<search> {q} </answer>")

@@ -10,14 +10,14 @@ X?"), whose answer is exactly what the episode said. Only prefixes of the origin
 from the original start entity are considered: the episode's searches then are a sound
 demonstration for the new question too (answers reached by other paths are left alone).
 The RL stage relabels whole groups with it when `data.hindsight` is set
-(train/hindsight.py).
+(agents/hindsight.py).
 """
 from __future__ import annotations
 
 from typing import Collection
 
 from agentjax.data.world import World
-from agentjax.envs.base import EpisodeLog, Task
+from agentjax.core.task import EpisodeLog, Task
 from agentjax.rewards.outcome import episode_answer, exact_match
 
 

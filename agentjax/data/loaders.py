@@ -31,10 +31,10 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from agentjax.envs.base import Task
-from agentjax.envs.search import DEFAULT_INSTRUCTION
+from agentjax.core.task import Task
+from agentjax.envs.search.env import DEFAULT_INSTRUCTION
 from agentjax.envs.turns import check_instruction, fill_question
-from agentjax.jsonl import read_jsonl
+from agentjax.core.jsonl import read_jsonl
 
 class RowError(NamedTuple):
     """A row that did not load: its 0-based index in the file and why."""

@@ -29,14 +29,14 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from agentjax import atomic
-from agentjax.jsonl import read_jsonl
-from agentjax.rollout.trajectory import Trajectory, Turn
+from agentjax.core import atomic
+from agentjax.core.jsonl import read_jsonl
+from agentjax.core.trajectory import Trajectory, Turn
 
 EPISODE_KEYS = ("token_ids", "action_mask", "task_id", "reward", "text")
 PAIR_KEYS = ("chosen", "rejected", "task_id", "level", "shared_tokens")
 # "trajectory": two episodes of one task; "turn": two that share a prefix token for
-# token and diverge at one agent turn (rollout/branching.py).
+# token and diverge at one agent turn (agents/branching.py).
 PAIR_LEVELS = ("trajectory", "turn")
 
 

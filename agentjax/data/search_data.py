@@ -25,9 +25,9 @@ from typing import Any, Mapping, NamedTuple, Sequence
 from agentjax.data import demonstrators as demo_lib
 from agentjax.data.loaders import write_corpus_jsonl, write_search_r1_parquet
 from agentjax.data.world import World, WorldConfig, build_world
-from agentjax.envs.base import Task
+from agentjax.core.task import Task
 from agentjax.envs.retrieval import BM25Retriever
-from agentjax.envs.search import SHORT_INSTRUCTION, SearchEnv
+from agentjax.envs.search.env import SHORT_INSTRUCTION, SearchEnv
 
 
 class SearchDataset(NamedTuple):

@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from bm25s.stopwords import STOPWORDS_EN_PLUS
 
-from agentjax.envs.base import Task
+from agentjax.core.task import Task
 
 DATA_SOURCE = "synthetic_multihop"
 

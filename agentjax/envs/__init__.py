@@ -2,15 +2,16 @@
 
 Importing the package registers the built-in tool ("python") so that
 `make_tool(name, **kwargs)` finds it. Runs choose their env by `config.env.name` through
-`agentjax.train.suites.SUITES`.
+`agentjax.envs.registry.SUITES`.
 """
-from agentjax.envs.base import Env, EpisodeLog, StepResult, Task, TurnLog
+from agentjax.core.task import EpisodeLog, Task, TurnLog
+from agentjax.envs.base import Env, StepResult
 from agentjax.envs.parsers import Action, parse_search_r1, parse_tool_call
-from agentjax.envs.python_env import PythonEnv, PythonTool
+from agentjax.envs.python.env import PythonEnv, PythonTool
 from agentjax.envs.retrieval import (BM25Retriever, Document, HttpRetriever, RetrievalError,
                                      Retriever, format_docs, read_corpus)
 from agentjax.envs.sandbox import Sandbox, SandboxResult, SandboxUnavailableError
-from agentjax.envs.search import SearchEnv
+from agentjax.envs.search.env import SearchEnv
 from agentjax.envs.tools import Tool, ToolError, make_tool, register_tool
 
 __all__ = [

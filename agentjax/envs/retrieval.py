@@ -23,8 +23,8 @@ import bm25s
 import httpx
 import numpy as np
 
-from agentjax.http_json import post_json
-from agentjax.jsonl import read_jsonl
+from agentjax.core.http_json import post_json
+from agentjax.core.jsonl import read_jsonl
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,8 @@ observation: malformed input is the policy's mistake to learn from, not an env f
 """
 from __future__ import annotations
 
-from agentjax.envs.base import EpisodeLog, StepResult, Task, TurnLog
+from agentjax.core.task import EpisodeLog, Task, TurnLog
+from agentjax.envs.base import StepResult
 from agentjax.envs.parsers import Action
 
 # Room for a few retrieved documents or a screenful of program output: more only

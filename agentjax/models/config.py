@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from agentjax.choices import ARCHS, REMAT_POLICIES
+from agentjax.config.choices import ARCHS, REMAT_POLICIES
 
 # HF `model_type` -> (our arch name, HF architectures entry).
 _ARCHS = {

@@ -37,7 +37,7 @@ Pure-functional idiom for jit / optax / sharding — the trainer keeps `params` 
 
 Parameters live stacked over layers (leading axis `layers`) and the layers run under
 `jax.lax.scan`, so compile time does not grow with depth; each layer is rematerialized
-per `config.remat`. Every Param carries `logical_axes` metadata (parallel.py). Norms,
+per `config.remat`. Every Param carries `logical_axes` metadata (core/parallel.py). Norms,
 softmax and logits are float32 whatever `config.dtype` is.
 
 Over 450 lines because the layer primitives (RoPE, masks, attention over a
@@ -56,7 +56,7 @@ from flax import nnx, struct
 
 from agentjax.models.cache import KVCache, LayerKVCache, write_slots
 from agentjax.models.config import ModelConfig
-from agentjax.parallel import LogicalSharding, constrain
+from agentjax.core.parallel import LogicalSharding, constrain
 
 _INIT_STD = 0.02  # HF `initializer_range` default for these families
 _MASKED = -1e30   # finite, so fully masked (padding) query rows give no NaN

@@ -46,10 +46,10 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
-from agentjax import atomic
+from agentjax.core import atomic
 from agentjax.models.config import ModelConfig
 from agentjax.models.decoder import Decoder
-from agentjax.parallel import LogicalSharding, Rules, param_shardings, resolve_rules
+from agentjax.core.parallel import LogicalSharding, Rules, param_shardings, resolve_rules
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -339,7 +339,7 @@ def save_hf(model: Decoder, config: ModelConfig, path: str | os.PathLike, *,
     Args:
       model: the policy Decoder (sharded or not; gathered one parameter at a time).
       config: its ModelConfig.
-      path: output folder, replaced as a whole (atomically: see agentjax.atomic).
+      path: output folder, replaced as a whole (atomically: see agentjax.core.atomic).
       dtype: dtype of the written tensors (default: config.param_dtype).
       tokenizer: optional HF tokenizer saved alongside (`_save_tokenizer`): the files of
         the folder it was loaded from, else `save_pretrained` made loadable by

@@ -40,7 +40,7 @@ import dataclasses
 import inspect
 from typing import Any, Awaitable, Callable, Mapping
 
-from agentjax.envs.base import EpisodeLog, Task
+from agentjax.core.task import EpisodeLog, Task
 from agentjax.rewards import code, format as format_lib, length, math as math_lib
 from agentjax.rewards import outcome, process, tools
 

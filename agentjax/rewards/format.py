@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from agentjax.envs.base import EpisodeLog
+from agentjax.core.task import EpisodeLog
 
 _TAG_RE = re.compile(r"<(/?)([A-Za-z_]+)>")
 

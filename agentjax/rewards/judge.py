@@ -19,9 +19,9 @@ import dataclasses
 import json
 from typing import Protocol, Sequence
 
-from agentjax.envs.base import EpisodeLog, Task
+from agentjax.core.task import EpisodeLog, Task
 from agentjax.rewards.outcome import episode_answer
-from agentjax.rollout.engine import Engine, GenerateRequest, SamplingParams
+from agentjax.engine.protocol import Engine, GenerateRequest, SamplingParams
 
 DEFAULT_RUBRIC = """\
 You grade whether an AI agent completed a task. Rules:

@@ -10,7 +10,7 @@ template) and `n` replies are asked for in one request:
      "temperature": t, "max_tokens": m}
     -> {"choices": [{"message": {"content": "..."}, "finish_reason": "stop"}, ...]}
 
-Failures follow `agentjax.http_json.post_json`: connection errors, timeouts, HTTP 5xx and
+Failures follow `agentjax.core.http_json.post_json`: connection errors, timeouts, HTTP 5xx and
 replies of the wrong shape are retried, then raise JudgeError naming the URL; an HTTP 4xx
 (a model name the server does not serve, say) raises at once.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from agentjax.http_json import post_json
+from agentjax.core.http_json import post_json
 from agentjax.rewards.judge import JudgeError
 
 CHAT_PATH = "/v1/chat/completions"

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from agentjax.envs.base import EpisodeLog
+from agentjax.core.task import EpisodeLog
 from agentjax.rl import shaping
 
 LENGTH_UNITS = ("turns", "tokens")

@@ -11,7 +11,7 @@ import re
 import string
 from typing import Sequence
 
-from agentjax.envs.base import EpisodeLog
+from agentjax.core.task import EpisodeLog
 from agentjax.envs.parsers import last_tag
 
 _ARTICLES_RE = re.compile(r"\b(a|an|the)\b")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from agentjax.envs.base import EpisodeLog, Task
+from agentjax.core.task import EpisodeLog, Task
 from agentjax.rewards.outcome import normalize_answer
 
 _TAG_RE = re.compile(r"</?[A-Za-z_]+>")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentjax.envs.base import EpisodeLog, TurnLog
+from agentjax.core.task import EpisodeLog, TurnLog
 
 
 def _call_key(turn: TurnLog) -> str:

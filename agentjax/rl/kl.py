@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from agentjax.choices import KL_KINDS
+from agentjax.config.choices import KL_KINDS
 from agentjax.rl import _common
 from agentjax.rl._common import as_float
 

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from agentjax.choices import AGGREGATIONS, POLICY_LOSSES
+from agentjax.config.choices import AGGREGATIONS, POLICY_LOSSES
 from agentjax.rl import _common
 from agentjax.rl import kl as kl_lib
 from agentjax.rl._common import as_float
@@ -355,7 +355,7 @@ def kl_penalty(logp, ref_logp, mask, *, kind="k3", agg="token-mean", norm=None):
       logp: [B, T] float log-probs of the taken tokens under the current policy.
       ref_logp: [B, T] float log-probs under the frozen reference policy (constant).
       mask: [B, T] action mask; KL never reaches observation tokens.
-      kind: KL estimator, one of agentjax.choices.KL_KINDS (k3 as in GRPO).
+      kind: KL estimator, one of agentjax.config.choices.KL_KINDS (k3 as in GRPO).
       agg: aggregation mode, one of AGGREGATIONS.
       norm: LossNorm of the full batch; None = this is the full batch.
 
@@ -441,7 +441,7 @@ def rl_objective(
       kind, clip_low, clip_high, dual_clip: the policy loss, see `policy_loss`.
       agg: aggregation mode of every term, one of AGGREGATIONS.
       kl_coef: weight of the KL term (>= 0).
-      kl_kind: KL estimator, one of agentjax.choices.KL_KINDS.
+      kl_kind: KL estimator, one of agentjax.config.choices.KL_KINDS.
       kl_in_reward: True when the KL penalty is in the rewards instead of the loss.
       entropy_coef: weight of the entropy bonus (>= 0).
       norm: LossNorm of the full batch (see `loss_norm`); None = this is the full batch.
@@ -514,7 +514,7 @@ def grpo_loss(
       clip_high: upper clip epsilon.
       dual_clip: None or the dual-clip bound c > 1.
       kl_coef: beta, weight of the KL term (Search-R1 / R1-Zero use 0.001; 0 disables).
-      kl_kind: KL estimator, one of agentjax.choices.KL_KINDS.
+      kl_kind: KL estimator, one of agentjax.config.choices.KL_KINDS.
       agg: aggregation mode for both terms.
       norm: LossNorm of the full batch; None = this is the full batch.
 

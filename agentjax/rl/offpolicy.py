@@ -38,7 +38,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from agentjax.choices import IS_BOUNDS
+from agentjax.config.choices import IS_BOUNDS
 from agentjax.rl import _common
 from agentjax.rl._common import as_float
 from agentjax.rl.losses import LOG_RATIO_CLAMP, masked_extreme, masked_mean

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from agentjax.choices import DPO_KINDS
+from agentjax.config.choices import DPO_KINDS
 from agentjax.rl import _common
 from agentjax.rl._common import as_float
 from agentjax.rl.losses import masked_mean

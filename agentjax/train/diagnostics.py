@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from agentjax.rollout.trajectory import Trajectory
+from agentjax.core.trajectory import Trajectory
 
 
 def _consecutive_duplicates(log) -> int:

@@ -1,8 +1,8 @@
 """The rollout engine a run samples with, chosen by `rollout.engine`.
 
-  "jax"     in-process LanedEngine (rollout/lanes.py): the default, weights swapped in
+  "jax"     in-process LanedEngine (engine/jax/lanes.py): the default, weights swapped in
             device memory.
-  "sglang"  SGLangEngine (rollout/sglang_engine.py) over `rollout.sglang.urls` (SGLang
+  "sglang"  SGLangEngine (sglang/client.py) over `rollout.sglang.urls` (SGLang
             servers, an sglang-router, or agentjax's scripts/serve.py), or over
             `rollout.sglang.launch` local serve.py servers started here from the run's
             initial weights and stopped when the run ends. Weights reach the servers as
@@ -20,10 +20,10 @@ from typing import Any, Callable
 from flax import nnx
 
 from agentjax.models.hf import save_hf
-from agentjax.rollout.lanes import LanedEngine
-from agentjax.rollout.launch import LocalServers
-from agentjax.rollout.sglang_engine import SGLangEngine
-from agentjax.train.config import sglang_logprob_distribution
+from agentjax.engine.jax.lanes import LanedEngine
+from agentjax.sglang.launch import LocalServers
+from agentjax.sglang.client import SGLangEngine
+from agentjax.config.schema import sglang_logprob_distribution
 
 WEIGHTS_DIR = "weights"  # in the workdir, unless rollout.sglang.weights_dir
 

@@ -17,7 +17,7 @@ import os
 import re
 from typing import Sequence
 
-from agentjax.rollout.trajectory import Trajectory
+from agentjax.core.trajectory import Trajectory
 
 SAMPLE_CHARS = 4000  # per segment: a runaway observation must not make a huge file
 

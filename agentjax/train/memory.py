@@ -18,7 +18,7 @@ they are not counted):
   engine weights        the compute dtype (model.dtype), one copy per engine lane
   engine weight swap    one more lane copy while update_weights builds the new one
   staged weights        float32, rollout.mode="async": the update's params copied for
-                        the producer (train/rollout_source.py) until it swaps them in
+                        the producer (agents/sources.py) until it swaps them in
   KV cache              engine_slots x max_tokens x layers x kv_heads x head_dim x 2
                         (keys and values) in the compute dtype (`init_layer_cache`)
 
@@ -40,7 +40,7 @@ import ml_collections
 from flax import nnx
 from jax.sharding import Mesh
 
-from agentjax import parallel
+from agentjax.core import parallel
 from agentjax.models.cache import LayerKVCache, init_layer_cache
 from agentjax.models.config import ModelConfig
 from agentjax.models.decoder import Decoder

@@ -15,7 +15,7 @@ from typing import Mapping
 
 import numpy as np
 
-from agentjax import atomic
+from agentjax.core import atomic
 
 
 def _scalar(value):

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from agentjax.rollout.trajectory import Trajectory, collate
+from agentjax.core.trajectory import Trajectory, collate
 
 PACKED_KEYS = ("inputs", "targets", "positions", "segment_ids", "action_mask")
 

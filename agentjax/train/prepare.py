@@ -22,7 +22,7 @@ from agentjax.rl import advantages as adv_lib
 from agentjax.rl import kl as kl_lib
 from agentjax.rl.losses import masked_mean
 from agentjax.rl.offpolicy import importance_weights
-from agentjax.train.step import policy_logprobs
+from agentjax.train.update import policy_logprobs
 
 # (params, batch, temperature) -> (logp, entropy), both [B, T] for batch["targets"].
 LogprobFn = Callable[[Any, dict, jax.Array], tuple[jax.Array, jax.Array]]

@@ -6,19 +6,19 @@ Sections, in the order a run meets them:
   1. setup      validate config, mesh, task suite, tokenizer + model, engine + pool
   2. SFT        next-token loss on a text corpus (config.pretrain.steps > 0), then
                 masked next-token loss on demonstrations (config.sft.steps > 0), corpus
-                documents mixed in (config.sft.corpus_mix): train/sft.py
+                documents mixed in (config.sft.corpus_mix): train/stages/sft.py
   3. RL         sample tasks -> roll out groups -> prepare (log-probs, advantages)
                 -> jitted update -> sync weights to the engine, then the hooks due:
-                evaluate / log / checkpoint: train/rl_loop.py; or instead (stage "rft",
+                evaluate / log / checkpoint: train/stages/rl.py; or instead (stage "rft",
                 "dpo") rejection-sampling fine-tuning or DPO on the policy's own
-                episodes: train/offline.py
+                episodes: train/stages/offline.py
   4. report     held-out success of the demonstrator, the SFT agent and the RL (RFT,
                 DPO) agent
 
 Resume: every stage checkpoints into the workdir (orbax: device state; json: sampler
 and step); rerunning with the same `--workdir` continues where the run stopped, with
 the same data order and random streams. What a rerun reads back is written atomically
-(agentjax.atomic; orbax commits checkpoints by renaming), and which stage is done is
+(agentjax.core.atomic; orbax commits checkpoints by renaming), and which stage is done is
 decided from committed checkpoints and sft/eval.json, never from a folder's existence:
 a kill at any point, repeated any number of times, gives the uninterrupted run.
 """
@@ -36,24 +36,27 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from agentjax import atomic, parallel
+from agentjax.core import atomic
+from agentjax.core import parallel
 from agentjax.models import Decoder, ModelConfig, load_hf, save_hf
 from agentjax.models.tokenizer import AGENT_TAGS, build_tokenizer, load_tokenizer, prompt_ids
-from agentjax.rollout.agent_loop import EpisodeLimits
-from agentjax.rollout.engine import SamplingParams
-from agentjax.rollout.pool import RolloutPool
-from agentjax.train import offline, rl_loop, sft
+from agentjax.agents.loop import EpisodeLimits
+from agentjax.engine.protocol import SamplingParams
+from agentjax.agents.pool import RolloutPool
+from agentjax.train.stages import offline
+from agentjax.train.stages import rl as rl_loop
+from agentjax.train.stages import sft
 from agentjax.train.checkpoint import Checkpointer, latest_committed_step
-from agentjax.train.config import ConfigError, validate
+from agentjax.config.schema import ConfigError, validate
 from agentjax.train.engines import build_engine
 from agentjax.train.episodes import EpisodeRecorder, check_failures
-from agentjax.train.evaluate import evaluate, group_of
+from agentjax.agents.evaluation import evaluate, group_of
 from agentjax.train.memory import memory_plan
 from agentjax.train.metrics import MetricsWriter
 from agentjax.train.precision import model_precision
-from agentjax.train.preflight import check_runtime
-from agentjax.train.rl_loop import TrainingDiverged, temperature_at
-from agentjax.train.suites import build_suite
+from agentjax.config.preflight import check_runtime
+from agentjax.train.stages.rl import TrainingDiverged, temperature_at
+from agentjax.envs.registry import build_suite
 
 # TrainingDiverged is raised by the RL stage; scripts/train.py catches it from here.
 __all__ = ["HF_DIR", "CHECKPOINTS", "Trainer", "TrainingDiverged", "length_buckets",

@@ -15,7 +15,7 @@ import sys
 
 from agentjax.sweep import launch, plan
 from agentjax.sweep import report as sweep_report
-from agentjax.train.evaluate import group_of
+from agentjax.agents.evaluation import group_of
 
 TARGET_MARGIN = 0.25
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from agentjax.sweep import launch, plan
 from agentjax.sweep import report as sweep_report
-from agentjax.train import presets
+from agentjax.config import presets
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {arm: str(ROOT / "configs" / f"{name}.py") for arm, name in (

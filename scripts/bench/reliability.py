@@ -52,8 +52,8 @@ def fuzz(cases: int, seed: int) -> tuple[int, int, list[str]]:
 
 
 def configs() -> tuple[int, int, list[str]]:
-    from agentjax.train import config as config_lib
-    from tests.train.test_config import KEYS, _with, outside
+    from agentjax.config import schema as config_lib
+    from tests.config.test_schema import KEYS, _with, outside
 
     tried = held = 0
     problems = []

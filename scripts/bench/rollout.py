@@ -99,15 +99,16 @@ import jax  # noqa: E402
 from flax import nnx  # noqa: E402
 from timing import Ratio, Runs, measure  # noqa: E402  (scripts/bench/timing.py)
 
-from agentjax.envs.base import EpisodeLog, StepResult, Task, TurnLog  # noqa: E402
+from agentjax.core.task import EpisodeLog, Task, TurnLog  # noqa: E402
+from agentjax.envs.base import StepResult
 from agentjax.models.hf import load_hf, make_tiny_hf  # noqa: E402
 from agentjax.models.tokenizer import build_tokenizer  # noqa: E402
-from agentjax.rollout.agent_loop import EpisodeLimits  # noqa: E402
-from agentjax.rollout.device_programs import COMPILE_COUNTS  # noqa: E402
-from agentjax.rollout.engine import GenerateRequest, SamplingParams  # noqa: E402
-from agentjax.rollout.jax_engine import JaxEngine  # noqa: E402
-from agentjax.rollout.lanes import LanedEngine  # noqa: E402
-from agentjax.rollout.pool import RolloutPool  # noqa: E402
+from agentjax.agents.loop import EpisodeLimits  # noqa: E402
+from agentjax.engine.jax.programs import COMPILE_COUNTS  # noqa: E402
+from agentjax.engine.protocol import GenerateRequest, SamplingParams  # noqa: E402
+from agentjax.engine.jax.engine import JaxEngine  # noqa: E402
+from agentjax.engine.jax.lanes import LanedEngine  # noqa: E402
+from agentjax.agents.pool import RolloutPool  # noqa: E402
 
 MODEL = dict(hidden_size=256, intermediate_size=1024, num_layers=4, num_heads=4,
              num_kv_heads=2, head_dim=64)

@@ -14,7 +14,7 @@ decoder of the variant's size (0.5M params) with a tokenizer trained on the suit
 saved as an HF folder. Engines are built by the trainer's own code
 (`train/engines.py: build_engine`): the in-process LanedEngine for rollout.engine="jax",
 SGLangEngine over local servers for "sglang"; the servers are serve_main processes
-(scripts/serve.py) started by `rollout/launch.py: LocalServers` with the trainer's flags
+(scripts/serve.py) started by `sglang/launch.py: LocalServers` with the trainer's flags
 (`server_flags`: same rows, lanes, decode rounds, dtype, seed, batch invariance).
 
 1. overhead: episodes/s through SGLangEngine + one local server vs the in-process engine
@@ -65,13 +65,13 @@ from agentjax.models.config import ModelConfig
 from agentjax.models.decoder import Decoder
 from agentjax.models.hf import load_hf, make_tiny_hf
 from agentjax.models.tokenizer import AGENT_TAGS, build_tokenizer, load_tokenizer
-from agentjax.rollout.agent_loop import EpisodeLimits
-from agentjax.rollout.engine import SamplingParams
-from agentjax.rollout.launch import LocalServers
-from agentjax.rollout.pool import RolloutPool
+from agentjax.agents.loop import EpisodeLimits
+from agentjax.engine.protocol import SamplingParams
+from agentjax.sglang.launch import LocalServers
+from agentjax.agents.pool import RolloutPool
 from agentjax.train.engines import WEIGHTS_DIR, build_engine, server_flags
-from agentjax.train.presets import search_config
-from agentjax.train.suites import build_suite
+from agentjax.config.presets import search_config
+from agentjax.envs.registry import build_suite
 
 GB = 1e9
 

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from agentjax.data import curriculum
-from agentjax.envs.base import Task
+from agentjax.core.task import Task
 
 TASKS = [Task(f"t{i}", f"q{i}", ("a",), metadata={"hops": 1 + i % 3}) for i in range(12)]
 

@@ -12,7 +12,7 @@ from agentjax.rewards.outcome import episode_answer, exact_match
 from agentjax.rewards.tools import tool_call_counts
 from agentjax.data.world import World, WorldConfig, parse_question
 from agentjax.envs.retrieval import BM25Retriever
-from agentjax.envs.search import SHORT_INSTRUCTION, SearchEnv
+from agentjax.envs.search.env import SHORT_INSTRUCTION, SearchEnv
 from tests.data.worlds import env, world
 
 _ACTION = re.compile(r"<(search|answer)> [^<>]+ </\1>")
@@ -162,7 +162,7 @@ def test_bad_inputs_are_clear_errors():
 
 def test_demonstrations_become_trajectories_with_masked_negatives():
     from agentjax.models.tokenizer import build_tokenizer
-    from agentjax.rollout.trajectory import Trajectory
+    from agentjax.core.trajectory import Trajectory
 
     w = world()
     demos = _run(DemonstratorConfig("neg", p_negative=1.0), w.test_tasks[:6], max_turns=6)

@@ -1,7 +1,7 @@
 import pytest
 
 from agentjax.data.hindsight import relabel
-from agentjax.envs.base import EpisodeLog, Task, TurnLog
+from agentjax.core.task import EpisodeLog, Task, TurnLog
 from tests.data.worlds import world
 
 

@@ -6,8 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from agentjax.data import loaders
-from agentjax.envs.base import Task
-from agentjax.envs.search import DEFAULT_INSTRUCTION
+from agentjax.core.task import Task
+from agentjax.envs.search.env import DEFAULT_INSTRUCTION
 from agentjax.envs.retrieval import read_corpus
 from tests.data import search_r1_files
 from tests.data.worlds import world

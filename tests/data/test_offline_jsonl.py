@@ -13,7 +13,7 @@ from agentjax.data.offline_jsonl import (
     write_episodes,
     write_pairs,
 )
-from agentjax.rollout.trajectory import Trajectory, Turn
+from agentjax.core.trajectory import Trajectory, Turn
 
 
 class DigitTokenizer:

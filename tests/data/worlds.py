@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from agentjax.data.world import World, WorldConfig, build_world
 from agentjax.envs.retrieval import BM25Retriever
-from agentjax.envs.search import SHORT_INSTRUCTION, SearchEnv
+from agentjax.envs.search.env import SHORT_INSTRUCTION, SearchEnv
 
 SMALL = WorldConfig(seed=3, num_people=40, num_companies=12, num_cities=12, num_countries=6,
                     train_questions={1: 40, 2: 40, 3: 30, 4: 30},

@@ -19,12 +19,12 @@ import random
 import time
 from typing import Callable
 
-from agentjax.envs.base import Task
+from agentjax.core.task import Task
 from agentjax.envs.parsers import parse_search_r1, parse_tool_call
-from agentjax.envs.python_env import PythonEnv, default_sandbox
+from agentjax.envs.python.env import PythonEnv, default_sandbox
 from agentjax.envs.retrieval import BM25Retriever
 from agentjax.envs.sandbox import Sandbox
-from agentjax.envs.search import SearchEnv
+from agentjax.envs.search.env import SearchEnv
 from agentjax.rewards.composite import RewardFn, make_reward_fn
 from tests.envs.conftest import world_records
 

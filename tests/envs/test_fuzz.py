@@ -8,10 +8,10 @@ from agentjax.envs import sandbox as sandbox_lib
 from agentjax.envs.sandbox import Sandbox
 from agentjax.envs.turns import valid_utf8
 from agentjax.models.tokenizer import build_tokenizer
-from agentjax.rollout.agent_loop import EpisodeLimits, run_episode
-from agentjax.rollout.engine import SamplingParams
+from agentjax.agents.loop import EpisodeLimits, run_episode
+from agentjax.engine.protocol import SamplingParams
 from tests.envs.fuzz_corpus import GENERATORS, TASK, fuzz_actions, fuzz_envs, run_fuzz
-from tests.rollout.fakes import CORPUS, ScriptedEngine
+from tests.agents.fakes import CORPUS, ScriptedEngine
 
 pytestmark = pytest.mark.skipif(
     sandbox_lib.shutil.which("bwrap") is None,

@@ -13,11 +13,11 @@ import httpx
 import numpy as np
 import pytest
 
-from agentjax.envs.base import Task
+from agentjax.core.task import Task
 from agentjax.envs.retrieval import (BM25Retriever, DelayedRetriever, Document,
                                      HttpRetriever, RetrievalError, format_docs,
                                      make_retriever, read_corpus)
-from agentjax.envs.search import SearchEnv
+from agentjax.envs.search.env import SearchEnv
 
 from tests.envs.retrieval_server import VALID, free_port, send_malformed, serve
 

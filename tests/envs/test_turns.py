@@ -1,7 +1,7 @@
 """TurnEnv: every observation and turn error leaves `step` capped and valid UTF-8."""
 import pytest
 
-from agentjax.envs.base import Task
+from agentjax.core.task import Task
 from agentjax.envs.parsers import Action, invalid
 from agentjax.envs.turns import TurnEnv, clip, valid_utf8
 

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from agentjax.models.decoder import Decoder, positions_from_segments
 from agentjax.models.hf import INDEX_FILE, SINGLE_FILE, load_hf, make_tiny_hf, save_hf
 from agentjax.models.tokenizer import build_tokenizer, load_tokenizer, prompt_ids
-from agentjax.rollout.jax_engine import JaxEngine
+from agentjax.engine.jax.engine import JaxEngine
 from tests.models.qwen_tokenizers import qwen_tokenizer_folder
 
 _TINY_HF = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

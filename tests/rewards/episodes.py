@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from agentjax.envs.base import EpisodeLog, Task, TurnLog
+from agentjax.core.task import EpisodeLog, Task, TurnLog
 
 
 def turn(action: str, observation: str = "") -> TurnLog:

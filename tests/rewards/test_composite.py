@@ -2,7 +2,7 @@ import asyncio
 
 import pytest
 
-from agentjax.envs.base import Task
+from agentjax.core.task import Task
 from agentjax.rewards import composite
 from tests.rewards.episodes import OBS_1, OBS_2, TWO_HOP, episode
 from tests.rewards.test_code import SubprocessSandbox

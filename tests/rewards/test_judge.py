@@ -3,7 +3,7 @@ import asyncio
 import pytest
 
 from agentjax.rewards import judge as judge_lib
-from agentjax.rollout.engine import Completion
+from agentjax.engine.protocol import Completion
 from tests.rewards.episodes import OBS_1, TWO_HOP, episode
 
 

@@ -6,16 +6,16 @@ import json
 import httpx
 import pytest
 
-from agentjax.envs.base import Task
+from agentjax.core.task import Task
 from agentjax.models.tokenizer import build_tokenizer
 from agentjax.rewards.composite import make_reward_fn
 from agentjax.rewards.judge import JudgeError, LLMJudge
 from agentjax.rewards.judge_http import ChatJudgeModel
-from agentjax.rollout.engine import SamplingParams
-from agentjax.rollout.pool import RolloutPool
+from agentjax.engine.protocol import SamplingParams
+from agentjax.agents.pool import RolloutPool
 from tests.rewards.episodes import TWO_HOP, episode
 from tests.rewards.test_judge import NO, YES
-from tests.rollout.fakes import CORPUS, ScriptedEngine, ToyEnv
+from tests.agents.fakes import CORPUS, ScriptedEngine, ToyEnv
 
 LOG = episode(TWO_HOP, "<answer> Dara Voss </answer>")
 

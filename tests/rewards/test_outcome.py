@@ -2,7 +2,7 @@ import time
 
 import pytest
 
-from agentjax.envs.base import Task
+from agentjax.core.task import Task
 from agentjax.rewards import outcome
 from tests.rewards.episodes import OBS_1, OBS_2, TWO_HOP, episode
 

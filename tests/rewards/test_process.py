@@ -1,6 +1,6 @@
 import pytest
 
-from agentjax.envs.base import Task
+from agentjax.core.task import Task
 from agentjax.rewards import process
 from tests.rewards.episodes import OBS_1, OBS_2, TWO_HOP, episode
 

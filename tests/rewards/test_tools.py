@@ -1,6 +1,6 @@
 import pytest
 
-from agentjax.envs.base import EpisodeLog, TurnLog
+from agentjax.core.task import EpisodeLog, TurnLog
 from agentjax.rewards import tools
 from tests.rewards.episodes import OBS_1, TWO_HOP, episode
 

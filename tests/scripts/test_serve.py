@@ -18,9 +18,9 @@ from flax import nnx
 
 from agentjax.models.hf import load_hf, make_tiny_hf
 from agentjax.models.tokenizer import build_tokenizer, load_tokenizer
-from agentjax.rollout.engine import GenerateRequest, SamplingParams
-from agentjax.rollout.lanes import LanedEngine
-from tests.rollout.fakes import CORPUS
+from agentjax.engine.protocol import GenerateRequest, SamplingParams
+from agentjax.engine.jax.lanes import LanedEngine
+from tests.agents.fakes import CORPUS
 from tests.scripts.test_train import ROOT
 
 FLAGS = ["--port", "0", "--context-length", "128", "--max-running-requests", "2",

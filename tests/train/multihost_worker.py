@@ -21,10 +21,10 @@ import optax
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from agentjax import parallel
+from agentjax.core import parallel
 from agentjax.models import Decoder, ModelConfig
-from agentjax.train import step as step_lib
-from agentjax.train.config import default_config
+from agentjax.train import update as step_lib
+from agentjax.config.schema import default_config
 
 B, T, V = 8, 16, 64
 MODEL = ModelConfig(arch="qwen2", vocab_size=V, hidden_size=16, intermediate_size=32,

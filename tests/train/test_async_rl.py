@@ -7,7 +7,7 @@ import collections
 import pytest
 
 from agentjax.train.metrics import read_metrics, read_step_log
-from agentjax.train.rollout_source import GROUPS_LOG
+from agentjax.agents.sources import GROUPS_LOG
 from tests.train import runs
 
 pytestmark = pytest.mark.slow  # end-to-end runs

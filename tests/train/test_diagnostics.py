@@ -1,9 +1,9 @@
 """Failure warnings: each fires on the metrics of the failure it names, and only then."""
 import pytest
 
-from agentjax.train import presets
+from agentjax.config import presets
 from agentjax.train.diagnostics import failure_warnings
-from agentjax.train.rl_loop import episode_action_budget
+from agentjax.train.stages.rl import episode_action_budget
 
 HEALTHY = {"entropy": 1.0, "approx_kl": 0.01, "groups/zero_variance_frac": 0.5,
            "stop/failed": 0.0, "stop/max_turns": 0.1, "mask/leak": 0.0}

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from agentjax.models.tokenizer import build_tokenizer
-from agentjax.rollout.trajectory import Trajectory, Turn
+from agentjax.core.trajectory import Trajectory, Turn
 from agentjax.train.episodes import (EpisodeRecorder, EpisodesFailed, check_failures,
                                      error_key, render_episode)
 

@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from agentjax.train import presets, rl_loop
+from agentjax.config import presets
+from agentjax.train.stages import rl as rl_loop
 from agentjax.train import trainer as trainer_lib
 from agentjax.train.checkpoint import Checkpointer
 from agentjax.train.episodes import EpisodesFailed

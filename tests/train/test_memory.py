@@ -2,10 +2,10 @@
 import jax
 import pytest
 
-from agentjax import parallel
+from agentjax.core import parallel
 from agentjax.models import ModelConfig
 from agentjax.train.memory import memory_plan
-from agentjax.train.presets import search_config
+from agentjax.config.presets import search_config
 from agentjax.train.precision import model_precision
 
 GIB = 2 ** 30

@@ -4,8 +4,8 @@ from flax import nnx
 
 from agentjax.models import Decoder, ModelConfig
 from agentjax.rl.losses import loss_norm
-from agentjax.rollout.trajectory import Trajectory, Turn, collate
-from agentjax.train import step as step_lib
+from agentjax.core.trajectory import Trajectory, Turn, collate
+from agentjax.train import update as step_lib
 from agentjax.train.packing import pack
 
 V = 50

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from agentjax import parallel
+from agentjax.core import parallel
 from agentjax.models import Decoder, ModelConfig, ValueModel
-from agentjax.rollout.jax_engine import JaxEngine
-from agentjax.train import diagnostics, step as step_lib
+from agentjax.engine.jax.engine import JaxEngine
+from agentjax.train import diagnostics
+from agentjax.train import update as step_lib
 from agentjax.train.precision import master_copy, model_precision
-from agentjax.train.presets import search_config
+from agentjax.config.presets import search_config
 
 STEPS, B, T = 3, 4, 16
 

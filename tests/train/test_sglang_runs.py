@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from agentjax.rollout.launch import LocalServers
+from agentjax.sglang.launch import LocalServers
 from agentjax.train.checkpoint import latest_committed_step
 from agentjax.train.engines import server_flags
-from agentjax.train import presets
+from agentjax.config import presets
 from agentjax.train.metrics import read_metrics
 from tests.train.runs import ONE_DEVICE, _argv, comparable
 from tests.train.runs import train as _train

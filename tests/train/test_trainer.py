@@ -15,12 +15,13 @@ from agentjax.data import demonstrators as demo_lib
 from agentjax.models.hf import make_tiny_hf
 from agentjax.models.tokenizer import load_tokenizer
 from agentjax.rewards.composite import make_reward_fn
-from agentjax.train import config as config_lib
-from agentjax.train import presets
-from agentjax.train import rl_loop, sft
-from agentjax.train import step as step_lib
+from agentjax.config import schema as config_lib
+from agentjax.config import presets
+from agentjax.train.stages import rl as rl_loop
+from agentjax.train.stages import sft
+from agentjax.train import update as step_lib
 from agentjax.train import trainer as trainer_lib
-from agentjax.train import suites
+from agentjax.envs import registry as suites
 from agentjax.train.metrics import read_metrics
 from tests.data import search_r1_files
 from tests.models.qwen_tokenizers import qwen_tokenizer_folder

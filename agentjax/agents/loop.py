@@ -1,0 +1,228 @@
+"""The multi-turn agent loop: generate → env.step → append observation ids → … .
+
+One episode: the env's initial messages are rendered with the chat template into
+prompt ids; each turn the engine samples an action from the exact token context so far
+(token-in/token-out: nothing is re-tokenized), the env parses and executes it in a
+worker thread (the event loop stays free, so the engine keeps batching other episodes'
+requests), and unless the env says done the observation's ids (built by
+`trajectory.observation_token_ids`, the same function demonstrations use) are appended.
+When the episode ends after a turn the policy did not close with the template's
+end-of-turn token (it stopped on a stop string such as `</answer>`), that token is
+appended as a template token, so the trajectory ends where the chat template ends the
+assistant turn.
+
+Every way an episode ends is recorded in `metadata["stop_reason"]` (and in
+`env.log.stop_reason` when the env did not set one):
+  the env's own reason or "done" — the env returned done;
+  "max_turns" — `limits.max_turns` actions were taken without done;
+  "token_budget" — the context reached `limits.max_context_tokens`;
+  "timeout" — the episode ran past `limits.timeout_s`;
+  "env_error" / "engine_error" / "error" — env.reset/step raised, the engine aborted,
+  anything else raised. These also set `metadata["failed"] = True` and
+  `metadata["error"]`; the partial trajectory is kept, never dropped.
+`EnginesUnavailable` alone is raised through: no engine is left to sample from.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import traceback
+import uuid
+from concurrent.futures import Executor
+from typing import Any
+
+from agentjax.core.task import Task
+from agentjax.envs.base import Env
+from agentjax.models.tokenizer import end_of_turn_id, prompt_ids
+from agentjax.engine.protocol import (Completion, Engine, EnginesUnavailable, GenerateRequest,
+                                     SamplingParams)
+from agentjax.core.trajectory import Trajectory, Turn, observation_token_ids
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeLimits:
+    """Bounds on one episode.
+
+    Attributes:
+      max_turns: most policy turns.
+      max_context_tokens: token budget for the whole episode (prompt, actions,
+        observations); each turn's max_new_tokens is cut to the room left.
+      max_observation_tokens: cut each observation's content to this many tokens
+        (Search-R1 uses 500); None keeps it whole.
+      timeout_s: wall-clock limit of the episode; None: no limit.
+    """
+
+    max_turns: int = 4
+    max_context_tokens: int = 2048
+    max_observation_tokens: int | None = None
+    timeout_s: float | None = None
+
+    def __post_init__(self):
+        if self.max_turns < 1:
+            raise ValueError(f"EpisodeLimits.max_turns must be >= 1, got {self.max_turns}")
+        if self.max_context_tokens < 1:
+            raise ValueError(
+                f"EpisodeLimits.max_context_tokens must be >= 1, got "
+                f"{self.max_context_tokens}")
+
+
+class _EpisodeFailure(Exception):
+    """Ends an episode as failed with a given stop reason."""
+
+    def __init__(self, stop_reason: str, message: str):
+        super().__init__(message)
+        self.stop_reason = stop_reason
+
+
+def action_text(tokenizer, action_ids) -> str:
+    """The text the env parses: the action decoded without end-of-turn/eos/pad tokens.
+
+    Other special tokens (`<search>`, `</answer>`, ...) stay: they are the action.
+    """
+    template = {end_of_turn_id(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id}
+    return tokenizer.decode([t for t in action_ids if t not in template],
+                            skip_special_tokens=False)
+
+
+async def run_episode(
+    engine: Engine,
+    env: Env,
+    task: Task,
+    sampling: SamplingParams,
+    limits: EpisodeLimits,
+    tokenizer,
+    *,
+    group_id: int = 0,
+    executor: Executor | None = None,
+    session_id: str | None = None,
+) -> Trajectory:
+    """Plays one episode; always returns a Trajectory (failures are flagged in metadata).
+
+    Args:
+      engine: the rollout engine (token ids in, token ids + log-probs out).
+      env: a fresh env; `reset` and `step` run in `executor`.
+      task: the task to reset the env with.
+      sampling: sampling parameters; `n` is forced to 1, the env's stop strings are
+        added, and max_new_tokens is cut to the token budget left.
+      limits: turn/token/time bounds.
+      tokenizer: the policy's tokenizer (agentjax.models.tokenizer).
+      group_id: recorded in the trajectory.
+      executor: where env calls run (None: the loop's default thread pool).
+      session_id: engine session key for KV-cache reuse across turns (None: a fresh
+        unique id); the session is ended when the episode ends.
+    """
+    session_id = session_id or f"episode-{uuid.uuid4().hex}"
+    traj = Trajectory(prompt_ids=[], task_id=task.task_id, group_id=group_id, task=task,
+                      metadata={"stop_reason": None, "failed": False, "error": None})
+    timer = asyncio.timeout(limits.timeout_s)
+    try:
+        async with timer:
+            traj.metadata["stop_reason"] = await _play(
+                traj, engine, env, task, sampling, limits, tokenizer, executor, session_id)
+    except TimeoutError as error:
+        if timer.expired():
+            _flag_failure(traj, "timeout", f"episode exceeded timeout_s={limits.timeout_s}")
+        else:
+            _flag_failure(traj, "error", describe_error(error))
+    except _EpisodeFailure as failure:
+        _flag_failure(traj, failure.stop_reason, str(failure))
+    except EnginesUnavailable:
+        raise  # not this episode's failure: nothing can be sampled (engine module docstring)
+    except Exception as error:  # noqa: BLE001 - any failure becomes a flagged trajectory
+        _flag_failure(traj, "error", describe_error(error))
+    finally:
+        engine.end_session(session_id)
+    log = getattr(env, "log", None)
+    if log is not None and getattr(log, "stop_reason", None) is None:
+        log.stop_reason = traj.metadata["stop_reason"]
+    traj.metadata.update(
+        num_turns=len(traj.turns),
+        num_length_cut_turns=sum(t.finish_reason == "length" for t in traj.turns),
+        num_tool_calls=getattr(log, "num_tool_calls", 0) if log is not None else 0,
+        num_invalid=getattr(log, "num_invalid", 0) if log is not None else 0,
+        env_log=log)
+    return traj
+
+
+async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
+                session_id) -> str:
+    """Runs the turns, filling `traj` in place; returns the stop reason."""
+    loop = asyncio.get_running_loop()
+    messages = await _env_call(loop, executor, env.reset, task)
+    traj.prompt_ids = list(prompt_ids(tokenizer, messages))
+    context = list(traj.prompt_ids)
+    stop = tuple(dict.fromkeys(tuple(sampling.stop) + tuple(env.stop)))
+    for turn_index in range(limits.max_turns):
+        room = limits.max_context_tokens - len(context)
+        if room <= 0:
+            return "token_budget"
+        request = GenerateRequest(
+            input_ids=tuple(context), session_id=session_id,
+            sampling=dataclasses.replace(
+                sampling, stop=stop, n=1, max_new_tokens=min(sampling.max_new_tokens, room)))
+        completion = (await engine.generate([request]))[0][0]
+        if completion.finish_reason == "abort":
+            raise _EpisodeFailure(
+                "engine_error", f"engine aborted: {completion.meta.get('error', 'no reason')}")
+        turn = Turn(list(completion.output_ids), list(completion.logprobs),
+                    completion.finish_reason, matched_stop=completion.matched_stop,
+                    weight_version=completion.meta.get("weight_version"),
+                    logprob_distribution=completion.meta.get("logprob_distribution",
+                                                             "sampling"),
+                    versions=sampled_versions(completion))
+        traj.turns.append(turn)
+        context.extend(turn.action_ids)
+        result = await _env_call(loop, executor, env.step, action_text(tokenizer, turn.action_ids))
+        turn.reward = float(result.reward)
+        if result.done or turn_index == limits.max_turns - 1:
+            _close_last_turn(turn, tokenizer, room=limits.max_context_tokens - len(context))
+            if result.done:
+                return getattr(env.log, "stop_reason", None) or "done"
+            return "max_turns"
+        observation = observation_token_ids(
+            tokenizer, result.observation, role=env.observation_role,
+            action_ids=turn.action_ids, max_tokens=limits.max_observation_tokens)
+        # An observation is appended only when another action can follow it.
+        if len(context) + len(observation) >= limits.max_context_tokens:
+            return "token_budget"
+        turn.observation_ids = observation
+        context.extend(observation)
+    raise AssertionError("unreachable: the last turn returns max_turns")
+
+
+def sampled_versions(completion: Completion) -> list[int]:
+    """The weight version that sampled each output token: the engine's per-token report
+    (`token_versions`), else its one integer `weight_version` for every token, else []
+    (a server that names its weights otherwise, e.g. SGLang's "default")."""
+    meta = completion.meta
+    if "token_versions" in meta:
+        return [int(v) for v in meta["token_versions"]]
+    version = meta.get("weight_version")
+    if isinstance(version, int) and not isinstance(version, bool):
+        return [version] * len(completion.output_ids)
+    return []
+
+
+def _close_last_turn(turn: Turn, tokenizer, room: int) -> None:
+    """Appends the template's end-of-turn token (a template token) after the episode's
+    last action unless the policy sampled it or the context is full."""
+    eot = end_of_turn_id(tokenizer)
+    if turn.action_ids[-1:] != [eot] and room > 0:
+        turn.observation_ids = [eot]
+
+
+async def _env_call(loop, executor, fn, *args) -> Any:
+    """Runs an env method in the executor; its exceptions end the episode as env_error."""
+    try:
+        return await loop.run_in_executor(executor, fn, *args)
+    except Exception as error:  # noqa: BLE001
+        raise _EpisodeFailure("env_error", describe_error(error)) from error
+
+
+def _flag_failure(traj: Trajectory, stop_reason: str, message: str) -> None:
+    traj.metadata.update(stop_reason=stop_reason, failed=True, error=message)
+
+
+def describe_error(error: BaseException) -> str:
+    """`ExceptionType: message`, as recorded in trajectory metadata."""
+    return "".join(traceback.format_exception_only(type(error), error)).strip()

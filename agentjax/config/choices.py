@@ -1,0 +1,62 @@
+"""The names a config chooses among, each list defined once for the code that implements
+it and for `train.config.validate`.
+
+Dependency-free on purpose: `scripts/train.py` validates a config before jax or anything
+heavy is imported, so a misspelled name stops a run within its first second. Each tuple
+is the exact set of names its implementation accepts (named in the comment above it).
+"""
+
+# The envs (envs/registry.py: SUITES builds each one's tasks, env and reward) and their
+# outcomes: env.name -> {reward.outcome: the reward component it rewards}; "em" names the
+# success criterion (evaluation counts an episode solved when it reaches 1), logged
+# either way; "judge" is the LLM judge of reward.judge (rewards/judge.py), in the reward
+# only when chosen (it asks a server about every episode).
+OUTCOMES = {"search": {"em": "exact_match", "f1": "f1", "judge": "judge"},
+            "python": {"em": "math_match"}}
+# models/config.py (`_ARCHS`: the HF architectures entry of each) and models/decoder.py.
+ARCHS = ("llama", "qwen2", "qwen3")
+# models/decoder.py: remat_policy.
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+# train/prepare.py: sequence_advantages (the critic-free ones) and GAE for "gae".
+ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
+# rl/losses.py: policy_loss.
+POLICY_LOSSES = ("ppo", "gspo", "cispo", "reinforce")
+# rl/losses.py: aggregate.
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                "seq-mean-token-sum-norm")
+# rl/kl.py: kl.
+KL_KINDS = ("k1", "k2", "k3", "k1+", "k3+")
+# data/curriculum.py: SAMPLERS.
+CURRICULA = ("uniform", "learnability", "failure_buffer")
+# train/update.py: make_optimizer.
+SCHEDULES = ("constant", "cosine")
+# train/prepare.py: the old policy's log-probs recomputed by the trainer or the engine's.
+OLD_LOGP = ("recompute", "behavior")
+# rl/offpolicy.py: importance_weights (how the proximal / behavior ratio is bounded).
+IS_BOUNDS = ("truncate", "mask")
+# agents/sources.py: SOURCES (where the RL loop's groups come from).
+ROLLOUT_MODES = ("sync", "async")
+# rl/preference.py: dpo_loss.
+DPO_KINDS = ("sigmoid", "ipo", "hinge")
+# train/trainer.py: Trainer.run ("sft" stops after SFT, "rl" goes on to RL, "rft" and
+# "dpo" to the stages of train/stages/offline.py).
+STAGES = ("rl", "sft", "rft", "dpo")
+# train/stages/offline.py: which DPO pairs a collection makes (train/stages/offline_data.py).
+DPO_PAIRS = ("trajectory", "turn", "both")
+# envs/registry.py: build_search_suite (a synthetic world, or a user's Search-R1 files).
+DATA_SOURCES = ("synthetic", "files")
+# envs/registry.py: INSTRUCTIONS (the search env's prompt).
+INSTRUCTIONS = ("minimal", "short", "search_r1")
+# envs/registry.py: build_search_suite (envs/retrieval.py: BM25Retriever in-process,
+# HttpRetriever for a server).
+RETRIEVERS = ("bm25", "http")
+# data/demonstrators.py: DemonstratorConfig.guess.
+GUESSES = ("sample", "mode")
+# train/trainer.py builds the rollout engine: "jax" is engine/jax/engine.py, "sglang"
+# the SGLang server pool (config/schema.py refuses it until its Engine lands).
+ENGINES = ("jax", "sglang")
+# train/stages/rl.py: guard_nonfinite.
+ON_NONFINITE = ("skip", "rollback")
+# engine/protocol.py: Completion.meta["logprob_distribution"], reported_distribution (what
+# an engine's log-probs are; rollout.sglang.logprob_distribution names the servers').
+LOGPROB_DISTRIBUTIONS = ("sampling", "temperature", "raw")

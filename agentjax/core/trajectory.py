@@ -1,0 +1,392 @@
+"""Exact multi-turn trajectories and their collation into fixed-shape training batches.
+
+A `Trajectory` stores the token ids exactly as the engine sampled them and as the env's
+observations were appended — never re-tokenized text (re-tokenizing decoded text can
+change the ids, and then the trained tokens are not the ones the policy sampled).
+Layout of one episode:
+
+    prompt_ids | turn 1: action_ids, observation_ids | turn 2: action_ids, ... | turn K
+
+`action_mask` is 1 exactly on the sampled tokens of trainable turns; 0 on the prompt, on
+observations (including their chat-template tokens and tags such as `<information>`), on
+template tokens the loop inserted (an end-of-turn token appended after a stop string)
+and on padding. Turn-ending tokens the policy sampled itself (`</search>`, `<|im_end|>`)
+are action tokens (mask 1), and so are a demonstration's end-of-turn tokens (see
+`Trajectory.from_demonstration`). Each row of a batch has its own mask pattern.
+
+`observation_token_ids` is the single function that turns an env observation into the
+ids appended after an action: the agent loop and `Trajectory.from_demonstration` both
+call it, so a demonstration has exactly the ids an episode with the same actions has.
+
+`collate` pads a list of trajectories to the smallest bucket length that fits the
+longest one, with arrays aligned for next-token prediction (position t predicts
+`targets[t] = token_ids[t + 1]`). Truncation rule for an episode longer than the largest
+bucket T: its first T + 1 tokens are kept (inputs `token_ids[:T]`, targets
+`token_ids[1:T+1]`), the row is flagged in `truncated`, masks and log-probs stay exact on
+the kept part, and no reward is lost: rewards of turns whose last action token was cut
+(and the final reward) land on the last kept action token, so `rewards.sum(-1) ==
+seq_rewards` whenever a row keeps at least one action token.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from agentjax.core.task import Task
+from agentjax.models.tokenizer import end_of_turn_id, observation_ids, prompt_ids
+from agentjax.engine.protocol import LOGPROB_DISTRIBUTIONS
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclasses.dataclass
+class Turn:
+    """One policy turn and what the loop appended after it.
+
+    Attributes:
+      action_ids: the token ids the policy sampled this turn (stop string/id included).
+      logprobs: behavior log-prob of each action token, aligned with `action_ids`,
+        under `logprob_distribution`.
+      finish_reason: the engine's finish reason ("stop", "length" or "abort").
+      observation_ids: ids appended after the action before the next turn (template
+        tokens, the observation, the next assistant header); after the last turn, the
+        template's end-of-turn token when the policy did not sample it (else empty).
+      trainable: False excludes this turn's action tokens from the loss (action_mask 0),
+        e.g. an invalid action in an SFT demonstration.
+      reward: the env's step reward for this turn.
+      matched_stop: the stop id or string that ended the turn, if any.
+      weight_version: the engine's version of the weights that sampled the turn.
+      logprob_distribution: which distribution `logprobs` are under
+        (`engine.LOGPROB_DISTRIBUTIONS`; an engine that does not say reports "sampling",
+        the Engine protocol's original contract).
+      versions: the weight version that sampled each action token (an asynchronous run
+        may swap weights mid-turn); empty when the engine reports none.
+    """
+
+    action_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    observation_ids: list[int] = dataclasses.field(default_factory=list)
+    trainable: bool = True
+    reward: float = 0.0
+    matched_stop: int | str | None = None
+    weight_version: int | str | None = None
+    logprob_distribution: str = "sampling"
+    versions: list[int] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        for name in ("logprobs",) + (("versions",) if self.versions else ()):
+            if len(getattr(self, name)) != len(self.action_ids):
+                raise ValueError(
+                    f"Turn.{name} has {len(getattr(self, name))} entries but action_ids "
+                    f"has {len(self.action_ids)}")
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(
+                f"Turn.finish_reason must be one of {FINISH_REASONS}, got "
+                f"{self.finish_reason!r}")
+        if self.logprob_distribution not in LOGPROB_DISTRIBUTIONS:
+            raise ValueError(
+                f"Turn.logprob_distribution must be one of {LOGPROB_DISTRIBUTIONS}, got "
+                f"{self.logprob_distribution!r}")
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """One episode as exact token ids plus rewards and bookkeeping.
+
+    Attributes:
+      prompt_ids: the rendered prompt (chat template with the generation prompt).
+      turns: the policy turns in order.
+      final_reward: the episode's outcome reward (reward_fn(task, log) total).
+      task_id: the task's id.
+      group_id: the GRPO group this episode belongs to (same task, same group).
+      task: the Task itself, when known.
+      metadata: stop_reason, failed, error, reward_components, num_tool_calls, the
+        env's EpisodeLog under "env_log", ...
+    """
+
+    prompt_ids: list[int]
+    turns: list[Turn] = dataclasses.field(default_factory=list)
+    final_reward: float = 0.0
+    task_id: str = ""
+    group_id: int = 0
+    task: Task | None = None
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def _segments(self):
+        """Yields (ids, logprobs or None, mask value, turn id) in token order."""
+        yield self.prompt_ids, None, 0, 0
+        for index, turn in enumerate(self.turns, start=1):
+            yield turn.action_ids, turn.logprobs, int(turn.trainable), index
+            yield turn.observation_ids, None, 0, index
+
+    @property
+    def token_ids(self) -> np.ndarray:
+        """All ids in order, int32 [L]."""
+        return np.asarray(
+            [t for ids, _, _, _ in self._segments() for t in ids], dtype=np.int32)
+
+    @property
+    def action_mask(self) -> np.ndarray:
+        """1 on sampled tokens of trainable turns, else 0; int32 [L]."""
+        return np.asarray(
+            [m for ids, _, m, _ in self._segments() for _ in ids], dtype=np.int32)
+
+    @property
+    def behavior_logp(self) -> np.ndarray:
+        """The engine's log-prob on sampled tokens of trainable turns, else 0; f32 [L]."""
+        out = []
+        for ids, logprobs, mask, _ in self._segments():
+            out.extend(logprobs if (logprobs is not None and mask) else [0.0] * len(ids))
+        return np.asarray(out, dtype=np.float32)
+
+    @property
+    def turn_ids(self) -> np.ndarray:
+        """0 on the prompt; k on turn k's action and the observation after it; int32 [L]."""
+        return np.asarray(
+            [k for ids, _, _, k in self._segments() for _ in ids], dtype=np.int32)
+
+    @property
+    def num_action_tokens(self) -> int:
+        """Number of tokens with action_mask 1."""
+        return sum(len(t.action_ids) for t in self.turns if t.trainable)
+
+    @property
+    def total_reward(self) -> float:
+        """final_reward plus every turn's reward (what `collate` puts in seq_rewards)."""
+        return float(self.final_reward) + sum(float(t.reward) for t in self.turns)
+
+    @property
+    def num_tokens(self) -> int:
+        """Length of `token_ids`."""
+        return len(self.prompt_ids) + sum(
+            len(t.action_ids) + len(t.observation_ids) for t in self.turns)
+
+    def reward_positions(self) -> list[tuple[int, float]]:
+        """(token index, reward) pairs placing every nonzero reward on an action token.
+
+        A turn's reward goes on the last trainable action token at or before the end of
+        that turn (its own last action token when it is trainable); rewards that come
+        before any trainable action token wait for the first one. The final reward goes
+        on the last trainable action token. Without trainable action tokens the list is
+        empty.
+        """
+        positions, pending, cursor, last_action = [], [], len(self.prompt_ids), None
+        for turn in self.turns:
+            if turn.trainable and turn.action_ids:
+                last_action = cursor + len(turn.action_ids) - 1
+            if turn.reward:
+                pending.append(float(turn.reward))
+            if last_action is not None:
+                positions.extend((last_action, r) for r in pending)
+                pending = []
+            cursor += len(turn.action_ids) + len(turn.observation_ids)
+        if last_action is not None and self.final_reward:
+            positions.append((last_action, float(self.final_reward)))
+        return positions
+
+    @classmethod
+    def from_demonstration(
+        cls,
+        tokenizer,
+        messages: Sequence[Mapping[str, str]],
+        turns: Sequence[tuple[str, str | None, bool]],
+        *,
+        observation_role: str | None = None,
+        reward: float = 0.0,
+        max_observation_tokens: int | None = None,
+        task: Task | None = None,
+        group_id: int = 0,
+    ) -> "Trajectory":
+        """Builds the trajectory the agent loop would record for the given actions.
+
+        The token ids are those of an episode whose policy sampled these actions, with
+        one difference in the mask: every assistant turn the chat template closes (one
+        followed by a chat-role observation, and the last turn) ends with the template's
+        end-of-turn token as a trainable action token, appended when the action text
+        does not end with it. An episode whose turn stopped on a stop string (`</answer>`,
+        `</tool_call>`) gets the same token as a template token instead (the engine never
+        sampled it, so it has no behavior log-prob); only demonstrations can teach the
+        model to end its turn where the template ends it, so that a trained model stops
+        there without stop strings.
+
+        Args:
+          tokenizer: the policy's tokenizer (agentjax.models.tokenizer).
+          messages: the initial chat messages (what `env.reset` returns).
+          turns: per policy turn `(action_text, observation_text, trainable)`;
+            observation_text None means the episode ended after that action. The action
+            text is encoded as the model would have produced it: special tokens written
+            in it (e.g. `<|im_end|>`) become their ids; a stop string is simply part of
+            the text. Log-probs are 0 (demonstrations have no behavior policy).
+          observation_role: as `Env.observation_role` (None: inline observations).
+          reward: the final reward.
+          max_observation_tokens: as `EpisodeLimits.max_observation_tokens`.
+          task: the task (its id becomes task_id).
+          group_id: the group id.
+        """
+        eot = end_of_turn_id(tokenizer)
+        built = []
+        for index, (action_text, observation, trainable) in enumerate(turns):
+            if observation is None and index != len(turns) - 1:
+                raise ValueError(
+                    f"turns[{index}] has no observation but is not the last turn")
+            action_ids = list(tokenizer.encode(action_text, add_special_tokens=False))
+            turn_closed = observation is None or observation_role is not None
+            if turn_closed and action_ids[-1:] != [eot]:
+                action_ids.append(eot)
+            obs_ids = [] if observation is None else observation_token_ids(
+                tokenizer, observation, role=observation_role, action_ids=action_ids,
+                max_tokens=max_observation_tokens)
+            built.append(Turn(action_ids, [0.0] * len(action_ids), "stop", obs_ids,
+                              trainable=bool(trainable)))
+        return cls(
+            prompt_ids=list(prompt_ids(tokenizer, list(messages))), turns=built,
+            final_reward=float(reward), task_id=task.task_id if task else "",
+            group_id=group_id, task=task, metadata={"demonstration": True})
+
+    @classmethod
+    def from_text(cls, tokenizer, text: str) -> "Trajectory":
+        """A plain document, eos-terminated, with every token but the first trainable
+        (language-model pretraining through the same packing and loss as SFT)."""
+        ids = list(tokenizer.encode(text, add_special_tokens=False)) + [tokenizer.eos_token_id]
+        return cls(prompt_ids=ids[:1], turns=[Turn(ids[1:], [0.0] * (len(ids) - 1), "stop")],
+                   metadata={"text": True})
+
+
+def strip_control_text(tokenizer, text: str) -> str:
+    """Removes the text of the tokenizer's special (control) tokens from `text`.
+
+    Env output is untrusted: a document containing "<|im_end|>" must not become a
+    control token that closes the turn. Agent tags such as `<information>` are not
+    control tokens and stay.
+    """
+    for token in tokenizer.added_tokens_decoder.values():
+        if token.special and token.content in text:
+            text = text.replace(token.content, "")
+    return text
+
+
+def observation_token_ids(
+    tokenizer,
+    observation: str,
+    *,
+    role: str | None,
+    action_ids: Sequence[int],
+    max_tokens: int | None = None,
+) -> list[int]:
+    """The ids appended after an action whose env returned `observation`.
+
+    Args:
+      tokenizer: the policy's tokenizer (agentjax.models.tokenizer).
+      observation: the env's observation text; control-token text is stripped from it
+        (`strip_control_text`).
+      role: None for an inline observation (encoded on its own, appended inside the
+        assistant turn, Search-R1 style); a chat role ("tool", "user") for a new chat
+        turn, whose ids come from the chat template (`models.tokenizer.observation_ids`:
+        the turn plus the next assistant header). If the action did not end with the
+        template's end-of-turn token (it stopped on a stop string or ran out of tokens),
+        that token is prepended here as a template token.
+      action_ids: the action the observation follows.
+      max_tokens: cut the observation's content to this many tokens (None: no cut).
+        A cut chat observation is re-encoded from its decoded prefix, which is fine
+        because the trajectory records the ids actually fed to the policy.
+    """
+    observation = strip_control_text(tokenizer, observation)
+    content_ids = list(tokenizer.encode(observation, add_special_tokens=False))
+    cut = max_tokens is not None and len(content_ids) > max_tokens
+    if role is None:
+        return content_ids[:max_tokens] if cut else content_ids
+    if cut:
+        observation = tokenizer.decode(content_ids[:max_tokens])
+    eot = end_of_turn_id(tokenizer)
+    prefix = [] if (len(action_ids) and action_ids[-1] == eot) else [eot]
+    return prefix + list(observation_ids(tokenizer, observation, role))
+
+
+def bucket_length(needed: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket >= needed, else the largest bucket (the row is truncated)."""
+    if not buckets or any(int(b) <= 0 for b in buckets):
+        raise ValueError(f"buckets must be positive lengths, got {buckets!r}")
+    ordered = sorted(int(b) for b in buckets)
+    for length in ordered:
+        if length >= needed:
+            return length
+    return ordered[-1]
+
+
+def collate(
+    trajectories: Sequence[Trajectory],
+    *,
+    buckets: Sequence[int],
+    pad_id: int,
+    batch_size: int | None = None,
+) -> dict[str, np.ndarray]:
+    """Pads trajectories into fixed-shape arrays aligned for next-token prediction.
+
+    Position t of a row holds input `token_ids[t]` and predicts `targets[t] =
+    token_ids[t + 1]`; every per-token quantity (action_mask, behavior_logp, rewards,
+    turn_ids) is aligned with `targets`. A trajectory of L tokens uses L - 1 positions.
+    See the module docstring for the truncation rule.
+
+    Args:
+      trajectories: the episodes, one row each.
+      buckets: allowed lengths T; the smallest that fits the longest row is used, so
+        jit sees only len(buckets) shapes.
+      pad_id: token id written on padding.
+      batch_size: pad the batch with empty rows (segment_ids 0, group_ids -1) up to this
+        many rows; None: exactly one row per trajectory.
+
+    Returns:
+      inputs, targets, positions, segment_ids (1 on real positions, 0 on padding),
+      turn_ids: int32 [B, T]; action_mask, behavior_logp, rewards: float32 [B, T];
+      seq_rewards: float32 [B] (final + turn rewards of the whole episode);
+      group_ids: int32 [B]; truncated: bool [B].
+    """
+    rows = len(trajectories)
+    if batch_size is None:
+        batch_size = rows
+    if rows > batch_size:
+        raise ValueError(f"got {rows} trajectories for batch_size={batch_size}")
+    if batch_size == 0:
+        raise ValueError("collate needs at least one row")
+    length = bucket_length(max([t.num_tokens - 1 for t in trajectories] + [1]), buckets)
+
+    out = {
+        "inputs": np.full((batch_size, length), pad_id, np.int32),
+        "targets": np.full((batch_size, length), pad_id, np.int32),
+        "positions": np.zeros((batch_size, length), np.int32),
+        "segment_ids": np.zeros((batch_size, length), np.int32),
+        "turn_ids": np.zeros((batch_size, length), np.int32),
+        "action_mask": np.zeros((batch_size, length), np.float32),
+        "behavior_logp": np.zeros((batch_size, length), np.float32),
+        "rewards": np.zeros((batch_size, length), np.float32),
+        "seq_rewards": np.zeros((batch_size,), np.float32),
+        "group_ids": np.full((batch_size,), -1, np.int32),
+        "truncated": np.zeros((batch_size,), bool),
+    }
+    for row, traj in enumerate(trajectories):
+        ids = traj.token_ids
+        used = max(min(len(ids) - 1, length), 0)
+        # Per-token arrays are indexed by the token they describe; shifting by one
+        # aligns them with the position that predicts that token.
+        out["inputs"][row, :used] = ids[:used]
+        out["targets"][row, :used] = ids[1:used + 1]
+        out["positions"][row, :used] = np.arange(used)
+        out["segment_ids"][row, :used] = 1
+        out["turn_ids"][row, :used] = traj.turn_ids[1:used + 1]
+        out["action_mask"][row, :used] = traj.action_mask[1:used + 1]
+        out["behavior_logp"][row, :used] = traj.behavior_logp[1:used + 1]
+        kept_actions = np.flatnonzero(out["action_mask"][row, :used])
+        for token_index, reward in traj.reward_positions():
+            position = token_index - 1
+            if position >= used:
+                if not len(kept_actions):
+                    continue
+                position = kept_actions[-1]
+            out["rewards"][row, position] += reward
+        out["seq_rewards"][row] = traj.total_reward
+        out["group_ids"][row] = traj.group_id
+        out["truncated"][row] = len(ids) - 1 > length
+    return out

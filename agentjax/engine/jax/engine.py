@@ -1,0 +1,650 @@
+"""JaxEngine: the in-process rollout engine (continuous batching over a fixed KV cache).
+
+    engine = JaxEngine.from_model(model, tokenizer=tok, max_slots=32, max_len=1024)
+    [[completion]] = await engine.generate([GenerateRequest(ids, SamplingParams(...))])
+    engine.update_weights(new_params, version=3)     # in place, no recompilation
+
+Over 450 lines because the scheduler is one thread's state machine (intake, admission,
+prefill and decode rounds, finishing) over one set of fields: split further, each piece
+would reach into the others' state. What it drives lives beside it: the device programs
+and the KV cache in `rollout.device_programs`, the shape of each call (rows gathered,
+chunk width, attention span) in `rollout.program_shapes`, the rows and sessions in
+`rollout.slots`.
+
+Design:
+- Prefill: each admitted sequence's next tokens go into a right-padded [P, C] chunk, C
+  picked per sequence from its own remaining tokens; the sequences of a round are
+  grouped by C, one call per group.
+- Decode: one program call runs `decode_steps` tokens over the decoding rows. Stop
+  strings are checked on the host by decoding a window of each row's newest tokens;
+  tokens sampled after a stop string are discarded and the row's cache length rolled
+  back.
+- Compilations: one decode program per (batch bucket, span) and one prefill program per
+  (batch bucket, chunk), compiled when first used; `warmup()` compiles them all upfront.
+- Continuous batching: a scheduler thread admits waiting requests into free rows
+  between decode rounds; when idle it waits `batch_wait_s` after the first arrival to
+  gather concurrent callers. Sequences finish independently.
+- Sessions (`GenerateRequest.session_id`): after a turn the row stays parked with its
+  cache and the session's next request prefills only past their common prefix
+  (`rollout.slots`). `update_weights` drops every parked session (their caches hold
+  old-policy keys).
+- Sampling and log-probs: `rollout.sampling` (temperature, then top-k, then top-p,
+  renormalized; the returned log-prob is that of the distribution sampled from; greedy
+  reports the untempered log-prob). Each sequence's key is `fold_in(PRNGKey(seed),
+  sample_index)` (or drawn from the engine's stream when `seed` is None), and the token
+  sampled for absolute position t uses `fold_in(key, t)`: a seeded request draws the
+  same noise whatever shares its batch or which row it lands in, and the turns of a
+  seeded episode (later positions) get fresh randomness.
+- Weights: `update_weights` copies the new params into the engine (same structure,
+  shapes, dtypes and shardings as before — checked), cast to the model's compute dtype
+  (`config.dtype`: float32 master weights become a bfloat16 copy), so nothing
+  recompiles and the trainer may donate its own buffers afterwards. The swap happens
+  between rounds, also while sequences are in flight: each output token's weight
+  version is reported (`meta["token_versions"]`), so a turn that straddles a swap
+  says which tokens which weights sampled.
+- Sharding: params may live on a mesh (e.g. `parallel.shard_model`); the cache is then
+  placed on it by `LayerKVCache.logical_axes` and the rules the model was sharded with
+  (`device_programs.new_cache`), and jit propagates the rest.
+
+Batch invariance (`deterministic=True`). Same noise is not same tokens: XLA:CPU's matmul
+result for a row depends on the program's row count (a row of `x[:k] @ w` differs from
+the same row of `x @ w` by ~1e-5), and the default scheduler picks program shapes
+(batch bucket, chunk width, span) from whatever happens to be in flight, so a near-tie
+between two tokens can resolve differently from run to run. For a fixed program shape
+a row's result does not depend on its row index or on the other rows' contents, so in
+deterministic mode every program a sequence passes through has a shape that does not
+depend on the other sequences: decode always runs all rows at span max_len; prefill
+always gathers `deterministic_prefill_rows` rows; chunk boundaries depend only on the
+sequence's own tokens (`ProgramShapes.chunk_width`, from the cached prefix its session
+holds). A seeded request's output ids and log-probs are then bitwise identical whatever else runs,
+in whatever order requests arrive (same engine settings, same machine and XLA build).
+A parked session is never evicted (re-prefilling its history would compute its keys in
+another program than the decode steps that wrote them): the caller keeps sessions in
+flight within max_slots (`end_session` when an episode ends); a request that finds every
+row held by a parked session is aborted with that error rather than left waiting.
+Weight swaps change outputs, as they should; the caller makes them at the same points.
+The price: decode pays for every row at full span (the benchmark prints it).
+
+Compilations of the device programs are counted process-wide (`compile_counts`). Weights
+and cache are committed to their devices at construction, and `update_weights` places new
+params on the same shardings, so a weight swap hits the same executables.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import functools
+import itertools
+import queue
+import threading
+import time
+import traceback
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from agentjax.models.decoder import LayerwiseWeights
+from agentjax.engine.jax.programs import (COMPILE_COUNTS, decode, engine_weights,
+                                              new_cache, prefill)
+from agentjax.engine.protocol import (Completion, GenerateRequest, SamplingParams,
+                                     check_request, reported_distribution)
+from agentjax.engine.jax.shapes import ProgramShapes
+from agentjax.engine.jax.sampling import fold_in_data, prng_key_data
+from agentjax.engine.jax.slots import SlotTable
+
+
+class _StopStrings:
+    """Detects the first token whose decoded text completes a stop string.
+
+    Every byte of a stop string belongs to exactly one token, so an occurrence completed
+    by the newest token lies within the last `window` tokens (window = longest stop
+    string in bytes); only that window is decoded.
+    """
+
+    def __init__(self, tokenizer, stops: Sequence[str]):
+        self.tokenizer = tokenizer
+        self.stops = tuple(s for s in stops if s)
+        self.window = max((len(s.encode("utf-8")) for s in self.stops), default=0) + 1
+
+    def match(self, output_ids: Sequence[int]) -> str | None:
+        if not self.stops:
+            return None
+        text = self.tokenizer.decode(list(output_ids[-self.window:]), skip_special_tokens=False)
+        for stop in self.stops:
+            if stop in text:
+                return stop
+        return None
+
+
+@dataclasses.dataclass(eq=False)
+class _Sequence:
+    """One completion being produced (a request with n > 1 makes n of these)."""
+
+    input_ids: tuple[int, ...]
+    sampling: SamplingParams
+    session_id: str | None
+    key: np.ndarray
+    stop_ids: frozenset
+    stop_strings: _StopStrings
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    slot: int | None = None
+    prefilled: int = 0
+    outputs: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)  # weight version per output
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    cancelled: bool = False
+
+    @property
+    def decoding(self) -> bool:
+        return self.prefilled == len(self.input_ids)
+
+
+class JaxEngine:
+    """In-process batched sampler implementing the Engine protocol (module docstring).
+
+    Args:
+      graphdef: the model's graphdef (`nnx.split(model)`).
+      params: the model's params (`nnx.split(model)`), possibly sharded on a mesh.
+      tokenizer: needed for stop strings (and supplies the default eos ids).
+      max_slots: sequences in flight at once (the decode batch).
+      max_len: cache slots per sequence: prompt + output must fit.
+      prefill_chunks: chunk lengths for prefill programs (a sequence's tokens are
+        prefilled in rounds of these widths, see `ProgramShapes.chunk_width`).
+      batch_buckets: batch sizes of gathered-row programs: a prefill or decode call
+        touching n rows gathers them into the smallest bucket >= n (padding rows are
+        inert) and computes only that many rows; more rows than the largest bucket run
+        over every row. Default: 1, 4, 16, 64, ... below max_slots.
+      decode_steps: tokens per decode program call (host round trip).
+      attention_spans: attention spans of the decode programs: each call attends only to
+        the smallest span holding every active row (one compilation per span used).
+        Default: powers of two from 128 up to max_len / 2 (a span is copied out of the
+        cache once per call: a span near max_len costs more than it saves), plus max_len.
+      batch_wait_s: when idle, how long to wait after a request for concurrent ones.
+      eos_token_ids: ids that always end generation (default: the model config's eos
+        ids — `models.hf.load_hf` adds generation_config.json's — plus, with a
+        tokenizer, its eos and its chat template's end-of-turn token).
+      max_stop_ids: most stop ids per request (static width of the device stop table).
+      cache_dtype: KV cache dtype (default: the model's compute dtype).
+      seed: seed of the engine's stream for requests without a seed.
+      deterministic: batch-invariant mode (module docstring): a seeded request's output
+        ids and log-probs are bitwise identical whatever else is in flight. Every decode
+        call runs all rows at span max_len (`batch_buckets` and `attention_spans` are
+        unused), every prefill call `deterministic_prefill_rows` rows; parked sessions
+        are never evicted, so the caller must keep its sessions (and other requests in
+        flight) within max_slots: a request that finds every row held by a parked session
+        comes back with finish_reason "abort".
+      deterministic_prefill_rows: rows of every prefill call in deterministic mode.
+
+    Attributes:
+      weight_version: version of the params in use (see `update_weights`).
+      deterministic: whether the engine runs in batch-invariant mode.
+      stats: counters: {prefill,decode}_{calls,tokens,s}, max_{prefill,decode}_batch,
+        evictions.
+    """
+
+    def __init__(
+        self,
+        graphdef: nnx.GraphDef,
+        params: Any,
+        *,
+        tokenizer=None,
+        max_slots: int = 16,
+        max_len: int = 1024,
+        prefill_chunks: Sequence[int] = (16, 64, 256),
+        batch_buckets: Sequence[int] | None = None,
+        decode_steps: int = 8,
+        attention_spans: Sequence[int] | None = None,
+        batch_wait_s: float = 0.002,
+        eos_token_ids: Sequence[int] | None = None,
+        max_stop_ids: int = 8,
+        cache_dtype=None,
+        seed: int = 0,
+        deterministic: bool = False,
+        deterministic_prefill_rows: int = 4,
+    ):
+        if max_slots < 1 or max_len < 2 or decode_steps < 1 or deterministic_prefill_rows < 1:
+            raise ValueError(
+                f"need max_slots >= 1, max_len >= 2, decode_steps >= 1, "
+                f"deterministic_prefill_rows >= 1; got {max_slots}, {max_len}, {decode_steps}, "
+                f"{deterministic_prefill_rows}")
+        if not prefill_chunks or min(prefill_chunks) < 1:
+            raise ValueError(f"prefill_chunks must be positive lengths, got {prefill_chunks!r}")
+        self._graphdef = graphdef
+        leaves, self._params_tree = jax.tree.flatten(params)
+        # Shapes, dtypes and shardings new weights must have (update_weights).
+        self._param_specs = [(tuple(x.shape), x.dtype, x.sharding) for x in leaves]
+        self._param_paths = [jax.tree_util.keystr(path) for path, _ in
+                             jax.tree_util.tree_leaves_with_path(params)]
+        self._weights = self._engine_weights(leaves)
+        self.config = self._weights.config
+        self.tokenizer = tokenizer
+        self.max_slots, self.max_len = max_slots, max_len
+        self.deterministic = deterministic
+        self.deterministic_prefill_rows = deterministic_prefill_rows
+        self.decode_steps = decode_steps
+        self._shapes = ProgramShapes(
+            max_slots, max_len, prefill_chunks=prefill_chunks, batch_buckets=batch_buckets,
+            attention_spans=attention_spans, deterministic=deterministic,
+            deterministic_prefill_rows=deterministic_prefill_rows)
+        self.batch_wait_s = batch_wait_s
+        self.max_stop_ids = max_stop_ids
+        if eos_token_ids is None:
+            eos_token_ids = _default_eos_ids(tokenizer, self.config)
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self._cache = new_cache(self._weights, self.config, max_slots, max_len, cache_dtype)
+        self.stats = collections.Counter()
+        self._table = SlotTable(max_slots, evict_parked=not deterministic, stats=self.stats)
+        self._waiting: collections.deque[_Sequence] = collections.deque()
+        self._inbox: queue.Queue = queue.Queue()
+        self._base_key = prng_key_data(seed)
+        self._unseeded = itertools.count()
+        self.weight_version = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="jax-engine", daemon=True)
+        self._thread.start()
+
+    def _engine_weights(self, leaves: Sequence[jax.Array]) -> LayerwiseWeights:
+        """The engine's own weights from param leaves: placed on the construction
+        shardings (a no-op when they are already there: no second full-precision copy),
+        then split per layer and cast to the compute dtype into fresh buffers (the
+        caller may donate or mutate its own afterwards)."""
+        placed = [jax.device_put(x, sharding, may_alias=True)
+                  for x, (_, _, sharding) in zip(leaves, self._param_specs)]
+        return engine_weights(self._graphdef, jax.tree.unflatten(self._params_tree, placed))
+
+    @classmethod
+    def from_model(cls, model: nnx.Module, **kwargs) -> "JaxEngine":
+        """Builds an engine from a Decoder (`nnx.split` is applied); kwargs as __init__."""
+        graphdef, params = nnx.split(model)
+        return cls(graphdef, params, **kwargs)
+
+    # ---------------------------------------------------------------- Engine protocol
+
+    async def generate(self, requests: Sequence[GenerateRequest]) -> list[list[Completion]]:
+        """Samples every request; returns its `n` completions per request, in order.
+
+        Raises ValueError (naming the request) for invalid sampling parameters or ids;
+        a request that does not fit the cache comes back with finish_reason "abort".
+        """
+        if self._closed:
+            raise RuntimeError("JaxEngine is closed")
+        loop = asyncio.get_running_loop()
+        per_request = []
+        for index, request in enumerate(requests):
+            self._validate(index, request)
+            per_request.append([self._make_sequence(request, i, loop)
+                                for i in range(request.sampling.n)])
+        for seqs in per_request:
+            for seq in seqs:
+                seq.future.add_done_callback(functools.partial(_mark_cancelled, seq))
+                self._inbox.put(("sequence", seq))
+        results = await asyncio.gather(*(seq.future for seqs in per_request for seq in seqs))
+        out, flat = [], iter(results)
+        for seqs in per_request:
+            out.append([next(flat) for _ in seqs])
+        return out
+
+    def generate_sync(self, requests: Sequence[GenerateRequest]) -> list[list[Completion]]:
+        """`generate` for callers without an event loop."""
+        return asyncio.run(self.generate(requests))
+
+    def update_weights(self, weights: Any, *, version: int | None = None) -> None:
+        """Swaps in new params (same tree, shapes, dtypes; copied onto the current
+        shardings) between decode rounds; parked sessions are dropped. No recompilation.
+
+        Args:
+          weights: params with the structure of `nnx.split(model)[1]`.
+          version: recorded as `meta["weight_version"]` (default: previous + 1).
+        """
+        new_leaves, new_tree = jax.tree.flatten(weights)
+        if new_tree != self._params_tree:
+            raise ValueError(
+                f"update_weights: params tree differs from the engine's:\n{new_tree}\nvs\n"
+                f"{self._params_tree}")
+        for path, (shape, dtype, _), new in zip(self._param_paths, self._param_specs,
+                                                new_leaves):
+            if tuple(new.shape) != shape or jnp.dtype(new.dtype) != dtype:
+                raise ValueError(
+                    f"update_weights: {path} has {jnp.dtype(new.dtype).name}"
+                    f"{tuple(new.shape)}, the engine expects {dtype.name}{shape}")
+        self._call_scheduler("weights", (self._engine_weights(new_leaves), version))
+
+    def health(self) -> bool:
+        """True while the scheduler thread runs."""
+        return not self._closed and self._thread.is_alive()
+
+    def end_session(self, session_id: str) -> None:
+        """Frees the session's cache row (asynchronously, in the scheduler thread)."""
+        self._inbox.put(("end_session", session_id))
+
+    # ---------------------------------------------------------------- public extras
+
+    def warmup(self) -> int:
+        """Compiles every program the engine can call (`ProgramShapes.programs`) with
+        inert inputs, so later requests never wait on XLA; returns the number of programs.
+        Safe while requests run."""
+        self._call_scheduler("warmup", None)
+        return len(self._shapes.programs())
+
+    @property
+    def compile_counts(self) -> dict[str, int]:
+        """XLA compilations of the engine's programs so far, process-wide."""
+        return dict(COMPILE_COUNTS)
+
+    def _call_scheduler(self, kind: str, payload: Any) -> None:
+        """Posts a control message to the scheduler thread and waits until it is done;
+        re-raises what it raised."""
+        done, outcome = threading.Event(), {}
+        self._inbox.put((kind, (payload, done, outcome)))
+        while not done.wait(timeout=1.0):
+            if not self.health():
+                raise RuntimeError(f"{kind}: the engine is not running")
+        if "error" in outcome:
+            raise RuntimeError(f"{kind} failed in the engine thread") from outcome["error"]
+
+    def close(self) -> None:
+        """Stops the scheduler thread; in-flight requests are aborted."""
+        if not self._closed:
+            self._closed = True
+            self._inbox.put(("stop", None))
+            self._thread.join(timeout=30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---------------------------------------------------------------- request intake
+
+    def _validate(self, index: int, request: GenerateRequest) -> None:
+        s = request.sampling
+        where = check_request(index, request)
+        if max(request.input_ids) >= self.config.vocab_size:
+            raise ValueError(f"{where}.input_ids must be in [0, {self.config.vocab_size})")
+        if len(set(s.stop_token_ids) | set(self.eos_token_ids)) > self.max_stop_ids:
+            raise ValueError(f"{where}: more than max_stop_ids={self.max_stop_ids} stop ids")
+        if s.stop and self.tokenizer is None:
+            raise ValueError(f"{where}: stop strings need JaxEngine(tokenizer=...)")
+
+    def _make_sequence(self, request: GenerateRequest, sample_index: int, loop) -> _Sequence:
+        s = request.sampling
+        if s.seed is None:
+            base = fold_in_data(self._base_key, next(self._unseeded))
+        else:
+            base = fold_in_data(prng_key_data(s.seed), sample_index)
+        return _Sequence(
+            input_ids=tuple(map(int, request.input_ids)), sampling=s,
+            session_id=request.session_id, key=base,
+            stop_ids=frozenset(s.stop_token_ids) | frozenset(self.eos_token_ids),
+            stop_strings=_StopStrings(self.tokenizer, s.stop),
+            future=loop.create_future(), loop=loop)
+
+    # ---------------------------------------------------------------- scheduler thread
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                if not self._receive():
+                    break
+                self._drop_cancelled()
+                self._admit()
+                self._prefill_round()
+                self._decode_round()
+            except Exception as error:  # noqa: BLE001 - never let the thread die
+                self._abort_all(f"engine error: {type(error).__name__}: {error}",
+                                traceback.format_exc())
+        self._abort_all("engine closed", None)
+
+    def _busy(self) -> bool:
+        return bool(self._waiting) or bool(self._table.in_flight())
+
+    def _receive(self) -> bool:
+        """Handles inbox messages (blocking while idle); False once asked to stop."""
+        messages = []
+        if not self._busy():
+            messages.append(self._inbox.get())
+            deadline = time.perf_counter() + self.batch_wait_s
+            while messages[-1][0] == "sequence" and (left := deadline - time.perf_counter()) > 0:
+                try:
+                    messages.append(self._inbox.get(timeout=left))
+                except queue.Empty:
+                    break
+        while True:
+            try:
+                messages.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        for kind, payload in messages:
+            if kind == "stop":
+                return False
+            if kind == "sequence":
+                self._enqueue(payload)
+            elif kind == "end_session":
+                self._table.end_session(payload)
+            else:
+                self._control(kind, *payload)
+        return True
+
+    def _control(self, kind: str, payload: Any, done: threading.Event, outcome: dict) -> None:
+        """Runs a `_call_scheduler` message ("warmup" or "weights")."""
+        try:
+            if kind == "warmup":
+                self._warmup()
+            else:
+                self._weights, version = payload
+                self.weight_version = self.weight_version + 1 if version is None else version
+                self._table.end_idle_sessions()
+        except Exception as error:  # noqa: BLE001 - handed to the waiting caller
+            outcome["error"] = error
+        finally:
+            done.set()
+
+    def _warmup(self) -> None:
+        """Runs every program once on inert rows (all padding / inactive: no cache row
+        changes)."""
+        for kind, gathered, size in self._shapes.programs():
+            if gathered is None:
+                cache_rows = self._shapes.all_rows()
+            else:
+                cache_rows = np.full(gathered, self._shapes.padding_row, np.int32)
+            run = self._run_prefill if kind == "prefill" else self._run_decode
+            run([], gathered is not None, cache_rows, [], size)
+        jax.block_until_ready(self._cache)
+
+    def _enqueue(self, seq: _Sequence) -> None:
+        if len(seq.input_ids) > self.max_len:
+            self._finish(seq, "abort", None, error=(
+                f"input of {len(seq.input_ids)} tokens does not fit max_len={self.max_len}"))
+            return
+        seq.meta["weight_version_start"] = self.weight_version
+        self._waiting.append(seq)
+
+    def _drop_cancelled(self) -> None:
+        self._waiting = collections.deque(s for s in self._waiting if not s.cancelled)
+        for seq in [s for s in self._table.in_flight() if s.cancelled]:
+            self._table.release(seq)
+
+    def _admit(self) -> None:
+        """Moves waiting sequences into cache rows (`SlotTable.admit`)."""
+        still_waiting = self._table.admit(self._waiting)
+        if self.deterministic and still_waiting and not self._table.in_flight():
+            # Every row holds a parked session and none may be evicted: nothing will free
+            # a row until the caller ends sessions, so waiting would hang the caller.
+            for seq in still_waiting:
+                self._finish(seq, "abort", None, error=(
+                    f"deterministic JaxEngine: all max_slots={self.max_slots} rows hold "
+                    f"parked sessions (evicting one would change its later outputs); keep "
+                    f"sessions in flight <= max_slots and end_session() finished ones"))
+            still_waiting.clear()
+        self._waiting = still_waiting
+
+    def _sampling_arrays(self, seqs: Sequence[_Sequence], rows: Sequence[int], size: int):
+        keys = np.zeros((size, 2), np.uint32)
+        steps = np.zeros(size, np.int32)
+        temperature = np.ones(size, np.float32)
+        top_k = np.full(size, -1, np.int32)
+        top_p = np.ones(size, np.float32)
+        for seq, row in zip(seqs, rows):
+            keys[row] = seq.key
+            steps[row] = len(seq.input_ids) + len(seq.outputs)
+            temperature[row] = seq.sampling.temperature
+            top_k[row] = seq.sampling.top_k
+            top_p[row] = seq.sampling.top_p
+        return keys, steps, temperature, top_k, top_p
+
+    def _prefill_round(self) -> None:
+        """One prefill call per chunk width in use (per `deterministic_prefill_rows`
+        sequences when deterministic)."""
+        shapes, by_width = self._shapes, collections.defaultdict(list)
+        for seq in self._table.in_flight():
+            if not seq.decoding:
+                by_width[shapes.chunk_width(len(seq.input_ids) - seq.prefilled)].append(seq)
+        per_call = shapes.prefill_rows_per_call
+        for width, seqs in sorted(by_width.items()):
+            for start in range(0, len(seqs), per_call):
+                batch = seqs[start:start + per_call]
+                layout = shapes.layout([s.slot for s in batch], "prefill")
+                self._run_prefill(batch, *layout, width)
+
+    def _run_prefill(self, seqs: Sequence[_Sequence], gather: bool, cache_rows: np.ndarray,
+                     rows: Sequence[int], width: int) -> None:
+        """Prefills the next `width` tokens of each sequence (program row `rows[i]`)."""
+        size = len(cache_rows)
+        tokens = np.zeros((size, width), np.int32)
+        segments = np.zeros((size, width), np.int32)
+        chunks = []
+        for seq, row in zip(seqs, rows):
+            chunk = seq.input_ids[seq.prefilled:seq.prefilled + width]
+            tokens[row, :len(chunk)] = chunk
+            segments[row, :len(chunk)] = 1
+            chunks.append(len(chunk))
+        start = time.perf_counter()
+        self._cache, new_tokens, logprobs = prefill(
+            self._weights, self._cache, self._table.lengths, cache_rows, tokens, segments,
+            *self._sampling_arrays(seqs, rows, size), gather=gather)
+        new_tokens, logprobs = np.asarray(new_tokens), np.asarray(logprobs)
+        if seqs:
+            self._count("prefill", start, len(seqs), sum(chunks))
+        for seq, row, count in zip(seqs, rows, chunks):
+            self._table.lengths[seq.slot] += count
+            seq.prefilled += count
+            if seq.decoding:
+                self._append(seq, int(new_tokens[row]), float(logprobs[row]))
+
+    def _decode_round(self) -> None:
+        seqs = [s for s in self._table.in_flight() if s.decoding]
+        if seqs:
+            needed = max(int(self._table.lengths[s.slot]) for s in seqs) + self.decode_steps
+            layout = self._shapes.layout([s.slot for s in seqs], "decode")
+            self._run_decode(seqs, *layout, self._shapes.span(needed))
+
+    def _run_decode(self, seqs: Sequence[_Sequence], gather: bool, cache_rows: np.ndarray,
+                    rows: Sequence[int], span: int) -> None:
+        """`decode_steps` tokens for each sequence (program row `rows[i]`)."""
+        size = len(cache_rows)
+        last = np.zeros(size, np.int32)
+        active = np.zeros(size, bool)
+        budget = np.zeros(size, np.int32)
+        stop_ids = np.full((size, self.max_stop_ids), -1, np.int32)
+        for seq, row in zip(seqs, rows):
+            last[row] = seq.outputs[-1]
+            active[row] = True
+            budget[row] = seq.sampling.max_new_tokens - len(seq.outputs)
+            ids = sorted(seq.stop_ids)
+            stop_ids[row, :len(ids)] = ids
+        keys, steps, temperature, top_k, top_p = self._sampling_arrays(seqs, rows, size)
+        start = time.perf_counter()
+        self._cache, tokens, logprobs, emitted = decode(
+            self._weights, self._cache, self._table.lengths, cache_rows, last, active, keys,
+            steps, budget, stop_ids, temperature, top_k, top_p, gather=gather,
+            num_steps=self.decode_steps, span=span)
+        tokens, logprobs, emitted = (np.asarray(a) for a in (tokens, logprobs, emitted))
+        if seqs:
+            self._count("decode", start, len(seqs), int(emitted.sum()))
+        for seq, row in zip(seqs, rows):
+            self._table.lengths[seq.slot] += int(emitted[row].sum())
+            for step in np.flatnonzero(emitted[row]):
+                if self._append(seq, int(tokens[row, step]), float(logprobs[row, step])):
+                    break
+
+    def _count(self, program: str, start: float, batch: int, tokens: int) -> None:
+        """Accumulates per-program statistics (calls, seconds, tokens, largest batch)."""
+        self.stats[f"{program}_s"] += time.perf_counter() - start
+        self.stats[f"{program}_calls"] += 1
+        self.stats[f"{program}_tokens"] += tokens
+        self.stats[f"max_{program}_batch"] = max(self.stats[f"max_{program}_batch"], batch)
+
+    def _append(self, seq: _Sequence, token: int, logprob: float) -> bool:
+        """Records a sampled token; finishes the sequence when it ends. True if ended."""
+        seq.outputs.append(token)
+        seq.logprobs.append(logprob)
+        seq.versions.append(self.weight_version)
+        if token in seq.stop_ids:
+            return self._finish(seq, "stop", token)
+        matched = seq.stop_strings.match(seq.outputs)
+        if matched is not None:
+            return self._finish(seq, "stop", matched)
+        if len(seq.outputs) >= seq.sampling.max_new_tokens:
+            return self._finish(seq, "length", None)
+        if len(seq.input_ids) + len(seq.outputs) > self.max_len:
+            return self._finish(seq, "length", None)
+        return False
+
+    def _finish(self, seq: _Sequence, reason: str, matched, error: str | None = None) -> bool:
+        if seq.slot is not None:
+            # The cache holds the input and every output but the last (never fed).
+            self._table.lengths[seq.slot] = len(seq.input_ids) + len(seq.outputs) - 1
+            self._table.release(seq)
+        meta = dict(seq.meta, prompt_tokens=len(seq.input_ids),
+                    completion_tokens=len(seq.outputs), weight_version=self.weight_version,
+                    logprob_distribution=reported_distribution("sampling", seq.sampling),
+                    token_versions=list(seq.versions))
+        if error is not None:
+            meta["error"] = error
+        _resolve(seq, Completion(list(seq.outputs), list(seq.logprobs), reason, matched, meta))
+        return True
+
+    def _abort_all(self, message: str, details: str | None) -> None:
+        seqs = list(self._waiting) + self._table.in_flight()
+        self._waiting.clear()
+        self._table.clear()
+        for seq in seqs:
+            seq.slot = None
+            seq.meta["traceback"] = details
+            self._finish(seq, "abort", None, error=message)
+        if details is not None:  # buffers may have been donated to the failed call
+            self._cache = new_cache(self._weights, self.config, self.max_slots, self.max_len,
+                                    self._cache.v[0].dtype)
+
+
+def _mark_cancelled(seq: _Sequence, future: asyncio.Future) -> None:
+    if future.cancelled():
+        seq.cancelled = True
+
+
+def _resolve(seq: _Sequence, completion: Completion) -> None:
+    def set_result():
+        if not seq.future.done():
+            seq.future.set_result(completion)
+    try:
+        seq.loop.call_soon_threadsafe(set_result)
+    except RuntimeError:  # the caller's event loop is gone
+        pass
+
+
+def _default_eos_ids(tokenizer, config) -> tuple[int, ...]:
+    from agentjax.models.tokenizer import stop_token_ids
+
+    eos = config.eos_token_id
+    model_eos = () if eos is None else eos if isinstance(eos, tuple) else (eos,)
+    if tokenizer is None:
+        return tuple(sorted(set(model_eos)))
+    return stop_token_ids(tokenizer, model_eos)
+

@@ -1,0 +1,278 @@
+"""SGLang's native HTTP API as SGLangEngine speaks it: the /generate body of one sample,
+the checks an answer passes before it becomes a Completion, and the control calls
+(/health; pause, load weights, continue).
+
+Paths below are in sgl-project/sglang, under python/sglang/srt/ unless they say docs/.
+
+Request (managers/io_struct.py `GenerateReqInput`, sampling/sampling_params.py
+`SamplingParams`):
+- `input_ids`: token ids in, `output_ids` out; text never round-trips.
+- `sampling_params` carries every field agentjax controls, neutral values included
+  (min_p 0, no penalties): SGLang fills absent fields from the model's
+  generation_config.json (`--sampling-defaults model`, the default of current releases),
+  so an absent top_p could silently become Qwen's 0.8. `top_k <= 0` is sent as -1 (its
+  `verify` rejects 0). `n` is always 1: a request with n > 1 becomes n requests with
+  their own seeds, since SGLang would give n copies of one request one seed.
+- `sampling_seed` (not `seed`): read only by servers launched with
+  `--enable-deterministic-inference` (sampling/sampling_batch_info.py builds the seed
+  tensor only then; layers/sampler.py `multinomial_with_seed` draws from seed and
+  position), ignored otherwise. Versions whose SamplingParams lacks the field (before
+  sglang PR #10678) reject the request: an unknown sampling_params key raises. SGLang's
+  flashinfer backend refuses seeded top-k/top-p sampling (layers/sampler.py
+  `_sample_from_probs`): launch with `--sampling-backend pytorch` for that. Seeds travel
+  as int32 (sampling_batch_info.py).
+- `skip_special_tokens: false`, `no_stop_trim: true`: `output_ids` are never trimmed
+  (managers/tokenizer_manager.py copies the scheduler's ids); these keep `text` whole
+  too. Stop strings are matched on the decoded tail of the output ids
+  (managers/schedule_batch.py `Req._check_str_based_finish`), stop ids and eos on the
+  last id: generation ends on the id that completes a stop, and that id is the last one.
+- `return_logprob: true`, `logprob_start_len: -1` (output tokens only),
+  `return_text_in_logprobs: false` (the triples carry null text).
+- `rid`: unique per attempt; SGLang rejects a rid already in flight.
+
+Response (managers/tokenizer_manager.py `_handle_batch_output`): `{"text", "output_ids",
+"meta_info": {"id", "finish_reason", "prompt_tokens", "completion_tokens",
+"cached_tokens", "weight_version", "output_token_logprobs": [[logprob, id, null], ...]}}`.
+`finish_reason` (managers/schedule_batch.py `FINISH_*.to_json`): `{"type": "stop",
+"matched": id | str}`, `{"type": "length", "length": n}`, `{"type": "abort", "message",
+"status_code", "err_type"}`. A ValueError becomes HTTP 400 `{"error": {"message"}}`
+(entrypoints/http_server.py `_create_error_response`).
+
+`parse_generate_response` turns that into a Completion or raises `MalformedResponse`:
+one finite log-prob per output id with the same token id, the rid echoed, the prompt
+length echoed, at most max_new_tokens ids, a stop's matched id the last output id. A
+response that breaks the protocol is an error, never silently wrong data.
+
+Weights (docs/advanced_features/sglang_for_rl.md, "pause_generation --- update weights
+--- continue_generation is the correct execution flow"): `load_weights` posts
+/pause_generation {"mode": "abort"} (requests in flight come back as aborts),
+/update_weights_from_disk {model_path, weight_version, flush_cache: true} (answers
+`{success, message}`; flush_cache drops radix entries of the old weights), then
+/continue_generation, which is sent even when the update failed.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from typing import Any, Sequence
+
+import aiohttp
+import numpy as np
+
+from agentjax.engine.protocol import Completion, GenerateRequest, SamplingParams, check_request
+
+INT32 = 2**31
+# log(softmax) of a near-certain token may round above 0 (SGLang takes log(probs)).
+LOGPROB_ROUNDING = 1e-4
+
+
+class MalformedResponse(ValueError):
+    """A server's answer does not follow SGLang's /generate protocol."""
+
+
+class RequestRejected(ValueError):
+    """The server refused the request as invalid (HTTP 4xx): retrying cannot help."""
+
+
+def validate_request(index: int, request: GenerateRequest) -> None:
+    """ValueError naming `requests[index]` unless SGLang can take it."""
+    s = request.sampling
+    where = check_request(index, request)
+    if s.seed is not None and not -INT32 <= s.seed < INT32:
+        raise ValueError(f"{where}: seed {s.seed} does not fit SGLang's int32 sampling_seed")
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a request seeded `seed`: the seed itself for the
+    first sample (so a one-sample request carries its seed unchanged to the server), a
+    31-bit seed derived from (seed, index) for the others."""
+    if index == 0:
+        return seed
+    state = np.random.SeedSequence([seed % 2**32, index]).generate_state(1)[0]
+    return int(state & 0x7FFFFFFF)
+
+
+def generate_payload(input_ids: Sequence[int], sampling: SamplingParams, *, seed: int,
+                     stop_token_ids: Sequence[int], rid: str,
+                     session_id: str | None = None) -> dict[str, Any]:
+    """The /generate body of one sample (module docstring); `session_id` only for servers
+    that keep a session's KV cache between turns (scripts/serve.py)."""
+    if not -INT32 <= seed < INT32:
+        raise ValueError(f"seed {seed} does not fit SGLang's int32 sampling_seed")
+    session = {} if session_id is None else {"session_id": session_id}
+    return {**session,
+        "input_ids": [int(t) for t in input_ids],
+        "sampling_params": {
+            "temperature": float(sampling.temperature),
+            "top_p": float(sampling.top_p),
+            "top_k": int(sampling.top_k) if sampling.top_k > 0 else -1,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0.0,
+            "max_new_tokens": int(sampling.max_new_tokens),
+            "stop": list(sampling.stop),
+            "stop_token_ids": sorted({int(t) for t in stop_token_ids}),
+            "ignore_eos": False,
+            "n": 1,
+            "sampling_seed": int(seed),
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
+        },
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "return_text_in_logprobs": False,
+        "stream": False,
+        "rid": rid,
+    }
+
+
+def error_message(body: Any, fallback: str) -> str:
+    """The message of an SGLang error body (`{"error": {"message"}}`, FastAPI's
+    `{"detail"}`), else `fallback`."""
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if body.get("detail"):
+            return str(body["detail"])
+        if body.get("message"):
+            return str(body["message"])
+    return fallback
+
+
+def weight_version(value: Any) -> int | str | None:
+    """SGLang reports weight versions as strings ("default" until a first update);
+    agentjax's versions are integers: a string of digits becomes an int."""
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return value
+
+
+def _fail(where: str, problem: str):
+    raise MalformedResponse(f"{where}: {problem}")
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _logprobs(where: str, triples: Any, output_ids: list[int]) -> list[float]:
+    """Log-probs of `[logprob, token_id, text|null]` triples checked against the ids."""
+    if not isinstance(triples, list) or len(triples) != len(output_ids):
+        _fail(where, f"output_token_logprobs must hold one [logprob, token_id, text] per "
+                     f"output id ({len(output_ids)}), got "
+                     f"{len(triples) if isinstance(triples, list) else type(triples).__name__}")
+    out = []
+    for k, (triple, token) in enumerate(zip(triples, output_ids)):
+        if (not isinstance(triple, list) or len(triple) != 3 or isinstance(triple[0], bool)
+                or not isinstance(triple[0], (int, float))):
+            _fail(where, f"output_token_logprobs[{k}] is not [logprob, token_id, text]: "
+                         f"{triple!r}")
+        logprob, triple_id = float(triple[0]), triple[1]
+        if triple_id != token:
+            _fail(where, f"output_token_logprobs[{k}] is for token {triple_id!r} but "
+                         f"output_ids[{k}] is {token}")
+        if not math.isfinite(logprob) or logprob > LOGPROB_ROUNDING:
+            _fail(where, f"output_token_logprobs[{k}] has log-prob {logprob} (a sampled "
+                         "token's log-prob is finite and <= 0)")
+        out.append(logprob)
+    return out
+
+
+def parse_generate_response(body: Any, *, where: str, rid: str, prompt_len: int,
+                            max_new_tokens: int) -> Completion:
+    """A Completion from one /generate answer (module docstring), or MalformedResponse.
+
+    An abort comes back as a Completion with finish_reason "abort", no output ids and
+    meta["error"] (the caller retries it). meta holds weight_version,
+    cached_tokens, prompt_tokens, completion_tokens, rid.
+
+    Args:
+      body: the decoded JSON.
+      where: names the server and request in errors.
+      rid: the rid sent (meta_info.id must echo it).
+      prompt_len: len(input_ids) sent (meta_info.prompt_tokens must echo it).
+      max_new_tokens: the cap sent.
+    """
+    if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
+        _fail(where, f"expected an object with meta_info, got {str(body)[:200]!r}")
+    meta_info = body["meta_info"]
+    reason = meta_info.get("finish_reason")
+    if not isinstance(reason, dict) or reason.get("type") not in ("stop", "length", "abort"):
+        _fail(where, f"finish_reason must be {{'type': 'stop' | 'length' | 'abort', ...}}, "
+                     f"got {reason!r}")
+    if meta_info.get("id", rid) != rid:
+        _fail(where, f"answer is for rid {meta_info['id']!r}, not {rid!r}")
+    output_ids = body.get("output_ids")
+    if not isinstance(output_ids, list) or not all(_is_id(t) for t in output_ids):
+        _fail(where, f"output_ids must be a list of token ids, got {str(output_ids)[:200]!r}")
+    meta = {"weight_version": weight_version(meta_info.get("weight_version")),
+            "cached_tokens": meta_info.get("cached_tokens"),
+            "prompt_tokens": meta_info.get("prompt_tokens"),
+            "completion_tokens": meta_info.get("completion_tokens"), "rid": rid}
+    if reason["type"] == "abort":  # nothing of a partial output is kept
+        meta["error"] = f"{where} aborted: {reason.get('message') or 'no message'}"
+        return Completion([], [], "abort", None, meta)
+    logprobs = _logprobs(where, meta_info.get("output_token_logprobs"), output_ids)
+    if meta["prompt_tokens"] is not None and meta["prompt_tokens"] != prompt_len:
+        _fail(where, f"prompt_tokens is {meta['prompt_tokens']}, but {prompt_len} ids were "
+                     "sent")
+    if meta["completion_tokens"] is not None and meta["completion_tokens"] != len(output_ids):
+        _fail(where, f"completion_tokens is {meta['completion_tokens']} for "
+                     f"{len(output_ids)} output ids")
+    if len(output_ids) > max_new_tokens:
+        _fail(where, f"{len(output_ids)} output ids exceed max_new_tokens={max_new_tokens}")
+    matched = None
+    if reason["type"] == "stop":
+        matched = reason.get("matched")
+        if _is_id(matched):
+            if output_ids[-1:] != [matched]:
+                _fail(where, f"stopped on token {matched}, which is not the last output id")
+        elif not isinstance(matched, str) and matched is not None:
+            _fail(where, f"a stop's matched must be a token id or a string, got {matched!r}")
+    return Completion(list(output_ids), logprobs, reason["type"], matched, meta)
+
+
+async def answers_health(client: aiohttp.ClientSession, url: str, timeout_s: float) -> bool:
+    """True when GET url/health answers 200 within timeout_s."""
+    try:
+        async with client.get(url + "/health",
+                              timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            return response.status == 200
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return False
+
+
+async def read_answer(response: aiohttp.ClientResponse) -> tuple[int, Any, str]:
+    """(HTTP status, the body parsed as JSON or None, the body's text)."""
+    text = await response.text()
+    try:
+        return response.status, json.loads(text), text
+    except ValueError:
+        return response.status, None, text
+
+
+async def load_weights(client: aiohttp.ClientSession, url: str, folder: str, version: int,
+                       timeout_s: float) -> str | None:
+    """Pause, load `folder` as `version`, continue (module docstring); None, or why it
+    failed."""
+    async def call(path: str, body: dict) -> None:
+        async with client.post(url + path, json=body,
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            code, answer, text = await read_answer(response)
+        if code >= 300 or (isinstance(answer, dict) and answer.get("success") is False):
+            raise RuntimeError(f"{path}: HTTP {code}: {error_message(answer, text[:200])}")
+
+    try:
+        await call("/pause_generation", {"mode": "abort"})
+        try:
+            await call("/update_weights_from_disk", {
+                "model_path": folder, "weight_version": str(version), "flush_cache": True})
+        finally:
+            await call("/continue_generation", {})
+    except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError) as error:
+        return (f"loading weights version {version} from {folder} failed: "
+                f"{type(error).__name__}: {error}")
+    return None

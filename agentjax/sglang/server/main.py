@@ -1,0 +1,212 @@
+"""Serve a policy (a local HF folder) with agentjax's engine over SGLang's native HTTP API.
+
+    python scripts/serve.py --model-path runs/grpo_search/hf --port 30000 [--lanes 2]
+    python -m agentjax.sglang.server.main ...      # the same, wherever agentjax is installed
+
+Endpoints, request and response shapes: `agentjax/sglang/server/app.py` (SGLang's
+/generate, /health, /update_weights_from_disk, /pause_generation, ...). Flags follow
+`python -m sglang.launch_server` where they mean the same thing (--model-path,
+--tokenizer-path, --host, --port, --context-length, --max-running-requests, --random-seed,
+--dtype, --enable-deterministic-inference, --weight-version, --skip-server-warmup,
+--log-level); the others set the JaxEngine (--lanes, --decode-steps, --prefill-chunks).
+`--dtype auto` is the checkpoint's own dtype (SGLang's auto serves float32 checkpoints
+in float16, which CPUs do not compute natively).
+
+When it accepts requests it prints one line on stdout:
+`[agentjax] serving <model path> at http://HOST:PORT` (`--port 0` takes a free port:
+read it from that line).
+
+Stopping: SIGTERM or SIGINT closes the listening socket, gives requests in flight
+--shutdown-timeout seconds, then closes the engine and exits (a second SIGINT exits at
+once). `--parent-pid PID` (PID = the launcher's own pid) also stops the server when PID
+is no longer its parent: the launcher died, even by SIGKILL, and the kernel reparented
+the orphan. Checked once a second with getppid(), which works however the launcher dies
+and whatever thread started the server. The alternatives fall short: PR_SET_PDEATHSIG
+(what SGLang's own subprocesses use) fires when the *thread* that forked the child exits,
+so a trainer starting servers from a worker thread would see them killed early, and it
+is Linux-only; watching stdin for EOF takes the child's stdin and stays open while any
+other child holds a copy of the pipe. The launcher must start this script directly, not
+through a shell (the shell would be the parent).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+import jax.numpy as jnp
+import uvicorn
+from flax import nnx
+
+from agentjax.models.hf import load_hf
+from agentjax.models.tokenizer import load_tokenizer
+from agentjax.engine.jax.lanes import LanedEngine
+from agentjax.sglang.server.app import build_app, hf_params_loader
+
+DTYPES = {"float32": jnp.float32, "float": jnp.float32, "bfloat16": jnp.bfloat16,
+          "float16": jnp.float16, "half": jnp.float16}
+PARENT_POLL_S = 1.0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, printing the ready line and marking the app as shutting down
+    (so /health answers 503) as soon as a stop signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, service, model_path: str):
+        super().__init__(config)
+        self.service, self.model_path = service, model_path
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            port = self.servers[0].sockets[0].getsockname()[1]
+            self.service.server_args["port"] = port  # the one taken, with --port 0
+            host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+            print(f"[agentjax] serving {self.model_path} at http://{host}:{port}", flush=True)
+
+    def handle_exit(self, sig, frame) -> None:
+        self.service.shutting_down = True
+        super().handle_exit(sig, frame)
+
+
+def watch_parent(parent_pid: int, grace_s: float) -> None:
+    """Sends this process SIGTERM once `parent_pid` is no longer its parent, and ends it
+    `grace_s` later if the graceful stop has not (module docstring)."""
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        logging.warning("parent process %d is gone: shutting down", parent_pid)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os._exit(1)
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def checkpoint_dtype(model_path: str) -> str:
+    """The dtype name config.json records (transformers 4: torch_dtype, 5: dtype)."""
+    with open(os.path.join(model_path, "config.json")) as f:
+        config = json.load(f)
+    name = config.get("torch_dtype") or config.get("dtype") or "float32"
+    return name if name in DTYPES else "float32"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-path", required=True, help="local HF folder to serve")
+    parser.add_argument("--tokenizer-path", help="tokenizer folder (default: --model-path)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000, help="0: any free port")
+    parser.add_argument("--context-length", type=int,
+                        help="longest input + output (default: the model's "
+                             "max_position_embeddings); the KV cache holds "
+                             "max-running-requests x this many positions")
+    parser.add_argument("--max-running-requests", type=int, default=16,
+                        help="sequences decoded together (KV cache rows)")
+    parser.add_argument("--random-seed", type=int, default=0,
+                        help="seed of the stream for requests without sampling_seed")
+    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                        help="weights and compute dtype (auto: the checkpoint's)")
+    parser.add_argument("--lanes", type=int, default=1,
+                        help="JaxEngines sharing the rows, one scheduler thread each")
+    parser.add_argument("--decode-steps", type=int, default=8,
+                        help="tokens per decode program call")
+    parser.add_argument("--prefill-chunks", default="16,64,256",
+                        help="comma-separated prefill chunk widths")
+    parser.add_argument("--enable-deterministic-inference", action="store_true",
+                        help="batch-invariant engine: a seeded request's output does not "
+                             "depend on what else runs")
+    parser.add_argument("--weight-version", default="default",
+                        help="weight version reported until an update sets another")
+    parser.add_argument("--skip-server-warmup", action="store_true",
+                        help="compile the engine's programs on first use, not at startup")
+    parser.add_argument("--log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--shutdown-timeout", type=float, default=5.0,
+                        help="seconds requests in flight get after SIGTERM / SIGINT")
+    parser.add_argument("--parent-pid", type=int,
+                        help="exit when this process (the launcher) is no longer the parent")
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port {args.port} is not a TCP port")
+    if args.lanes < 1 or args.max_running_requests < 1 or \
+            args.max_running_requests % args.lanes:
+        parser.error(f"--max-running-requests {args.max_running_requests} must be a positive "
+                     f"multiple of --lanes {args.lanes}")
+    if args.decode_steps < 1 or args.shutdown_timeout < 0:
+        parser.error("--decode-steps must be >= 1 and --shutdown-timeout >= 0")
+    try:
+        args.prefill_chunks = tuple(int(c) for c in args.prefill_chunks.split(","))
+    except ValueError:
+        parser.error(f"--prefill-chunks {args.prefill_chunks!r}: give widths like 16,64,256")
+    if min(args.prefill_chunks) < 1:
+        parser.error("--prefill-chunks widths must be >= 1")
+    if args.parent_pid is not None and args.parent_pid != os.getppid():
+        parser.error(f"--parent-pid {args.parent_pid} is not this process's parent "
+                     f"({os.getppid()})")
+    if not os.path.isfile(os.path.join(args.model_path, "config.json")):
+        parser.error(f"--model-path {args.model_path}: no config.json there")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="[agentjax] %(message)s")
+    if args.parent_pid is not None:
+        watch_parent(args.parent_pid, grace_s=args.shutdown_timeout + 30)
+    dtype_name = checkpoint_dtype(args.model_path) if args.dtype == "auto" else args.dtype
+    dtype = DTYPES[dtype_name]
+    tokenizer_path = args.tokenizer_path or args.model_path
+    try:
+        model, config = load_hf(args.model_path, dtype=dtype)
+        tokenizer = load_tokenizer(tokenizer_path)
+    except (OSError, ValueError) as error:
+        sys.exit(f"error: cannot load the model: {error}")
+    context_length = args.context_length or config.max_position_embeddings
+    if not 2 <= context_length <= config.max_position_embeddings:
+        sys.exit(f"error: --context-length {context_length} must be in [2, "
+                 f"{config.max_position_embeddings}] (the model's max_position_embeddings)")
+    started = time.perf_counter()
+    engine = LanedEngine.build(
+        *nnx.split(model), lanes=args.lanes, tokenizer=tokenizer,
+        max_slots=args.max_running_requests, max_len=context_length,
+        prefill_chunks=args.prefill_chunks, decode_steps=args.decode_steps,
+        deterministic=args.enable_deterministic_inference, seed=args.random_seed)
+    if not args.skip_server_warmup:
+        programs = engine.warmup()
+        logging.info("compiled %d engine programs in %.1fs", programs,
+                     time.perf_counter() - started)
+    server_args = {name: value for name, value in vars(args).items()
+                   if name not in ("prefill_chunks", "parent_pid")}
+    server_args.update(tokenizer_path=tokenizer_path, dtype=dtype_name,
+                       prefill_chunks=list(args.prefill_chunks))
+    app = build_app(engine, tokenizer=tokenizer, model_path=args.model_path,
+                    context_length=context_length, vocab_size=config.vocab_size,
+                    load_params=hf_params_loader(dtype), weight_version=args.weight_version,
+                    server_args=server_args)
+
+    @contextlib.asynccontextmanager
+    async def close_engine_at_exit(_):
+        # uvicorn re-raises the stop signal once it is done, ending the process before
+        # anything after server.run() would run: the engine is closed here instead.
+        try:
+            yield
+        finally:
+            engine.close()
+            logging.info("engine closed")
+
+    app.router.lifespan_context = close_engine_at_exit
+    # No access log below debug: a rollout step sends thousands of requests.
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            access_log=args.log_level == "debug", timeout_keep_alive=5,
+                            timeout_graceful_shutdown=args.shutdown_timeout)
+    _Server(config, app.state.service, args.model_path).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,367 @@
+"""The jitted update: `update(state, batch) -> (state, metrics)`.
+
+One pure function does PPO epochs x minibatches x micro-batches:
+
+    for epoch:                       shuffle rows (state.rng)
+      for minibatch:                 one optimizer step
+        norm = loss_norm(minibatch)  global denominators of the whole minibatch
+        grads = sum over micro-batches of grad(loss)(params, micro, norm)
+
+Because every micro-batch loss divides by the minibatch's global token / sequence
+counts (`agentjax.rl.losses.LossNorm`), the summed gradient equals the full-minibatch
+gradient exactly (up to float rounding), unlike dividing each micro-batch by its own
+token count. The same machinery runs the RL objective (`agentjax.rl.losses.rl_objective`),
+the critic's value loss, the SFT loss and DPO on pairs (whose global denominator is the
+pair count, `pair_norm`); only `loss_fn` (and `norm_fn`) differ.
+
+A batch is a dict of [B, T] / [B] arrays as `agentjax.core.trajectory.collate`
+makes them, plus what `prepare` adds (old_logp, ref_logp, advantages, ...).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from agentjax.rl import losses as rl_losses
+from agentjax.rl import preference
+from agentjax.rl.logprobs import token_logprobs
+
+LossFn = Callable[[Any, dict, Any], tuple[jax.Array, dict]]
+# The global denominators of a batch a LossFn divides by (a LossNorm, or DPO's pair
+# count), computed once for a whole minibatch.
+NormFn = Callable[[dict], Any]
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything the update changes, as one pytree (checkpointed as a whole).
+
+    Attributes:
+      step: number of updates applied.
+      params: policy params (`nnx.split(model)[1]`): the float32 master weights,
+        whatever the model's compute dtype (the decoder casts them to `config.dtype`
+        at use, as MaxText and levanter keep float32 masters under bfloat16 compute).
+      opt_state: optax state of the policy optimizer (float32, like the params).
+      rng: PRNG key for shuffling minibatches (and anything else stochastic).
+      critic_params / critic_opt_state: the PPO critic (None for critic-free methods).
+      ref_params: the frozen reference policy of the KL term (None without KL); kept in
+        the state so a resumed run has it without knowing where it came from.
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    rng: jax.Array
+    critic_params: Any = None
+    critic_opt_state: Any = None
+    ref_params: Any = None
+
+
+def make_optimizer(lr: float, *, total_steps: int, warmup_steps: int = 0,
+                   schedule: str = "constant", weight_decay: float = 0.0, b1: float = 0.9,
+                   b2: float = 0.99, grad_clip: float = 0.0) -> optax.GradientTransformation:
+    """AdamW with linear warmup, then constant or cosine decay, and global-norm clipping.
+
+    Args:
+      lr: peak learning rate.
+      total_steps: optimizer steps of the run (cosine decays to 0 at the end).
+      warmup_steps: linear warmup steps from 0.
+      schedule: "constant" or "cosine".
+      weight_decay: decoupled weight decay.
+      b1, b2: Adam betas.
+      grad_clip: clip the global gradient norm to this (0 disables).
+    """
+    if schedule == "cosine":
+        lr_schedule = optax.warmup_cosine_decay_schedule(
+            0.0, lr, max(warmup_steps, 1), max(total_steps, warmup_steps + 1))
+    elif schedule == "constant":
+        lr_schedule = optax.join_schedules(
+            [optax.linear_schedule(0.0, lr, max(warmup_steps, 1)), optax.constant_schedule(lr)],
+            [max(warmup_steps, 1)]) if warmup_steps else optax.constant_schedule(lr)
+    else:
+        raise ValueError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
+    chain = [optax.clip_by_global_norm(grad_clip)] if grad_clip else []
+    chain.append(optax.adamw(lr_schedule, b1=b1, b2=b2, weight_decay=weight_decay))
+    return optax.chain(*chain)
+
+
+def policy_logprobs(graphdef: nnx.GraphDef, params: Any, batch: dict, *, chunk_size: int,
+                    temperature: jax.Array | float = 1.0):
+    """(logp, entropy) [B, T] of `batch["targets"]` under the policy, at a temperature.
+
+    Logits never materialize whole (`rl.logprobs.token_logprobs` chunks them); the
+    temperature divides the hidden states (logits are linear in them), so a temperature
+    schedule does not recompile.
+    """
+    model = nnx.merge(graphdef, params)
+    hidden, _ = model(batch["inputs"], batch["positions"], batch["segment_ids"])
+    hidden = hidden / jnp.asarray(temperature, hidden.dtype)
+    return token_logprobs(hidden, model.lm_head_weight(), batch["targets"],
+                          chunk_size=chunk_size)
+
+
+def sft_loss(graphdef: nnx.GraphDef, *, chunk_size: int) -> LossFn:
+    """Masked next-token cross-entropy on `batch["loss_mask"]` tokens (token-mean)."""
+
+    def loss_fn(params, batch, norm):
+        logp, entropy = policy_logprobs(graphdef, params, batch, chunk_size=chunk_size)
+        mask = batch["loss_mask"]
+        loss = rl_losses.aggregate(-logp, mask, "token-mean", norm=norm)
+        return loss, {"nll": rl_losses.masked_mean(-logp, mask),
+                      "entropy": rl_losses.masked_mean(entropy, mask)}
+
+    return loss_fn
+
+
+def rl_loss(graphdef: nnx.GraphDef, algo: Any, *, chunk_size: int) -> LossFn:
+    """The policy objective `rl.losses.rl_objective` on the model's log-probs.
+
+    Args:
+      graphdef: the policy graphdef.
+      algo: the `config.algo` section (loss kind, clips, agg, kl/entropy coefs, ...).
+      chunk_size: log-prob chunk length.
+
+    The batch carries `loss_mask`, `old_logp`, `advantages` [B, T], `temperature` [B]
+    (all rows equal), `ref_logp` when the KL is a loss term and `is_weights` [B, T] when
+    truncated importance sampling corrects behavior-policy log-probs.
+    """
+
+    def loss_fn(params, batch, norm):
+        logp, entropy = policy_logprobs(graphdef, params, batch, chunk_size=chunk_size,
+                                        temperature=batch["temperature"][0])
+        return rl_losses.rl_objective(
+            logp, batch["old_logp"], batch["advantages"], batch["loss_mask"],
+            ref_logp=batch.get("ref_logp"), entropy=entropy,
+            is_weights=batch.get("is_weights"), kind=algo.loss, clip_low=algo.clip_low,
+            clip_high=algo.clip_high, dual_clip=algo.dual_clip or None, agg=algo.agg,
+            kl_coef=algo.kl_coef, kl_kind=algo.kl_kind, kl_in_reward=algo.kl_in_reward,
+            entropy_coef=algo.entropy_coef, norm=norm)
+
+    return loss_fn
+
+
+PAIR_KEYS = ("inputs", "positions", "segment_ids", "targets")
+
+
+def pair_logprobs(graphdef: nnx.GraphDef, params: Any, batch: dict, *,
+                  chunk_size: int) -> jax.Array:
+    """[P, 2, T] log-probs of pairs' tokens: batch arrays [P, 2, T] (chosen, rejected)
+    run through the model as 2P rows at once."""
+    shape = batch["targets"].shape
+    rows = {k: batch[k].reshape(-1, shape[-1]) for k in PAIR_KEYS}
+    logp, _ = policy_logprobs(graphdef, params, rows, chunk_size=chunk_size)
+    return logp.reshape(shape)
+
+
+def pair_norm(batch: dict) -> jax.Array:
+    """DPO's global denominator: the counted pairs of the whole minibatch."""
+    return preference.count_pairs(batch["loss_mask"][:, 0], batch["loss_mask"][:, 1])
+
+
+def dpo_loss(graphdef: nnx.GraphDef, dpo: Any, *, chunk_size: int) -> LossFn:
+    """The preference loss `rl.preference.dpo_loss` of `dpo.kind` on pairs.
+
+    The batch holds [P, 2, T] arrays, index 0 the chosen and 1 the rejected trajectory:
+    the model inputs, `loss_mask` (their action tokens) and `ref_logp` (the frozen
+    reference's log-probs); the norm is `pair_norm` of the whole minibatch.
+    """
+
+    def loss_fn(params, batch, num_pairs):
+        logp, ref, mask = (pair_logprobs(graphdef, params, batch, chunk_size=chunk_size),
+                           batch["ref_logp"], batch["loss_mask"])
+        loss, metrics = preference.dpo_loss(
+            logp[:, 0], logp[:, 1], ref[:, 0], ref[:, 1], mask[:, 0], mask[:, 1],
+            beta=dpo.beta, kind=dpo.kind, label_smoothing=dpo.label_smoothing,
+            length_normalized=dpo.length_normalized, num_pairs=num_pairs)
+        # Counts of a micro-batch would be averaged over micro-batches: left out.
+        del metrics["num_pairs"]
+        return loss, {f"dpo/{k}": v for k, v in metrics.items()}
+
+    return loss_fn
+
+
+def value_loss_fn(critic_graphdef: nnx.GraphDef, algo: Any) -> LossFn:
+    """Clipped value loss of the critic on `loss_mask` tokens."""
+
+    def loss_fn(critic_params, batch, norm):
+        critic = nnx.merge(critic_graphdef, critic_params)
+        values = critic(batch["inputs"], batch["positions"], batch["segment_ids"])
+        return rl_losses.value_loss(values, batch["old_values"], batch["returns"],
+                                    batch["loss_mask"], clip=algo.value_clip or None,
+                                    agg=algo.agg, norm=norm)
+
+    return loss_fn
+
+
+def _rows(batch: dict, index: jax.Array) -> dict:
+    return {k: jnp.asarray(v)[index] for k, v in batch.items()}
+
+
+def _split(batch: dict, parts: int) -> dict:
+    return {k: v.reshape(parts, v.shape[0] // parts, *v.shape[1:]) for k, v in batch.items()}
+
+
+def accumulate_grads(loss_fn: LossFn, params: Any, batch: dict, *, micro_batches: int,
+                     norm_constant: float | None = None, norm_fn: NormFn | None = None):
+    """Gradient of `batch`'s loss, summed over `micro_batches` equal row slices.
+
+    Every slice is normalized by the global norm of the whole `batch` (`norm_fn`; None:
+    the LossNorm of its loss_mask), so the result equals
+    `grad(loss_fn)(params, batch, norm)` up to float rounding.
+
+    Returns:
+      (loss, grads, metrics): summed loss and grads; metrics named "*loss" summed (they
+      are additive terms of the loss), the others averaged over slices.
+    """
+    norm = (norm_fn(batch) if norm_fn is not None
+            else rl_losses.loss_norm(batch["loss_mask"], constant=norm_constant))
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if micro_batches == 1:
+        (loss, metrics), grads = grad_fn(params, batch, norm)
+        return loss, grads, metrics
+
+    def body(carry, micro):
+        (loss, metrics), grads = grad_fn(params, micro, norm)
+        total_loss, total_grads = carry
+        return (total_loss + loss, jax.tree.map(jnp.add, total_grads, grads)), metrics
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    (loss, grads), metrics = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros),
+                                          _split(batch, micro_batches))
+    # Loss terms carry global denominators and add up; the rest are per-slice means.
+    return loss, grads, {k: v.sum() if k.endswith("loss") else v.mean()
+                         for k, v in metrics.items()}
+
+
+def _global_norm(tree: Any) -> jax.Array:
+    """sqrt of the sum of squares of every leaf, accumulated in float32 (a bfloat16 sum
+    of squares would round away the small leaves)."""
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32)))
+                        for x in jax.tree.leaves(tree)))
+
+
+def _as_stored(x: jax.Array) -> jax.Array:
+    """x's value as its dtype stores it, in (at least) float32. XLA may drop a
+    float32 -> bfloat16 -> float32 conversion pair inside one program (excess precision
+    is allowed by default), which would hide the rounding this measures; reduce_precision
+    rounds explicitly (a no-op for float32)."""
+    info = jnp.finfo(x.dtype)
+    wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    return jax.lax.reduce_precision(wide, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+
+
+def update_size_metrics(old: Any, new: Any, updates: Any) -> dict[str, jax.Array]:
+    """How far one optimizer step moved the stored params, relative to their size.
+
+    `update/rel_size` = ||new - old|| / ||old|| is what the step actually changed after
+    the update was added to (and rounded into) the params' storage dtype;
+    `update/intended_rel_size` = ||updates|| / ||old|| is what the optimizer asked for.
+    The two agree while the update is well above the storage precision (half an ulp:
+    2^-24 of a float32 weight, 2^-9 of a bfloat16 one); when the update rounds away
+    (bfloat16 weights at lr 1e-6) rel_size drops far below the intended size, which
+    `diagnostics.failure_warnings` reports. Global norms, so the cost is three
+    reductions over the params, fused into the step.
+    """
+    size = jnp.maximum(_global_norm(old), jnp.finfo(jnp.float32).tiny)
+    moved = jax.tree.map(lambda n, o: _as_stored(n) - _as_stored(o), new, old)
+    return {"update/rel_size": _global_norm(moved) / size,
+            "update/intended_rel_size": _global_norm(updates) / size}
+
+
+def epoch_minibatch_steps(loss_fn: LossFn, optimizer: optax.GradientTransformation,
+                          params: Any, opt_state: Any, batch: dict, rng: jax.Array, *,
+                          epochs: int, minibatches: int, micro_batches: int,
+                          norm_constant: float | None = None, norm_fn: NormFn | None = None,
+                          shuffle: bool = True):
+    """Runs `epochs` passes over `batch` in `minibatches` optimizer steps each.
+
+    Returns:
+      (params, opt_state, metrics) with metrics averaged over all optimizer steps,
+      plus `grad_norm`, `loss`, the relative update sizes of `update_size_metrics` and
+      `nonfinite_updates` (the fraction of optimizer steps not applied because their
+      loss, gradient or new params were not finite).
+    """
+    rows = next(iter(batch.values())).shape[0]
+
+    def one_step(carry, index):
+        params, opt_state = carry
+        loss, grads, metrics = accumulate_grads(
+            loss_fn, params, _rows(batch, index), micro_batches=micro_batches,
+            norm_constant=norm_constant, norm_fn=norm_fn)
+        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        grad_norm = optax.tree.norm(grads)
+        # A non-finite loss or gradient (or an update that overflows the weights) is
+        # never applied: one bad batch must not turn every weight into NaN.
+        finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+                  & jnp.isfinite(optax.tree.norm(new_params)))
+        new_params, new_opt_state = jax.tree.map(
+            lambda new, old: jnp.where(finite, new, old),
+            (new_params, new_opt_state), (params, opt_state))
+        metrics = {**metrics, "loss": loss, "grad_norm": grad_norm,
+                   "nonfinite_updates": 1.0 - finite.astype(jnp.float32),
+                   **update_size_metrics(params, new_params, updates)}
+        return (new_params, new_opt_state), metrics
+
+    def order(key):
+        return jax.random.permutation(key, rows) if shuffle else jnp.arange(rows)
+
+    keys = jax.random.split(rng, epochs)
+    indices = jax.vmap(order)(keys).reshape(epochs * minibatches, rows // minibatches)
+    (params, opt_state), metrics = jax.lax.scan(one_step, (params, opt_state), indices)
+    return params, opt_state, jax.tree.map(jnp.mean, metrics)
+
+
+def build_update(policy_loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
+                 epochs: int, minibatches: int, micro_batches: int,
+                 norm_constant: float | None = None, critic_loss_fn: LossFn | None = None,
+                 critic_optimizer: optax.GradientTransformation | None = None,
+                 critic_warmup_steps: int = 0, norm_fn: NormFn | None = None,
+                 shuffle: bool = True):
+    """Returns the pure `update(state, batch) -> (state, metrics)` (jit it with shardings).
+
+    `norm_fn` gives the policy loss's global denominators (default: the LossNorm of the
+    batch's loss_mask, with `norm_constant`).
+
+    With a critic, the critic is updated on the same minibatch schedule; during the
+    first `critic_warmup_steps` updates only the critic learns (the policy is frozen).
+    Metrics: the policy's (loss terms, `grad_norm`, `update/rel_size`,
+    `update/intended_rel_size`) and the critic's under `critic/`.
+    """
+    steps = functools.partial(epoch_minibatch_steps, epochs=epochs, minibatches=minibatches,
+                              micro_batches=micro_batches, norm_constant=norm_constant,
+                              shuffle=shuffle)
+
+    def update(state: TrainState, batch: dict):
+        rng, policy_key, critic_key = jax.random.split(state.rng, 3)
+        metrics = {}
+        new_state = state.replace(step=state.step + 1, rng=rng)
+        if critic_loss_fn is not None:
+            critic_params, critic_opt, critic_metrics = steps(
+                critic_loss_fn, critic_optimizer, state.critic_params,
+                state.critic_opt_state, batch, critic_key)
+            metrics.update({f"critic/{k}": v for k, v in critic_metrics.items()})
+            new_state = new_state.replace(critic_params=critic_params,
+                                          critic_opt_state=critic_opt)
+        params, opt_state, policy_metrics = steps(
+            policy_loss_fn, optimizer, state.params, state.opt_state, batch, policy_key,
+            norm_fn=norm_fn)
+        if critic_warmup_steps:
+            frozen = state.step < critic_warmup_steps
+            params = jax.tree.map(lambda new, old: jnp.where(frozen, old, new),
+                                  params, state.params)
+            opt_state = jax.tree.map(lambda new, old: jnp.where(frozen, old, new),
+                                     opt_state, state.opt_state)
+            # A frozen policy neither moved nor was asked to.
+            for key in ("update/rel_size", "update/intended_rel_size"):
+                policy_metrics[key] = jnp.where(frozen, 0.0, policy_metrics[key])
+        metrics.update(policy_metrics)
+        return new_state.replace(params=params, opt_state=opt_state), metrics
+
+    return update

@@ -1,0 +1,56 @@
+"""Each name list of agentjax.config.choices is exactly what its implementation has a table for."""
+import pytest
+
+from agentjax.config import choices
+from agentjax.data import curriculum
+from agentjax.data.demonstrators import DemonstratorConfig
+from agentjax.models import config as model_config
+from agentjax.rl import losses, offpolicy, preference
+from agentjax.data import offline_jsonl
+from agentjax.train.stages import offline
+from agentjax.envs import registry as suites
+
+
+def test_every_env_has_a_task_suite():
+    assert tuple(suites.SUITES) == tuple(choices.OUTCOMES)
+
+
+def test_every_arch_has_an_hf_architectures_entry():
+    assert tuple(model_config._ARCHS) == choices.ARCHS
+
+
+def test_every_policy_loss_has_a_function():
+    assert tuple(losses._POLICY_LOSS_FNS) == choices.POLICY_LOSSES
+
+
+def test_every_is_bound_has_a_function():
+    assert tuple(offpolicy._BOUND_FNS) == choices.IS_BOUNDS
+
+
+def test_every_dpo_kind_has_a_function():
+    assert tuple(preference._DPO_LOSS_FNS) == choices.DPO_KINDS
+
+
+def test_every_curriculum_has_a_sampler():
+    assert tuple(curriculum.SAMPLERS) == choices.CURRICULA
+
+
+def test_every_instruction_has_a_text():
+    assert tuple(suites.INSTRUCTIONS) == choices.INSTRUCTIONS
+
+
+def test_the_demonstrator_takes_exactly_the_guess_names():
+    for guess in choices.GUESSES:
+        DemonstratorConfig(guess=guess)
+    with pytest.raises(ValueError, match=r"one of \('sample', 'mode'\)"):
+        DemonstratorConfig(guess="median")
+
+
+def test_every_stage_has_a_runner():
+    assert set(choices.STAGES) == {"sft", "rl"} | set(offline.STAGES)
+
+
+def test_every_dpo_pairs_choice_names_pair_levels():
+    assert tuple(offline.PAIR_LEVELS_OF) == choices.DPO_PAIRS
+    assert {level for levels in offline.PAIR_LEVELS_OF.values() for level in levels} == set(
+        offline_jsonl.PAIR_LEVELS)

@@ -1,0 +1,59 @@
+"""Missing dependencies fail in a run's first seconds, naming the install command."""
+import importlib
+import importlib.metadata
+
+import pytest
+
+from agentjax.config import preflight
+from agentjax.config.schema import default_config
+
+
+def _hide_module(monkeypatch, hidden: str):
+    real_import = importlib.import_module
+
+    def fake_import(name, *args, **kwargs):
+        if name == hidden:
+            raise ImportError(f"No module named {hidden!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", fake_import)
+
+
+def test_everything_present_passes():
+    preflight.check_runtime(default_config())
+
+
+def test_missing_jinja2_fails_with_the_install_command(monkeypatch):
+    _hide_module(monkeypatch, "jinja2")
+    with pytest.raises(preflight.MissingDependency, match="jinja2.*pip install -e"):
+        preflight.check_runtime(default_config())
+
+
+def test_missing_declared_distribution_is_named(monkeypatch):
+    real_version = importlib.metadata.version
+
+    def version(name):
+        if name == "bm25s":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    with pytest.raises(preflight.MissingDependency, match="'bm25s'"):
+        preflight.check_runtime(default_config())
+
+
+def test_lazily_imported_modules_are_declared_requirements():
+    """A module the run imports late must be one `pip install -e .` installs."""
+    declared = {name.lower().replace("_", "-") for name in preflight._distributions()}
+    config = default_config()
+    config.data.source, config.retrieval.kind = "files", "http"
+    for module in preflight.lazy_modules(config):
+        assert module.lower() in declared, f"{module} is not in pyproject's dependencies"
+
+
+def test_python_env_needs_bubblewrap(monkeypatch):
+    monkeypatch.setattr(preflight.shutil, "which", lambda name: None)
+    config = default_config()
+    config.env.name = "python"
+    with pytest.raises(preflight.MissingDependency, match="bubblewrap"):
+        preflight.check_runtime(config)

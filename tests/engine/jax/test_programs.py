@@ -1,0 +1,68 @@
+"""Where the engine's KV cache goes: beside its weights, by the rules of their model."""
+import dataclasses
+
+import jax
+from flax import nnx
+from jax.sharding import PartitionSpec
+
+from agentjax.core import parallel
+from agentjax.models.config import ModelConfig
+from agentjax.models.decoder import Decoder
+from agentjax.engine.jax.programs import engine_weights, mesh_and_rules, new_cache
+
+ROWS, MAX_LEN = 4, 16
+# kv_heads replicated and cache slots split instead: not what the default rules give.
+RULES = {"kv_heads": None, "cache_seq": "tensor"}
+BATCH = ("data", "fsdp")  # the rows' mesh axes under both
+
+
+def _model():
+    config = ModelConfig(arch="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True)
+    return Decoder(config, rngs=nnx.Rngs(0))
+
+
+def _mesh(devices):
+    return parallel.make_mesh({"data": 4, "fsdp": 1, "tensor": 2}, devices=devices)
+
+
+def _cache_spec(weights, config):
+    cache = new_cache(weights, config, ROWS, MAX_LEN, None)
+    return cache.k[0].sharding.spec, cache.k[0].sharding.mesh
+
+
+def test_the_cache_follows_the_rules_the_model_was_sharded_by(eight_devices):
+    mesh = _mesh(eight_devices)
+    model = parallel.shard_model(_model(), mesh, RULES)
+    weights = engine_weights(*nnx.split(model))
+    assert mesh_and_rules(weights) == (mesh, parallel.resolve_rules(RULES))
+    spec, cache_mesh = _cache_spec(weights, model.config)
+    assert cache_mesh == mesh
+    assert spec == PartitionSpec(BATCH, None, None, "tensor")
+
+
+def test_params_on_a_mesh_without_rules_take_the_default_rules(eight_devices):
+    mesh = _mesh(eight_devices)
+    graphdef, params = nnx.split(_model())
+    weights = engine_weights(graphdef, parallel.shard_params(params, mesh))
+    assert mesh_and_rules(weights) == (mesh, None)
+    assert _cache_spec(weights, weights.config)[0] == PartitionSpec(BATCH, "tensor", None, None)
+
+
+def test_the_mesh_is_found_behind_a_leaf_on_one_device(eight_devices):
+    mesh = _mesh(eight_devices)
+    graphdef, params = nnx.split(_model())
+    weights = engine_weights(graphdef, parallel.shard_params(params, mesh))
+    first_on_one_device = dataclasses.replace(
+        weights, embed=jax.device_put(weights.embed, eight_devices[0]))
+    assert jax.tree.leaves(first_on_one_device)[0].sharding.device_set == {eight_devices[0]}
+    assert mesh_and_rules(first_on_one_device) == (mesh, None)
+
+
+def test_single_device_weights_keep_the_cache_on_their_device():
+    graphdef, params = nnx.split(_model())
+    device = jax.devices()[-1]
+    weights = engine_weights(graphdef, jax.device_put(params, device))
+    assert mesh_and_rules(weights) is None
+    cache = new_cache(weights, weights.config, ROWS, MAX_LEN, None)
+    assert cache.k[0].sharding.device_set == {device}

@@ -1,0 +1,119 @@
+"""SGLangEngine against two real scripts/serve.py servers (agentjax's engine behind
+SGLang's native API): the same completions as the in-process engine, stop strings and
+ids, n > 1, a session's turns on one server reusing its cache there, and weight updates
+that change the outputs and the reported version."""
+import asyncio
+
+import jax
+import pytest
+from flax import nnx
+
+from agentjax.models.hf import load_hf, make_tiny_hf, save_hf
+from agentjax.models.tokenizer import build_tokenizer, load_tokenizer
+from agentjax.engine.protocol import GenerateRequest, SamplingParams
+from agentjax.engine.jax.lanes import LanedEngine
+from agentjax.sglang.launch import LocalServers
+from agentjax.sglang.client import SGLangEngine
+from tests.agents.fakes import CORPUS
+
+CONTEXT = 128
+FLAGS = ["--context-length", str(CONTEXT), "--max-running-requests", "4",
+         "--prefill-chunks", "16", "--decode-steps", "4", "--enable-deterministic-inference",
+         "--random-seed", "3"]
+# The servers' engine, built in-process.
+ENGINE = dict(lanes=1, max_slots=4, max_len=CONTEXT, prefill_chunks=(16,), decode_steps=4,
+              deterministic=True, seed=3)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(model folder, tokenizer, started servers)."""
+    path = str(tmp_path_factory.mktemp("sglang_serve") / "model")
+    make_tiny_hf(path, tokenizer=build_tokenizer(CORPUS * 4, vocab_size=384))
+    with LocalServers.start(path, count=2, flags=FLAGS) as servers:
+        yield path, load_tokenizer(path), servers
+
+
+def _generate(engine, requests):
+    return asyncio.run(engine.generate(requests))
+
+
+def _requests(tokenizer):
+    text = tokenizer.encode("the capital of")
+    return [GenerateRequest(text, SamplingParams(max_new_tokens=8, seed=11)),
+            GenerateRequest([5, 6, 7], SamplingParams(max_new_tokens=6, seed=12,
+                                                      temperature=0.7, top_k=20)),
+            GenerateRequest(text, SamplingParams(max_new_tokens=8, temperature=0.0))]
+
+
+@pytest.mark.slow
+def test_served_completions_equal_the_in_process_engine(served, tmp_path):
+    path, tokenizer, servers = served
+    model, _ = load_hf(path)
+    requests = _requests(tokenizer)
+    with LanedEngine.build(*nnx.split(model), tokenizer=tokenizer, **ENGINE) as local:
+        expected = _generate(local, requests)
+        # The stop id and stop string each engine finds in the first completion's text.
+        first = expected[0][0].output_ids
+        stop_id = first[2]
+        stop_text = tokenizer.decode(first[:4])[-2:]
+        stopping = [GenerateRequest(requests[0].input_ids, SamplingParams(
+            max_new_tokens=8, seed=11, stop_token_ids=(stop_id,))),
+            GenerateRequest(requests[0].input_ids, SamplingParams(
+                max_new_tokens=8, seed=11, stop=(stop_text,)))]
+        expected_stops = _generate(local, stopping)
+    with SGLangEngine(servers.urls, tokenizer=tokenizer, weights_dir=str(tmp_path),
+                      logprob_distribution="sampling") as remote:
+        got = _generate(remote, requests)
+        got_stops = _generate(remote, stopping)
+        [[one, two]] = _generate(remote, [GenerateRequest(
+            requests[0].input_ids, SamplingParams(max_new_tokens=8, seed=11, n=2))])
+    for [want], [have] in zip(expected + expected_stops, got + got_stops):
+        assert have.output_ids == want.output_ids
+        assert have.logprobs == pytest.approx(want.logprobs, abs=1e-6)
+        assert (have.finish_reason, have.matched_stop) == (want.finish_reason,
+                                                          want.matched_stop)
+    assert got_stops[0][0].output_ids[-1] == stop_id
+    assert tokenizer.decode(got_stops[1][0].output_ids).endswith(stop_text)
+    assert one.output_ids != two.output_ids  # two samples, not one copied
+
+
+@pytest.mark.slow
+def test_sessions_stay_on_one_server_and_weight_updates_reach_every_server(served, tmp_path):
+    path, tokenizer, servers = served
+    model, config = load_hf(path)
+    graphdef, params = nnx.split(model)
+
+    def export(weights, folder):
+        save_hf(nnx.merge(graphdef, weights), config, folder, tokenizer=tokenizer)
+
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    with SGLangEngine(servers.urls, tokenizer=tokenizer, weights_dir=str(tmp_path),
+                      export_fn=export, logprob_distribution="sampling",
+                      server_sessions=True) as engine:
+        used, contexts = {}, {session: [5, 6, 7] for session in "abcd"}
+        for turn in range(3):
+            for session in contexts:
+                [[done]] = _generate(engine, [GenerateRequest(
+                    contexts[session], greedy, session_id=session)])
+                used.setdefault(session, set()).add(done.meta["server"])
+                # Later turns extend the context: the server's session cache holds it.
+                assert (done.meta["cached_tokens"] > 0) == (turn > 0)
+                contexts[session] += done.output_ids + [8]
+        assert all(len(servers_used) == 1 for servers_used in used.values())
+        assert set().union(*used.values()) == set(servers.urls)  # both servers used
+        for session in contexts:
+            engine.end_session(session)
+
+        probe = [GenerateRequest([5, 6, 7], greedy)] * 4
+        before = _generate(engine, probe)
+        shifted = jax.tree.map(lambda x: x + 0.5, params)
+        engine.update_weights(shifted)
+        after = _generate(engine, probe)
+        assert {c.meta["server"] for [c] in after} == set(servers.urls)
+        assert all(c.meta["weight_version"] == 1 for [c] in after)
+        assert [c.output_ids for [c] in after] != [c.output_ids for [c] in before]
+        engine.update_weights(params)
+        again = _generate(engine, probe)
+    assert [c.output_ids for [c] in again] == [c.output_ids for [c] in before]
+    assert all(c.meta["weight_version"] == 2 for [c] in again)
