@@ -33,19 +33,21 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    # Imported after flag validation: a wrong flag fails before JAX and the trainer load.
+    # Imported after flag validation: a wrong flag fails before JAX loads.
     from agentjax.config.schema import load_saved
-    from agentjax.train.trainer import Trainer
+    from agentjax.train.run import set_up
 
     config = load_saved(os.path.join(_WORKDIR.value, "config.json"))
     config.init_from = _MODEL.value or os.path.join(_WORKDIR.value, "hf")
     config.eval.samples = _SAMPLES.value
     out_dir = os.path.join(_WORKDIR.value, "evaluate")
-    trainer = Trainer(config, out_dir)
-    tasks = trainer.suite.test_tasks if _SPLIT.value == "test" else trainer.suite.train_tasks
+    _, suite, policy, rollouts = set_up(config, out_dir)
+    tasks = suite.test_tasks if _SPLIT.value == "test" else suite.train_tasks
     order = np.random.default_rng(0).permutation(len(tasks))[:_NUM_TASKS.value]
-    results = trainer.evaluate(trainer.initial_params, _SPLIT.value, [tasks[i] for i in order])
-    trainer.close()
+    try:
+        results = rollouts.evaluate(policy.params, _SPLIT.value, [tasks[i] for i in order])
+    finally:
+        rollouts.close()
     for key, value in sorted(results.items()):
         print(f"{key:40s} {value:.4f}")
     atomic.write_json(os.path.join(out_dir, f"{_SPLIT.value}.json"), results)

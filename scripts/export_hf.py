@@ -24,21 +24,31 @@ flags.mark_flags_as_required(["workdir", "out"])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    # Imported after flag validation: a wrong flag fails before JAX and the trainer load.
-    from flax import nnx
-
-    from agentjax.models import save_hf
+    # Imported after flag validation: a wrong flag fails before JAX loads.
     from agentjax.config.schema import load_saved
-    from agentjax.train.trainer import Trainer
+    from agentjax.train.policy import Policy
+    from agentjax.train.runtime import Runtime
+    from agentjax.train.stages.rl import init_rl_state
 
     config = load_saved(os.path.join(_WORKDIR.value, "config.json"))
-    trainer = Trainer(config, _WORKDIR.value)
-    params = trainer.restore_params(_STEP.value)
+    runtime = Runtime.start(config, _WORKDIR.value, record_config=False)
+    policy = Policy.load(config, runtime, texts=_no_texts)
+    state = init_rl_state(config, policy.graphdef, policy.params)[0]
+    checkpointer = runtime.checkpointer(runtime.workdir, read_only=True)
+    try:
+        restored = checkpointer.restore(state, _STEP.value)
+    finally:
+        checkpointer.close()
+    if restored is None:
+        raise FileNotFoundError(f"no RL checkpoint in {runtime.workdir}/checkpoints")
     # In the compute dtype, as the run's own exports (not the float32 training masters).
-    save_hf(nnx.merge(trainer.graphdef, params), trainer.model_config, _OUT.value,
-            dtype=trainer.model_config.dtype, tokenizer=trainer.tokenizer)
-    trainer.close()
+    policy.export(restored[0].params, _OUT.value)
     print(f"wrote {_OUT.value}")
+
+
+def _no_texts():
+    raise FileNotFoundError(f"{_WORKDIR.value}/init_model is missing: the run's own tiny "
+                            "model cannot be rebuilt from a config alone")
 
 
 if __name__ == "__main__":

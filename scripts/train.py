@@ -51,11 +51,12 @@ def main(argv):
     from agentjax.engine.protocol import EnginesUnavailable
     from agentjax.sglang.launch import ServerStartError
     from agentjax.train.episodes import EpisodesFailed
-    from agentjax.train.trainer import Trainer, TrainingDiverged
+    from agentjax.train.fit import TrainingDiverged
+    from agentjax.train.run import run
 
     workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
     try:
-        Trainer(_CONFIG.value, workdir).run()
+        run(_CONFIG.value, workdir)
     except (EpisodesFailed, TrainingDiverged, EnginesUnavailable,
             ServerStartError) as error:  # the run says why it stopped
         fail(error, status=1)

@@ -1,5 +1,5 @@
-"""Hindsight groups for the RL stage (`data.hindsight`): a group in which no episode
-solved its task becomes a group for a question its episodes did answer.
+"""Hindsight relabeling (`data.hindsight`): a group in which no episode solved its task
+becomes a group for a question its episodes did answer (applied by agents/groups.py).
 
 A policy that stops early in the multi-hop search world answers an intermediate entity
 of the question's relation chain, and `data.hindsight.relabel` names the shorter
@@ -17,7 +17,7 @@ by (Rauber et al., ICLR 2019), truncated.
 A relabeled group replaces the original only when its rewards differ: a group-relative
 advantage learns nothing from equal rewards, and the original is on-policy. An episode
 remembers its original task, reward and components under metadata["hindsight"]; the
-trainer's success rate (`evaluate.solved`) is that of the original tasks, the reward/*
+run's success rate (`evaluation.solved`) is that of the original tasks, the reward/*
 metrics are those trained on, and rollout/hindsight_groups counts the relabeled groups.
 """
 from __future__ import annotations
@@ -27,8 +27,6 @@ import dataclasses
 from typing import Callable, Sequence
 
 from agentjax.core.task import EpisodeLog, Task
-from agentjax.models.tokenizer import prompt_ids
-from agentjax.agents.loop import describe_error
 from agentjax.core.trajectory import Trajectory
 from agentjax.agents.evaluation import solved
 
@@ -72,27 +70,3 @@ def hindsight_group(group: Sequence[Trajectory], relabel: Relabel, reward_fn,
     if len({t.total_reward for t in relabeled}) < 2:
         return None
     return relabeled
-
-
-def hindsight_groups(trainer, groups: list[list[Trajectory]]
-                     ) -> tuple[list[list[Trajectory]], int]:
-    """(groups with every relabelable one relabeled, how many were). A group whose
-    relabeling raises (a judge that gave no verdict, say) is kept as sampled, with a
-    warning naming the error."""
-    suite, max_tokens = trainer.suite, trainer.config.rollout.max_tokens
-
-    def prompt_of(task: Task) -> list[int]:
-        return prompt_ids(trainer.tokenizer, suite.make_env().reset(task))
-
-    out, count = [], 0
-    for group in groups:
-        try:
-            new = hindsight_group(group, suite.relabel, suite.reward_fn, prompt_of,
-                                  success_key=suite.success_key, max_tokens=max_tokens)
-        except Exception as error:  # noqa: BLE001 — the sampled group is still good
-            trainer.log(f"warning: hindsight relabeling of task {group[0].task_id!r} "
-                        f"failed, its group is kept as sampled: {describe_error(error)}")
-            new = None
-        out.append(new or list(group))
-        count += new is not None
-    return out, count

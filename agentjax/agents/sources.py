@@ -1,13 +1,18 @@
 """Where the RL loop's groups come from: rolled out in step (sync) or by a producer
 thread that overlaps rollouts with updates (async). The loop is the same for both:
 
-    source = make_source(trainer, sampler, params, start=step, host=host)
+    source = make_source(config, rollouts, sampler, params, rules=rules, record=log,
+                         start=step, host=host)
     groups, info = source.next_groups(step)   # prompts_per_step groups, ids 0..P-1
     source.push_weights(params, step + 2)     # after the update (version v: step v's)
     with source.paused():                     # nothing rolls out while this runs
-        trainer.evaluate(...)
+        rollouts.evaluate(...)
     host.update(source.state_dict())          # what a resumed run needs
     source.close()
+
+`rollouts` is the run's Rollouts (train/rollouts.py: pool, suite, sampling per step,
+weight sync, log), `rules` the group post-processing both sources share
+(agents/groups.py), `record` appends a row to the groups log.
 
 Versions: the weights after k updates of the run are version k + 1 (version v samples
 the episodes of step v, counted from 1); the engine reports, per token, the version
@@ -15,7 +20,7 @@ that sampled it (`Turn.versions`). A group's staleness is the learner's version 
 its oldest token's.
 
 Sync (`rollout.mode="sync"`): each step's groups are rolled out under the current
-weights (`rl_loop.collect_groups`), so the engine idles while the learner updates and
+weights (`groups.collect_groups`), so the engine idles while the learner updates and
 the learner idles while episodes wait on tools. New weights reach the engine just
 before the next rollout (an evaluation in between has sent them already).
 
@@ -57,10 +62,9 @@ import asyncio
 import contextlib
 import dataclasses
 import heapq
-import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -70,9 +74,8 @@ from agentjax.core.task import Task
 from agentjax.engine.protocol import EnginesUnavailable
 from agentjax.engine.clock import EngineClock
 from agentjax.core.trajectory import Trajectory
-from agentjax.agents.evaluation import solved
-from agentjax.train.stages import rl as rl_loop
-from agentjax.train.metrics import StepLog
+from agentjax.agents.groups import GroupRules, collect_groups, number_groups, seed_index
+from agentjax.core.registry import Registry
 
 GROUPS_LOG = "trained_groups.jsonl"
 
@@ -84,15 +87,16 @@ class RolloutProducerError(RuntimeError):
 class _Source:
     """What both sources share: the engine's initial weights and the groups log."""
 
-    def __init__(self, trainer, sampler, params, *, start: int):
-        self.trainer, self.sampler = trainer, sampler
-        self.per_step = trainer.config.rollout.prompts_per_step
-        trainer.sync_weights(params, version=start + 1)
-        self._log = StepLog(os.path.join(trainer.workdir, GROUPS_LOG), resume_step=start,
-                            enabled=trainer.is_main)
+    def __init__(self, config, rollouts, sampler, params, *, rules: GroupRules,
+                 record: Callable[[dict], None], start: int):
+        self.rollouts, self.sampler, self.rules = rollouts, sampler, rules
+        self.per_step = config.rollout.prompts_per_step
+        self.group_size = config.rollout.group_size
+        rollouts.sync_weights(params, version=start + 1)
+        self._log = record
 
     def _record(self, step: int, groups, dropped: list[str]) -> None:
-        self._log.append({"step": step + 1, "tasks": [g[0].task_id for g in groups],
+        self._log({"step": step + 1, "tasks": [g[0].task_id for g in groups],
                           "dropped": dropped})
 
     def paused(self):
@@ -102,21 +106,30 @@ class _Source:
         pass
 
 
+SOURCES: Registry[type[_Source]] = Registry("rollout source")
+
+
+@SOURCES.register("sync")
 class SyncSource(_Source):
     """Each step's groups rolled out under the current weights (module docstring)."""
 
-    def __init__(self, trainer, sampler, params, *, start: int, host: dict):
-        super().__init__(trainer, sampler, params, start=start)
+    def __init__(self, config, rollouts, sampler, params, *, rules: GroupRules,
+                 record: Callable[[dict], None], start: int, host: dict):
+        super().__init__(config, rollouts, sampler, params, rules=rules, record=record,
+                         start=start)
         self._weights = None
         if host.get("rollout", {}).get("pending"):
-            trainer.log(f"warning: {len(host['rollout']['pending'])} groups the "
+            rollouts.log(f"warning: {len(host['rollout']['pending'])} groups the "
                         "asynchronous run drew are not trained: rollout.mode changed")
 
     def next_groups(self, step: int):
         if self._weights is not None:
-            self.trainer.sync_weights(*self._weights)
+            self.rollouts.sync_weights(*self._weights)
             self._weights = None
-        groups, info = rl_loop.collect_groups(self.trainer, self.sampler, step)
+        groups, info = collect_groups(
+            self.rollouts.pool, self.sampler, self.rules,
+            lambda draw: self.rollouts.sampling(step, seed_index=seed_index(step, draw)),
+            prompts=self.per_step, group_size=self.group_size)
         self._record(step, groups, [])
         return groups, info
 
@@ -148,20 +161,23 @@ class _Draw:
         return self.index < other.index
 
 
+@SOURCES.register("async")
 class AsyncSource(_Source):
     """Groups from a producer thread running ahead of the learner (module docstring)."""
 
-    def __init__(self, trainer, sampler, params, *, start: int, host: dict):
-        super().__init__(trainer, sampler, params, start=start)
-        config, r = trainer.config, trainer.config.rollout
-        self.group_size, self.max_staleness = r.group_size, r.max_staleness
+    def __init__(self, config, rollouts, sampler, params, *, rules: GroupRules,
+                 record: Callable[[dict], None], start: int, host: dict):
+        super().__init__(config, rollouts, sampler, params, rules=rules, record=record,
+                         start=start)
+        r = config.rollout
+        self.max_staleness = r.max_staleness
         self.partial, self.concurrency = r.partial_rollouts, r.concurrency
         self.queue_limit = r.queue_groups or (r.max_staleness + 1) * self.per_step
         self.total = config.total_steps * self.per_step
-        self.clock = EngineClock(trainer.pool.engine)
-        self.pool = trainer.pool.with_engine(self.clock)
+        self.clock = EngineClock(rollouts.pool.engine)
+        self.pool = rollouts.pool.with_engine(self.clock)
         saved = host.get("rollout", {})
-        tasks = {task.task_id: task for task in trainer.suite.train_tasks}
+        tasks = {task.task_id: task for task in rollouts.suite.train_tasks}
         # Everything below is guarded by _cond (learner and producer threads).
         self._cond = threading.Condition()
         self._version = start + 1  # the engine's
@@ -203,15 +219,12 @@ class AsyncSource(_Source):
                     continue
                 taken.append(draw)
                 self._taken += 1
-                self.sampler.update([draw.task], [np.mean(
-                    [solved(t, self.trainer.suite.success_key) for t in draw.episodes])])
+                self.sampler.update([draw.task], [self.rules.success(draw.episodes)])
             queued, tokens, self._tokens = len(self._ready), self._tokens, 0
         now, idle = time.perf_counter(), self.clock.idle_s()
         taken.sort()
         groups = [draw.episodes for draw in taken]
-        for group_id, group in enumerate(groups):
-            for traj in group:
-                traj.group_id = group_id
+        number_groups(groups)
         self._record(step, groups, [draw.task.task_id for draw in dropped])
         info = {"rollout/rounds": 1, "rollout/kept_groups": len(groups),
                 "rollout/queue_groups": queued, "rollout/dropped_groups": len(dropped),
@@ -298,7 +311,7 @@ class AsyncSource(_Source):
                     swap = self._weights if (self.partial or not self._running) else None
                 if swap is not None:
                     # In this thread: the engine's session routing is not thread-safe.
-                    self.trainer.sync_weights(*swap)
+                    self.rollouts.sync_weights(*swap)
                     with self._cond:
                         self._version = swap[1]
                         if self._weights is swap:
@@ -344,10 +357,9 @@ class AsyncSource(_Source):
         try:
             [episodes] = await self.pool.collect(
                 [draw.task], self.group_size,
-                sampling=self.trainer.sampling(step, seed_index=step * 100),
+                sampling=self.rollouts.sampling(step, seed_index=seed_index(step)),
                 first_group_id=draw.index % self.per_step)
-            if self.trainer.config.algo.overlong_buffer:
-                rl_loop.shape_overlong(episodes, self.trainer.config.algo)
+            [episodes], _ = self.rules.finish([episodes])
         except Exception as error:  # noqa: BLE001 - handed to the learner
             with self._cond:
                 self._error = error
@@ -380,14 +392,12 @@ def staleness_metrics(draws, version: int) -> dict[str, float]:
             "rollout/mixed_version_frac": mixed / max(episodes, 1)}
 
 
-SOURCES = {"sync": SyncSource, "async": AsyncSource}
-
-
-def make_source(trainer, sampler, params, *, start: int, host: dict[str, Any]):
+def make_source(config, rollouts, sampler, params, *, rules: GroupRules,
+                record: Callable[[dict], None], start: int, host: dict[str, Any]):
     """The configured source (rollout.mode), its sampler state from `host` (a resumed
     run's host state; {} at the start), the engine holding `params` as version
     `start + 1`."""
     if host:
         sampler.load_state_dict(host["sampler"])
-    return SOURCES[trainer.config.rollout.mode](trainer, sampler, params, start=start,
-                                                host=host)
+    return SOURCES.get(config.rollout.mode)(config, rollouts, sampler, params, rules=rules,
+                                            record=record, start=start, host=host)

@@ -36,7 +36,7 @@ import numpy as np
 
 from agentjax.core.task import Task
 from agentjax.models.tokenizer import end_of_turn_id, observation_ids, prompt_ids
-from agentjax.engine.protocol import LOGPROB_DISTRIBUTIONS
+from agentjax.config.choices import LOGPROB_DISTRIBUTIONS
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -59,7 +59,7 @@ class Turn:
       matched_stop: the stop id or string that ended the turn, if any.
       weight_version: the engine's version of the weights that sampled the turn.
       logprob_distribution: which distribution `logprobs` are under
-        (`engine.LOGPROB_DISTRIBUTIONS`; an engine that does not say reports "sampling",
+        (`config.choices.LOGPROB_DISTRIBUTIONS`; an engine that does not say reports "sampling",
         the Engine protocol's original contract).
       versions: the weight version that sampled each action token (an asynchronous run
         may swap weights mid-turn); empty when the engine reports none.

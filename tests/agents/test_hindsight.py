@@ -13,8 +13,8 @@ from agentjax.rewards.composite import make_reward_fn
 from agentjax.core.trajectory import Trajectory, Turn
 from agentjax.config import presets
 from agentjax.agents.evaluation import solved
-from agentjax.agents.hindsight import hindsight_group, hindsight_groups
-from agentjax.train.stages.rl import collect_groups
+from agentjax.agents.groups import GroupRules, collect_groups
+from agentjax.agents.hindsight import hindsight_group
 from tests.data.worlds import env, world
 
 REWARD = make_reward_fn({"components": {"exact_match": 1.0}})
@@ -111,28 +111,27 @@ class _Sampler:
         self.seen.append(list(success))
 
 
-def _trainer(groups, reward_fn=REWARD):
+def _rules(reward_fn=REWARD):
+    """The group rules of a hindsight run of the test world (data.hindsight on), and
+    what they logged."""
     config = presets.search_config("grpo", "test")
-    config.rollout.prompts_per_step, config.rollout.group_size = 2, 2
     config.data.hindsight = True
     texts = [TASK.question] + [t.question for t in world().train_tasks]
-    suite = types.SimpleNamespace(
-        success_key="exact_match", relabel=RELABEL, reward_fn=reward_fn,
-        make_env=env)
-    trainer = types.SimpleNamespace(
-        config=config, pool=_Pool(groups), suite=suite, sampling=lambda step, seed_index=None: step,
-        tokenizer=build_tokenizer(texts, vocab_size=400), logged=[])
-    trainer.log = trainer.logged.append
-    return trainer
+    suite = types.SimpleNamespace(success_key="exact_match", relabel=RELABEL,
+                                  reward_fn=reward_fn, make_env=env)
+    tokenizer = build_tokenizer(texts, vocab_size=400)
+    logged = []
+    return GroupRules.from_config(config, suite, tokenizer, logged.append), tokenizer, logged
 
 
 def test_collect_groups_relabels_after_the_curriculum_saw_the_sampled_success():
     solved_task = next(t for t in world().train_tasks if t.metadata["hops"] == 1)
     groups = [[episode(solved_task.answers[0], 0, solved_task), episode("x", 1, solved_task)],
               [episode(FIRST, 0), episode("Nobody Known", 1)]]
-    trainer = _trainer(groups)
+    rules, tokenizer, _ = _rules()
     sampler = _Sampler(["a", "b"])
-    out, info = collect_groups(trainer, sampler, step=0)
+    out, info = collect_groups(_Pool(groups), sampler, rules, lambda draw: None, prompts=2,
+                               group_size=2)
     assert sampler.seen == [[0.5, 0.0]]
     assert info == {"rollout/rounds": 1, "rollout/kept_groups": 2,
                     "rollout/hindsight_groups": 1}
@@ -142,7 +141,7 @@ def test_collect_groups_relabels_after_the_curriculum_saw_the_sampled_success():
     assert [t.final_reward for t in out[1]] == [1.0, 0.0]
     # The prompt is the env's prompt for the relabeled question, rendered as the agent
     # loop renders it.
-    assert out[1][0].prompt_ids == prompt_ids(trainer.tokenizer, env().reset(target))
+    assert out[1][0].prompt_ids == prompt_ids(tokenizer, env().reset(target))
     assert [t.group_id for g in out for t in g] == [0, 0, 1, 1]
 
 
@@ -151,8 +150,8 @@ def test_a_group_whose_rescoring_fails_is_kept_with_a_warning():
         raise RuntimeError("judge down")
 
     group = [episode(FIRST, 0), episode("Nobody Known", 1)]
-    trainer = _trainer([], reward_fn=broken)
-    out, count = hindsight_groups(trainer, [group])
+    rules, _, logged = _rules(reward_fn=broken)
+    out, count = rules.finish([group])
     assert out == [group] and count == 0
-    [warning] = trainer.logged
+    [warning] = logged
     assert TASK.task_id in warning and "RuntimeError: judge down" in warning

@@ -3,6 +3,7 @@ bound, stragglers are dropped and counted, interruption mixes versions only when
 allowed, pausing empties the pipeline, a producer failure stops the learner, and a
 resumed source trains every task exactly as often as an uninterrupted one."""
 import asyncio
+import os
 import collections
 import threading
 import time
@@ -16,7 +17,8 @@ from agentjax.core.task import Task
 from agentjax.engine.protocol import SamplingParams
 from agentjax.core.trajectory import Trajectory, Turn
 from agentjax.config import presets
-from agentjax.train.metrics import read_step_log
+from agentjax.agents.groups import GroupRules
+from agentjax.train.metrics import StepLog, read_step_log
 from agentjax.agents.sources import (GROUPS_LOG, RolloutProducerError, _Draw,
                                            make_source, staleness_metrics)
 
@@ -74,7 +76,9 @@ class _Pool:
             self.running -= 1
 
 
-def _trainer(tmp_path, *, total_steps=6, pool_kwargs=None, **rollout):
+def _rollouts(tmp_path, *, total_steps=6, pool_kwargs=None, **rollout):
+    """A fake Rollouts (pool, suite, sampling, weight sync, log) with the run's config
+    and workdir beside it."""
     config = presets.search_config("grpo", "test")
     config.total_steps = total_steps
     config.rollout.mode = "async"
@@ -92,9 +96,12 @@ def _trainer(tmp_path, *, total_steps=6, pool_kwargs=None, **rollout):
                                                                          version=version))
 
 
-def _source(trainer, start=0, host=None):
+def _source(rollouts, start=0, host=None):
     sampler = make_sampler("uniform", TASKS, seed=0)
-    return make_source(trainer, sampler, {"w": np.zeros(2)}, start=start, host=host or {})
+    log = StepLog(os.path.join(rollouts.workdir, GROUPS_LOG), resume_step=start)
+    return make_source(rollouts.config, rollouts, sampler, {"w": np.zeros(2)},
+                       rules=GroupRules("exact_match"), record=log.append, start=start,
+                       host=host or {})
 
 
 def _train(source, steps, start=0, during=None):
@@ -113,8 +120,8 @@ def _train(source, steps, start=0, during=None):
 def test_staleness_zero_trains_each_step_on_its_own_draws(tmp_path):
     """max_staleness=0: step k (from 0) trains the k-th P tasks drawn, sampled under
     version k + 1 with the synchronous run's seeds and group ids."""
-    trainer = _trainer(tmp_path, max_staleness=0, concurrency=8)
-    source = _source(trainer)
+    rollouts = _rollouts(tmp_path, max_staleness=0, concurrency=8)
+    source = _source(rollouts)
     rows = _train(source, 6)
     source.close()
     order = make_sampler("uniform", TASKS, seed=0)
@@ -125,24 +132,24 @@ def test_staleness_zero_trains_each_step_on_its_own_draws(tmp_path):
             == {step + 1}
         assert info["rollout/staleness_max"] == 0 and info["rollout/dropped_groups"] == 0
     # The seed of step k's round 0 and the group's place in its step, as collect_groups.
-    assert [(seed, gid) for _, seed, gid in trainer.pool.calls] == [
+    assert [(seed, gid) for _, seed, gid in rollouts.pool.calls] == [
         (100 * (i // 2), i % 2) for i in range(12)]
-    assert trainer.engine.swaps[:6] == list(range(1, 7))  # version 7 may come after close
+    assert rollouts.engine.swaps[:6] == list(range(1, 7))  # version 7 may come after close
 
 
 @pytest.mark.parametrize("partial", [False, True])
 def test_pacing_keeps_every_trained_token_within_the_bound(tmp_path, partial):
     delays = {t.task_id: d for t, d in zip(TASKS, np.random.default_rng(0).uniform(
         0, 0.02, len(TASKS)))}
-    trainer = _trainer(tmp_path, total_steps=10, max_staleness=2, concurrency=4,
+    rollouts = _rollouts(tmp_path, total_steps=10, max_staleness=2, concurrency=4,
                        partial_rollouts=partial, pool_kwargs={"delays": delays})
-    source = _source(trainer)
+    source = _source(rollouts)
     rows = _train(source, 10)
     source.close()
     for _, info in rows:
         assert info["rollout/staleness_max"] <= 2
         assert info["rollout/queue_groups"] <= 6  # (max_staleness + 1) x P
-    assert trainer.pool.most_running <= 2  # concurrency 4 = two groups of 2
+    assert rollouts.pool.most_running <= 2  # concurrency 4 = two groups of 2
     dropped = sum(info["rollout/dropped_groups"] for _, info in rows)
     if not partial:
         # New weights wait until no episode is in flight, so the learner cannot get
@@ -163,14 +170,14 @@ def test_a_straggler_past_the_bound_is_dropped_and_counted(tmp_path):
     """The first group waits on its tool while the learner runs ahead (interruption
     on, so new weights do not wait for it): taken 3 versions later, it is dropped."""
     first = make_sampler("uniform", TASKS, seed=0).sample(1)[0].task_id
-    trainer = _trainer(tmp_path, total_steps=8, max_staleness=1, concurrency=8,
+    rollouts = _rollouts(tmp_path, total_steps=8, max_staleness=1, concurrency=8,
                        partial_rollouts=True, pool_kwargs={"held": {first}})
 
     def release(step, source):
         if step == 3:
-            trainer.pool.release.set()
+            rollouts.pool.release.set()
 
-    source = _source(trainer)
+    source = _source(rollouts)
     rows = _train(source, 8, during=release)
     state = source.state_dict()
     source.close()
@@ -184,27 +191,27 @@ def test_a_straggler_past_the_bound_is_dropped_and_counted(tmp_path):
 
 def test_paused_means_nothing_in_flight_and_the_newest_weights(tmp_path):
     delays = {t.task_id: 0.01 for t in TASKS}
-    trainer = _trainer(tmp_path, total_steps=6, max_staleness=2, concurrency=8,
+    rollouts = _rollouts(tmp_path, total_steps=6, max_staleness=2, concurrency=8,
                        pool_kwargs={"delays": delays})
 
     def evaluate(step, source):
         source.push_weights({"w": np.zeros(2)}, step + 2)
         with source.paused():
-            assert trainer.pool.running == 0 and trainer.engine.version == step + 2
-            seen = len(trainer.pool.calls)
+            assert rollouts.pool.running == 0 and rollouts.engine.version == step + 2
+            seen = len(rollouts.pool.calls)
             threading.Event().wait(0.05)
-            assert len(trainer.pool.calls) == seen  # nothing started while paused
+            assert len(rollouts.pool.calls) == seen  # nothing started while paused
 
-    source = _source(trainer)
+    source = _source(rollouts)
     _train(source, 6, during=evaluate)
     source.close()
 
 
 def test_a_producer_failure_stops_the_learner_with_its_error(tmp_path):
     order = make_sampler("uniform", TASKS, seed=0).sample(4)
-    trainer = _trainer(tmp_path, max_staleness=1, concurrency=8,
+    rollouts = _rollouts(tmp_path, max_staleness=1, concurrency=8,
                        pool_kwargs={"fail": {order[3].task_id}})
-    source = _source(trainer)
+    source = _source(rollouts)
     with pytest.raises(RolloutProducerError, match=f"OSError: tool broke on "
                                                    f"{order[3].task_id}"):
         _train(source, 6)
@@ -218,12 +225,12 @@ def test_a_resumed_source_trains_every_task_as_often_as_an_uninterrupted_one(tmp
     delays = {t.task_id: d for t, d in zip(TASKS, np.random.default_rng(1).uniform(
         0, 0.03, len(TASKS)))}
 
-    def trainer(folder):
-        return _trainer(tmp_path / folder, total_steps=8, max_staleness=8, concurrency=6,
+    def rollouts(folder):
+        return _rollouts(tmp_path / folder, total_steps=8, max_staleness=8, concurrency=6,
                         queue_groups=6, partial_rollouts=True,
                         pool_kwargs={"delays": delays})
 
-    whole = _source(trainer("whole"))
+    whole = _source(rollouts("whole"))
     _train(whole, 8)
     whole.close()
     snapshot = {}
@@ -233,11 +240,11 @@ def test_a_resumed_source_trains_every_task_as_often_as_an_uninterrupted_one(tmp
             time.sleep(0.05)  # the producer runs ahead: groups in flight and queued
             snapshot.update({"step": 3, **source.state_dict()})
 
-    killed = _source(trainer("resumed"))
+    killed = _source(rollouts("resumed"))
     _train(killed, 5, during=checkpoint)  # trains on past the checkpoint, then dies
     killed.close()
     assert snapshot["rollout"]["pending"]  # groups were in flight or queued
-    resumed = _source(trainer("resumed"), start=3, host=snapshot)
+    resumed = _source(rollouts("resumed"), start=3, host=snapshot)
     _train(resumed, 5, start=3)
     resumed.close()
 

@@ -1,7 +1,7 @@
 """The next-token stages before RL: pretraining on a text corpus, then SFT on
 demonstrations with corpus documents mixed in.
 
-    params = run_sft(trainer, params)
+    params = run_sft(config, runtime, policy, suite, params)
 
 Both stages pack whole trajectories into rows (`train.packing`) drawn from a seeded
 endless stream (`shuffled_stream`), checkpoint into <workdir>/<stage> with the stream's
@@ -10,16 +10,21 @@ cursor, and export their final policy to <workdir>/<stage>/hf.
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
-from tqdm.auto import tqdm
 
 from agentjax.core.trajectory import Trajectory
+from agentjax.envs.registry import TaskSuite
 from agentjax.train import update as step_lib
+from agentjax.train.fit import Loop, fit, micro_batches
 from agentjax.train.packing import pack
+from agentjax.train.policy import HF_DIR, Policy
 from agentjax.train.precision import master_copy
+from agentjax.train.runtime import Runtime
 
 
 def shuffled_stream(items: list, seed: int, position: int, count: int) -> list:
@@ -46,57 +51,67 @@ def corpus_sample(corpus: list[Trajectory], demos: list[Trajectory], fraction: f
     return [corpus[i] for i in order[:int(np.searchsorted(tokens, wanted)) + 1]]
 
 
-def demonstration_trajectories(trainer) -> list[Trajectory]:
-    """The suite's demonstrations as trajectories, those longer than the context left
-    out (the policy trains on what it could have generated)."""
-    max_tokens = trainer.config.rollout.max_tokens
-    suite = trainer.suite
+def demonstration_trajectories(suite: TaskSuite, tokenizer, max_tokens: int,
+                               log: Callable[[str], None]) -> list[Trajectory]:
+    """The suite's demonstrations as trajectories, those longer than the context
+    (`max_tokens`) left out: the policy trains on what it could have generated."""
     trajs = [Trajectory.from_demonstration(
-        trainer.tokenizer, d.messages, d.turns, observation_role=suite.observation_role,
+        tokenizer, d.messages, d.turns, observation_role=suite.observation_role,
         reward=d.reward, task=d.task) for d in suite.demonstrations]
     kept = [t for t in trajs if t.num_tokens <= max_tokens]
     if len(kept) < len(trajs):
-        trainer.log(f"SFT: {len(trajs) - len(kept)} demonstrations longer than "
-                    f"rollout.max_tokens={max_tokens} left out")
+        log(f"SFT: {len(trajs) - len(kept)} demonstrations longer than "
+            f"rollout.max_tokens={max_tokens} left out")
     if not kept:
         raise ValueError("SFT: no demonstration fits rollout.max_tokens")
     return kept
 
 
-def corpus_trajectories(trainer) -> list[Trajectory]:
+def corpus_trajectories(suite: TaskSuite, tokenizer, env_name: str) -> list[Trajectory]:
     """The suite's pretraining corpus, a trajectory per document."""
-    if trainer.suite.pretrain_corpus is None:
-        raise ValueError(f"pretrain.steps > 0 or sft.corpus_mix > 0 but the "
-                         f"{trainer.config.env.name!r} suite has no pretraining corpus "
-                         "(synthetic search worlds have one)")
-    return [Trajectory.from_text(trainer.tokenizer, text)
-            for text in trainer.suite.pretrain_corpus()]
+    if suite.pretrain_corpus is None:
+        raise ValueError(f"pretrain.steps > 0 or sft.corpus_mix > 0 but the {env_name!r} "
+                         "suite has no pretraining corpus (synthetic search worlds have one)")
+    return [Trajectory.from_text(tokenizer, text) for text in suite.pretrain_corpus()]
 
 
-def run_sft(trainer, params):
+def run_sft(config: ml_collections.ConfigDict, runtime: Runtime, policy: Policy,
+            suite: TaskSuite, params):
     """Pretraining on the suite's corpus (pretrain.steps), then SFT on the
     demonstrations (sft.steps), with corpus documents mixed in (sft.corpus_mix);
     returns the new params."""
-    config = trainer.config
-    corpus = (corpus_trajectories(trainer)
+    tokenizer = policy.tokenizer
+    corpus = (corpus_trajectories(suite, tokenizer, config.env.name)
               if config.pretrain.steps or (config.sft.steps and config.sft.corpus_mix)
               else [])
     if config.pretrain.steps:
-        params = fit_next_token(trainer, "pretrain", corpus, config.pretrain, params)
+        params = fit_next_token(config, runtime, policy, "pretrain", corpus, config.pretrain,
+                                params)
     if config.sft.steps:
-        demos = demonstration_trajectories(trainer)
+        demos = demonstration_trajectories(suite, tokenizer, config.rollout.max_tokens,
+                                           runtime.log)
         params = fit_next_token(
-            trainer, "sft",
+            config, runtime, policy, "sft",
             demos + corpus_sample(corpus, demos, config.sft.corpus_mix, config.seed),
             config.sft, params)
     return params
 
 
-def fit_next_token(trainer, stage: str, trajs: list[Trajectory], section, params):
+def next_token_batch(trajs: list[Trajectory], *, seed: int, cursor: int, rows: int,
+                     length: int, pad_id: int) -> tuple[dict, int]:
+    """(packed rows of `trajs` from the stream's `cursor` on, trajectories used): the
+    masked next-token loss trains their trainable tokens (RFT reuses it)."""
+    upcoming = shuffled_stream(trajs, seed, cursor, rows * 16)
+    batch, used = pack(upcoming, length=length, rows=rows, pad_id=pad_id)
+    batch["loss_mask"] = batch.pop("action_mask")
+    return batch, used
+
+
+def fit_next_token(config: ml_collections.ConfigDict, runtime: Runtime, policy: Policy,
+                   stage: str, trajs: list[Trajectory], section, params):
     """`section.steps` steps (batch `section.batch_size` packed rows, lr `section.lr`,
     cosine) of next-token loss on the trainable tokens of `trajs`, checkpointed and
     resumable under <workdir>/<stage>; exports to <workdir>/<stage>/hf."""
-    config = trainer.config
     optimizer = step_lib.make_optimizer(section.lr, total_steps=section.steps,
                                         warmup_steps=min(20, section.steps // 10),
                                         schedule="cosine", grad_clip=config.optim.grad_clip)
@@ -104,29 +119,34 @@ def fit_next_token(trainer, stage: str, trajs: list[Trajectory], section, params
     state = step_lib.TrainState(step=jnp.int32(0), params=params,
                                 opt_state=optimizer.init(params),
                                 rng=jax.random.key(config.seed))
-    update, state = trainer.jit_update(step_lib.build_update(
-        step_lib.sft_loss(trainer.graphdef, chunk_size=config.model.logprob_chunk), optimizer,
-        epochs=1, minibatches=1, micro_batches=trainer.micro_batches(section.batch_size)),
-        state)
-    state, host, checkpointer, writer = trainer.restore_or_start(
-        os.path.join(trainer.workdir, stage), state, stage)
-    start, cursor = host.get("step", 0), host.get("cursor", 0)
-    bar = tqdm(range(start, section.steps), desc=stage,
-               disable=not (trainer.is_main and config.log.progress))
-    for step in bar:
-        upcoming = shuffled_stream(trajs, config.seed, cursor, section.batch_size * 16)
-        batch, used = pack(upcoming, length=trainer.buckets[-1], rows=section.batch_size,
-                           pad_id=trainer.tokenizer.pad_token_id)
+    update, state = runtime.jit_update(step_lib.build_update(
+        step_lib.sft_loss(policy.graphdef, chunk_size=config.model.logprob_chunk), optimizer,
+        epochs=1, minibatches=1,
+        micro_batches=micro_batches(section.batch_size, config.algo.microbatch_size)), state)
+    cursor = 0
+
+    def resume(state, host):
+        nonlocal cursor
+        cursor = host.get("cursor", 0)
+
+    def draw(state, step):
+        nonlocal cursor
+        batch, used = next_token_batch(trajs, seed=config.seed, cursor=cursor,
+                                       rows=section.batch_size, length=config.rollout.max_tokens,
+                                       pad_id=policy.tokenizer.pad_token_id)
         cursor += used
-        batch["loss_mask"] = batch.pop("action_mask")
-        state, metrics = update(state, trainer.device_batch(batch))
-        if (step + 1) % config.log.every == 0 or step + 1 == section.steps:
-            row = writer.write(step + 1, {**jax.device_get(metrics), "episodes_per_step": used})
-            bar.set_postfix(nll=f"{row['nll']:.3f}")
-        checkpointer.save(step + 1, state, {"step": step + 1, "cursor": cursor})
-    checkpointer.save(section.steps, state, {"step": section.steps, "cursor": cursor},
-                      force=True)
-    checkpointer.wait()
-    writer.close()
-    trainer.export(state.params, stage)
+        return batch, used
+
+    def train(state, data, step):
+        batch, used = data
+        state, metrics = update(state, runtime.device_batch(batch))
+        return state, {**metrics, "episodes_per_step": used}  # fetched when logged
+
+    folder = os.path.join(runtime.workdir, stage)
+    state = fit(runtime, Loop(
+        name=stage, desc=stage, folder=folder, steps=section.steps, draw=draw, train=train,
+        host_state=lambda done: {"step": done, "cursor": cursor}, resume=resume,
+        log_every=config.log.every, postfix=lambda row: {"nll": f"{row['nll']:.3f}"}),
+        state, checkpoint_every=config.checkpoint.every)
+    policy.export(state.params, os.path.join(folder, HF_DIR))
     return state.params

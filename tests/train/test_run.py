@@ -17,10 +17,10 @@ from agentjax.models.tokenizer import load_tokenizer
 from agentjax.rewards.composite import make_reward_fn
 from agentjax.config import schema as config_lib
 from agentjax.config import presets
+from agentjax.train import update as step_lib
+from agentjax.train.run import set_up
 from agentjax.train.stages import rl as rl_loop
 from agentjax.train.stages import sft
-from agentjax.train import update as step_lib
-from agentjax.train import trainer as trainer_lib
 from agentjax.envs import registry as suites
 from agentjax.train.metrics import read_metrics
 from tests.data import search_r1_files
@@ -244,20 +244,21 @@ def test_sft_with_a_real_qwen_template_trains_the_end_of_turn_token(tmp_path):
     config.tokenizer.template_kwargs = '{"enable_thinking": false}'
     config.sft.steps = 1
     config.rollout.prompts_per_step = 4  # rows divide over the 8 test devices
-    trainer = trainer_lib.Trainer(config, str(tmp_path / "run"))
+    runtime, suite, policy, rollouts = set_up(config, str(tmp_path / "run"))
     try:
-        tokenizer = trainer.tokenizer
+        tokenizer = policy.tokenizer
         im_end, endoftext = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
-        assert {im_end, endoftext} <= set(trainer.engine.lanes[0].eos_token_ids)
-        demos = sft.demonstration_trajectories(trainer)
+        assert {im_end, endoftext} <= set(rollouts.engine.lanes[0].eos_token_ids)
+        demos = sft.demonstration_trajectories(suite, tokenizer, config.rollout.max_tokens,
+                                               runtime.log)
         assert demos
         for demo in demos:
             assert tokenizer.decode(demo.prompt_ids).endswith("<think>\n\n</think>\n\n")
             for turn in demo.turns:
                 assert turn.action_ids[-1] == im_end and turn.trainable
-        trainer.export(trainer.initial_params, "sft")
+        policy.export(policy.params, str(tmp_path / "run" / "sft" / "hf"))
     finally:
-        trainer.close()
+        rollouts.close()
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (tmp_path / "run" / "sft" / "hf" / name).read_bytes() == \
             (source / name).read_bytes()

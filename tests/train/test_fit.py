@@ -1,5 +1,5 @@
 """Hooks run at their interval and at the last step, in list order."""
-from agentjax.train.hooks import Hook, run_hooks
+from agentjax.train.fit import Hook, run_hooks
 
 
 def test_hooks_run_every_n_steps_and_at_the_last_in_order():

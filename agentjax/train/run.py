@@ -1,0 +1,146 @@
+"""One run of a config, top to bottom: runtime -> task suite -> policy -> rollouts ->
+stages -> report.
+
+    results = run(config, workdir)          # what scripts/train.py calls
+
+  1. runtime    validate the config, join the other hosts, build the mesh (train/runtime.py)
+  2. suite      the env's tasks, demonstrations and reward (envs/registry.py)
+  3. policy     the model and tokenizer: init_from, model.path or a tiny one built here
+                (train/policy.py)
+  4. rollouts   engine + pool holding the policy, sampling, evaluation (train/rollouts.py)
+  5. stages     pretraining and SFT (train/stages/sft.py), then RL (stages/rl.py), or RFT
+                / DPO on the policy's own episodes (stages/offline.py), as config.stage says
+  6. report     held-out success of the demonstrator, the SFT agent and the RL (RFT, DPO)
+                agent: <workdir>/final.json and a table on stdout
+
+Resume: every stage checkpoints into the workdir (orbax: device state; json: sampler and
+step); rerunning with the same `--workdir` continues where the run stopped, with the same
+data order and random streams. What a rerun reads back is written atomically
+(core/atomic.py; orbax commits checkpoints by renaming), and which stage is done is
+decided from committed checkpoints and sft/eval.json, never from a folder's existence: a
+kill at any point, repeated any number of times, gives the uninterrupted run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import ml_collections
+
+from agentjax.agents.evaluation import group_of
+from agentjax.config.preflight import check_runtime
+from agentjax.config.schema import validate
+from agentjax.core import atomic
+from agentjax.envs.registry import TaskSuite, build_suite
+from agentjax.train.checkpoint import latest_committed_step
+from agentjax.train.policy import Policy
+from agentjax.train.rollouts import Rollouts
+from agentjax.train.runtime import CHECKPOINTS, Runtime
+from agentjax.train.stages.offline import run_offline
+from agentjax.train.stages.rl import run_rl
+from agentjax.train.stages.sft import run_sft
+
+SFT_RESULTS = os.path.join("sft", "eval.json")  # written once SFT has finished
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Pretraining and SFT (if configured), RL, RFT or DPO (config.stage; none for
+    "sft"), then the final report (module docstring)."""
+    started = time.perf_counter()
+    runtime, suite, policy, rollouts = set_up(config, workdir)
+    try:
+        results = baseline_results(suite)
+        params = policy.params
+        if (config.pretrain.steps or config.sft.steps) and not config.init_from:
+            params, sft_results = warm_start(config, runtime, policy, suite, rollouts, params)
+            results.update(sft_results)
+        if config.stage != "sft":
+            stage = run_rl if config.stage == "rl" else run_offline
+            _, last_eval = stage(config, runtime, policy, rollouts, params)
+            results.update(last_eval)
+    finally:
+        rollouts.close()
+    results["time/total_s"] = time.perf_counter() - started
+    if runtime.is_main:
+        atomic.write_json(os.path.join(runtime.workdir, "final.json"), results)
+        print(report_table(results, agent="RL agent" if config.stage in ("rl", "sft")
+                           else f"{config.stage.upper()} agent"))
+    return results
+
+
+def set_up(config: ml_collections.ConfigDict, workdir: str
+           ) -> tuple[Runtime, TaskSuite, Policy, Rollouts]:
+    """Steps 1-4 of a run (module docstring): what its stages, the evaluation script
+    and the tests start from. The caller closes the rollouts."""
+    validate(config)
+    check_runtime(config)
+    runtime = Runtime.start(config, workdir)
+    suite = load_suite(config, runtime)
+    policy = Policy.load(config, runtime, texts=lambda: suite.texts)
+    return runtime, suite, policy, Rollouts.build(config, runtime, policy, suite)
+
+
+def load_suite(config: ml_collections.ConfigDict, runtime: Runtime) -> TaskSuite:
+    start = time.perf_counter()
+    suite = build_suite(config, os.path.join(runtime.workdir, "data"))
+    runtime.log(f"task suite {config.env.name!r}: {len(suite.train_tasks)} train / "
+                f"{len(suite.test_tasks)} test tasks, {len(suite.demonstrations)} "
+                f"demonstrations ({time.perf_counter() - start:.1f}s)")
+    return suite
+
+
+def baseline_results(suite: TaskSuite) -> dict[str, float]:
+    """Held-out success of the suite's scripted policies (the demonstrator among them)."""
+    results = {f"demonstrator/{k}": v["success"] for k, v in suite.baselines.items()}
+    for name, baseline in suite.baselines.items():
+        results.update({f"demonstrator/{name}/hops={h}": v
+                        for h, v in baseline["by_hops"].items()})
+    return results
+
+
+def warm_start(config, runtime: Runtime, policy: Policy, suite: TaskSuite, rollouts: Rollouts,
+               params):
+    """(params after pretraining and SFT, the SFT agent's held-out evaluation).
+
+    sft/eval.json is written (atomically) once SFT has finished, and RL checkpoints only
+    after it: with both, RL restores its whole state (the params returned here give it
+    shapes only). Otherwise run_sft resumes from (or, when done, only restores) its
+    committed checkpoints, so RL starts from the SFT params whatever point a kill hit."""
+    sft_file = os.path.join(runtime.workdir, SFT_RESULTS)
+    sft_results = None
+    if os.path.exists(sft_file):
+        with open(sft_file) as f:
+            sft_results = json.load(f)
+    rl_resumes = config.stage != "sft" and latest_committed_step(
+        os.path.join(runtime.workdir, CHECKPOINTS)) is not None
+    if sft_results is None or not rl_resumes:
+        params = run_sft(config, runtime, policy, suite, params)
+    if sft_results is None:
+        sft_results = rollouts.evaluate(params, "sft")
+        if runtime.is_main:
+            atomic.write_json(sft_file, sft_results)
+    return params, sft_results
+
+
+def report_table(results: dict[str, float], agent: str = "RL agent") -> str:
+    """Markdown table of held-out success: demonstrator, SFT agent, the agent of the
+    stage after SFT (row `agent`); a column per task group (hops, taught: see
+    agents/evaluation.py)."""
+    rows = []
+    groups = sorted({group_of(k) for k in results} - {None})
+
+    def cells(prefix):
+        return [f"{results[key]:.3f}" if key in results else "-"
+                for key in [prefix] + [f"{prefix}/{g}" for g in groups]]
+
+    rows.append(["demonstrator (scripted)", "-"] + cells("demonstrator/demonstrator"))
+    for name, prefix in (("SFT agent", "sft"), (agent, "eval")):
+        greedy = results.get(f"{prefix}/success_greedy")
+        rows.append([name, "-" if greedy is None else f"{greedy:.3f}"]
+                    + cells(f"{prefix}/success_sampled"))
+    header = ["policy", "greedy", "sampled"] + [f"sampled, {g}" for g in groups]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)

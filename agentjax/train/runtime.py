@@ -1,0 +1,158 @@
+"""Where a run executes: the mesh and its shardings, jit, logging, checkpoints, the
+workdir, and whether this process is the one that writes.
+
+    runtime = Runtime.start(config, workdir)
+    update, state = runtime.jit_update(update_fn, state)      # sharded, donated state
+    state, host, checkpointer, writer = runtime.restore_or_start(folder, state, "RL")
+    state, metrics = update(state, runtime.device_batch(batch))
+
+Nothing here knows about models, rollouts or algorithms; every stage gets a Runtime.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Iterable
+
+import jax
+import ml_collections
+from tqdm.auto import tqdm
+
+from agentjax.config.schema import ConfigError
+from agentjax.core import atomic, parallel
+from agentjax.train.checkpoint import Checkpointer
+from agentjax.train.metrics import MetricsWriter
+
+CHECKPOINTS = "checkpoints"  # in the workdir (RL) or in <workdir>/<stage> (pretrain, sft)
+
+
+@dataclasses.dataclass
+class Runtime:
+    """The run's devices and files (module docstring).
+
+    Attributes:
+      workdir: the run folder (absolute).
+      mesh: the `data/fsdp/tensor` device mesh.
+      rules: logical axis -> mesh axes (parallel.resolve_rules).
+      is_main: this process logs and writes files (process 0 of a multi-host run).
+      checkpoint: the config's `checkpoint` section (every, keep, async_save).
+      progress: show progress bars.
+      tensorboard: write TensorBoard events beside metrics.jsonl.
+    """
+
+    workdir: str
+    mesh: jax.sharding.Mesh
+    rules: dict
+    is_main: bool
+    checkpoint: ml_collections.ConfigDict
+    progress: bool = True
+    tensorboard: bool = True
+
+    @classmethod
+    def start(cls, config: ml_collections.ConfigDict, workdir: str, *,
+              record_config: bool = True) -> "Runtime":
+        """Joins the other hosts (multihost.enabled), builds the mesh, records the
+        config in <workdir>/config.json (unless not `record_config`: a tool reading a
+        finished run) and checks that every batch divides over the data-parallel
+        devices."""
+        workdir = os.path.abspath(workdir)
+        os.makedirs(workdir, exist_ok=True)
+        if config.multihost.enabled:
+            parallel.initialize_distributed({
+                "coordinator_address": config.multihost.coordinator,
+                "num_processes": config.multihost.num_processes,
+                "process_id": None if config.multihost.process_id < 0
+                else config.multihost.process_id})
+        is_main = jax.process_index() == 0
+        if is_main and record_config:
+            atomic.write_text(os.path.join(workdir, "config.json"),
+                              config.to_json_best_effort(indent=1))
+        mesh = parallel.make_mesh(dict(config.mesh))
+        _check_batch_rows(config, mesh.shape["data"] * mesh.shape["fsdp"])
+        runtime = cls(workdir=workdir, mesh=mesh,
+                      rules=parallel.resolve_rules(json.loads(config.rules)
+                                                   if config.rules else None),
+                      is_main=is_main, checkpoint=config.checkpoint,
+                      progress=config.log.progress, tensorboard=config.log.tensorboard)
+        runtime.log(f"mesh {dict(mesh.shape)} on {jax.device_count()} "
+                    f"{jax.default_backend()} device(s)")
+        return runtime
+
+    def log(self, message: str) -> None:
+        if self.is_main:
+            tqdm.write(f"[agentjax] {message}")
+
+    def progress_bar(self, steps: Iterable[int], desc: str):
+        return tqdm(steps, desc=desc, disable=not (self.is_main and self.progress))
+
+    # ------------------------------------------------------------------ devices
+
+    def batch_shardings(self, batch: dict) -> dict:
+        """The rules' sharding of each batch array: [B, T] arrays and [B] rows."""
+        tokens = parallel.batch_sharding(self.mesh, self.rules)
+        rows = parallel.batch_sharding(self.mesh, self.rules, ("batch",))
+        return {k: tokens if v.ndim == 2 else rows for k, v in batch.items()}
+
+    def device_batch(self, batch: dict) -> dict:
+        """A numpy batch on the devices, sharded by the rules."""
+        return jax.device_put(batch, self.batch_shardings(batch))
+
+    def jit_update(self, update_fn, state):
+        """(jitted update, state placed on its shardings). The update is jitted with
+        explicit shardings — the state keeps its placement (`parallel.placed_shardings`,
+        donated), the batch takes the rules' batch shardings, metrics come back
+        replicated — compiled at the first call for that batch's keys."""
+        state_shardings = parallel.placed_shardings(state, self.mesh)
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        compiled = {}
+
+        def update(state, batch):
+            keys = tuple(sorted(batch))
+            if keys not in compiled:
+                compiled[keys] = jax.jit(
+                    update_fn, in_shardings=(state_shardings, self.batch_shardings(batch)),
+                    out_shardings=(state_shardings, replicated), donate_argnums=0)
+            return compiled[keys](state, batch)
+
+        return update, jax.device_put(state, state_shardings)
+
+    # ------------------------------------------------------------------ files
+
+    def checkpointer(self, folder: str, *, read_only: bool = False) -> Checkpointer:
+        """The checkpoints of a stage logging into `folder` (<folder>/checkpoints)."""
+        c = self.checkpoint
+        if read_only:
+            return Checkpointer(os.path.join(folder, CHECKPOINTS), every=0, read_only=True)
+        return Checkpointer(os.path.join(folder, CHECKPOINTS), every=c.every, keep=c.keep,
+                            async_save=c.async_save)
+
+    def restore_or_start(self, folder: str, state, stage: str):
+        """(state, host state, checkpointer, metrics writer) of a stage checkpointing
+        into <folder>/checkpoints and logging into <folder>: the latest committed
+        checkpoint's state and host state when there is one, else `state` and {}; the
+        writer continues after the restored step."""
+        checkpointer = self.checkpointer(folder)
+        restored = checkpointer.restore(state)
+        host = {}
+        if restored is not None:
+            state, host = restored
+            self.log(f"{stage}: resumed at step {host['step']}")
+        writer = MetricsWriter(folder, tensorboard=self.tensorboard,
+                               resume_step=host.get("step", 0), enabled=self.is_main)
+        return state, host, checkpointer, writer
+
+
+def _check_batch_rows(config, data_parallel: int) -> None:
+    """Every batch a stage builds splits evenly over the data-parallel devices."""
+    row_counts = {"rollout.prompts_per_step x rollout.group_size":
+                  config.rollout.prompts_per_step * config.rollout.group_size,
+                  "sft.batch_size": config.sft.batch_size}
+    if config.pretrain.steps:
+        row_counts["pretrain.batch_size"] = config.pretrain.batch_size
+    if config.stage in ("rft", "dpo"):
+        row_counts[f"{config.stage}.batch_size"] = config[config.stage].batch_size
+    for key, rows in row_counts.items():
+        if rows % data_parallel:
+            raise ConfigError(f"{key} = {rows} rows must be divisible by the data-parallel "
+                              f"mesh size data x fsdp = {data_parallel}")
