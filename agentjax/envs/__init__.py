@@ -1,8 +1,10 @@
 """agentjax.envs: environments the agent loop drives, their tools and parsers.
 
 Importing the package registers the built-in tool ("python") so that
-`make_tool(name, **kwargs)` finds it. Runs choose their env by `config.env.name` through
-`agentjax.envs.registry.SUITES`.
+`make_tool(name, **kwargs)` finds it (`agentjax.envs.tools.TOOLS`). Runs choose their env
+by `config.env.name`: `agentjax.envs.registry.build_suite` builds the suite an env's
+folder registers (`envs/<name>/suite.py`, `@register_env("<name>")`; not imported here:
+the data loaders the suites use import this package).
 """
 from agentjax.core.task import EpisodeLog, Task, TurnLog
 from agentjax.envs.base import Env, StepResult

@@ -6,7 +6,8 @@ tool calls, observations, errors, retrieved documents, the final answer); reward
 functions are pure functions of `(task, log)`, so they can be re-scored offline and
 relabeled (hindsight) without re-running the episode.
 
-A run builds its env from `config.env.name` through `agentjax.envs.registry.SUITES`.
+A run builds its env from `config.env.name` through `agentjax.envs.registry.build_suite`
+(the suite each `envs/<name>/suite.py` registers in `SUITES`).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Tool protocol and a registry, so tool-calling envs can take tools by name.
+"""The Tool protocol and its registry (`TOOLS`), so tool-calling envs can take tools by name.
 
 A tool is a name, a description, a JSON-schema for its arguments and a call that maps
 validated arguments to observation text. `ToolError` is how a tool reports bad input or
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
+from agentjax.core.registry import Registry
 from agentjax.envs.parsers import echo
 
 
@@ -47,26 +48,18 @@ class Tool(Protocol):
         """Runs the tool; returns the observation text or raises ToolError."""
 
 
-_TOOLS: dict[str, Callable[..., Tool]] = {}
+# tool name -> `factory(**kwargs) -> Tool` (a Tool class, or a function building one).
+TOOLS: Registry[Callable[..., Tool]] = Registry("tool")
 
 
 def register_tool(name: str):
     """Class/function decorator: makes a Tool constructible by name (`make_tool`)."""
-
-    def wrap(factory):
-        if name in _TOOLS:
-            raise ValueError(f"tool {name!r} is already registered")
-        _TOOLS[name] = factory
-        return factory
-
-    return wrap
+    return TOOLS.register(name)
 
 
 def make_tool(name: str, **kwargs) -> Tool:
     """Builds the tool registered under `name` with `kwargs`."""
-    if name not in _TOOLS:
-        raise ValueError(f"unknown tool {name!r}; registered: {sorted(_TOOLS)}")
-    return _TOOLS[name](**kwargs)
+    return TOOLS.get(name)(**kwargs)
 
 
 def tool_schema(tool: Tool) -> dict[str, Any]:

@@ -40,6 +40,7 @@ import dataclasses
 import inspect
 from typing import Any, Awaitable, Callable, Mapping
 
+from agentjax.core.registry import Registry
 from agentjax.core.task import EpisodeLog, Task
 from agentjax.rewards import code, format as format_lib, length, math as math_lib
 from agentjax.rewards import outcome, process, tools
@@ -86,7 +87,16 @@ class Component:
         return self.term.high
 
 
-_REGISTRY: dict[str, tuple[str, Callable[..., Term]]] = {}
+@dataclasses.dataclass(frozen=True)
+class Registered:
+    """A registered component: its kind and `factory(**options_and_resources) -> Term`."""
+
+    kind: str
+    factory: Callable[..., Term]
+
+
+# component name -> Registered.
+REWARDS: Registry[Registered] = Registry("reward component")
 
 
 def register_reward(name: str, kind: str):
@@ -99,9 +109,7 @@ def register_reward(name: str, kind: str):
         raise ValueError(f"reward kind must be one of {KINDS}, got {kind!r}")
 
     def wrap(factory):
-        if name in _REGISTRY:
-            raise ValueError(f"reward component {name!r} is already registered")
-        _REGISTRY[name] = (kind, factory)
+        REWARDS.register(name)(Registered(kind, factory))
         return factory
 
     return wrap
@@ -109,7 +117,7 @@ def register_reward(name: str, kind: str):
 
 def registered_rewards() -> dict[str, str]:
     """Registered component names and their kinds."""
-    return {name: kind for name, (kind, _) in _REGISTRY.items()}
+    return {name: REWARDS.get(name).kind for name in REWARDS}
 
 
 def _answers_required(task: Task) -> tuple[str, ...]:
@@ -281,13 +289,12 @@ def make_reward_fn(config: Mapping[str, Any], **resources: Any) -> RewardFn:
                          f"'min_outcome_share'); unknown keys: {sorted(unknown)}")
     components, weights = [], {}
     for name, spec in config["components"].items():
-        if name not in _REGISTRY:
-            raise ValueError(f"unknown reward component {name!r}; registered: {sorted(_REGISTRY)}")
+        registered = REWARDS.get(name)
         spec = {"weight": spec} if isinstance(spec, (int, float)) else dict(spec)
         if "weight" not in spec:
             raise ValueError(f"reward component {name!r} needs a 'weight'")
         weights[name] = float(spec.pop("weight"))
-        kind, factory = _REGISTRY[name]
+        factory = registered.factory
         params = inspect.signature(factory).parameters
         for key, param in params.items():
             if param.kind != param.KEYWORD_ONLY or key in spec:
@@ -299,7 +306,7 @@ def make_reward_fn(config: Mapping[str, Any], **resources: Any) -> RewardFn:
                                  f"make_reward_fn(config, {key}=...)")
         if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
             _check_options(name, spec, factory, reserved=())
-        components.append(Component(name, kind, factory(**spec)))
+        components.append(Component(name, registered.kind, factory(**spec)))
     share, required = outcome_share(components, weights), config.get("min_outcome_share", 0.5)
     if share < required:
         raise ValueError(

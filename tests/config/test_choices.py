@@ -8,11 +8,34 @@ from agentjax.models import config as model_config
 from agentjax.rl import losses, offpolicy, preference
 from agentjax.data import offline_jsonl
 from agentjax.train.stages import offline
+from agentjax.agents import sources
 from agentjax.envs import registry as suites
+from agentjax.envs import tools
+from agentjax.envs.python import env as python_env
+from agentjax.envs.search import suite as search_suite
+from agentjax.rewards import composite
 
 
 def test_every_env_has_a_task_suite():
-    assert tuple(suites.SUITES) == tuple(choices.OUTCOMES)
+    # The envs agentjax's own folders register (a test may register more).
+    assert sorted(suites.load_builtin_envs()) == sorted(choices.OUTCOMES)
+    assert set(choices.OUTCOMES) <= set(suites.SUITES.names())
+
+
+def test_every_outcome_is_a_registered_outcome_component():
+    for env, outcomes in choices.OUTCOMES.items():
+        assert "em" in outcomes, env  # the success criterion of every env
+        for name in outcomes.values():
+            assert composite.REWARDS.get(name).kind == "outcome", (env, name)
+
+
+def test_the_built_in_tool_is_registered():
+    # No config chooses tools by name (PythonEnv's `tools` argument does): no name list.
+    assert tools.TOOLS.get("python") is python_env.PythonTool
+
+
+def test_every_rollout_mode_has_a_source():
+    assert tuple(sources.SOURCES) == choices.ROLLOUT_MODES
 
 
 def test_every_arch_has_an_hf_architectures_entry():
@@ -36,7 +59,7 @@ def test_every_curriculum_has_a_sampler():
 
 
 def test_every_instruction_has_a_text():
-    assert tuple(suites.INSTRUCTIONS) == choices.INSTRUCTIONS
+    assert tuple(search_suite.INSTRUCTIONS) == choices.INSTRUCTIONS
 
 
 def test_the_demonstrator_takes_exactly_the_guess_names():

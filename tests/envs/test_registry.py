@@ -1,151 +1,73 @@
-"""The search suite over a user's Search-R1 files (data.source="files"): what it loads,
-what the agent sees and how its episodes are rewarded."""
-import contextlib
-import http.server
-import json
-import threading
+"""The env registry: a suite registered with @register_env is what build_suite builds for
+its env.name; the built-in envs' folders register themselves when a suite is built."""
+import os
+import subprocess
+import sys
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+import ml_collections
 import pytest
 
-from agentjax.envs.search.env import DEFAULT_INSTRUCTION, SHORT_INSTRUCTION
-from agentjax.rewards.judge import JudgeError
-from agentjax.config import schema as config_lib
-from agentjax.config import presets
+from agentjax.config import choices
+from agentjax.core.task import Task
 from agentjax.envs import registry as suites
-from tests.data import search_r1_files
-from tests.envs.retrieval_server import free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOY_TASKS = [Task("toy-0", "What is one plus one?", ("2",))]
 
 
-@pytest.fixture
-def files(tmp_path):
-    train, corpus = str(tmp_path / "train.parquet"), str(tmp_path / "corpus.jsonl")
-    rows = search_r1_files.write_merged_train(train)
-    search_r1_files.write_corpus(corpus)
-    return {"train": train, "corpus": corpus, "rows": rows}
+@suites.register_env("test_registry_toy")
+def build_toy_suite(config, data_dir):
+    """A world of one question, no env, no demonstrations: what a new env registers."""
+    return suites.TaskSuite(TOY_TASKS * config.data.copies, [], lambda: None,
+                            lambda task, log: (0.0, {}), "exact_match", None, [],
+                            [data_dir], {})
 
 
-def files_config(files, **data):
-    config = presets.search_config("grpo", "test")
-    config.data.source, config.data.corpus_path = "files", files["corpus"]
-    config.data.train_path = config.data.test_path = files["train"]
-    config.data.update(data)
-    return config
+def test_a_registered_env_is_the_suite_of_its_name(tmp_path):
+    # Validation restricts env.name to choices.OUTCOMES: build_suite takes any config.
+    config = ml_collections.ConfigDict({"env": {"name": "test_registry_toy"},
+                                        "data": {"copies": 3}})
+    data_dir = str(tmp_path / "data")
+    suite = suites.build_suite(config, data_dir)
+    assert suite.train_tasks == TOY_TASKS * 3 and suite.texts == [data_dir]
+    assert os.path.isdir(data_dir)  # build_suite makes the data folder
+    assert suites.SUITES.get("test_registry_toy") is build_toy_suite
 
 
-def test_search_r1_episodes_are_rewarded(files, tmp_path):
-    """The suite's reward logs the process component on the synthetic world; Search-R1's
-    questions have no subgoals, and their episodes are still scored."""
-    suite = suites.build_suite(files_config(files), str(tmp_path / "data"))
-    assert len(suite.train_tasks) == 6  # both sources' "train_0", "train_1"
-    task = suite.train_tasks[4]
-    env = suite.make_env()
-    env.reset(task)
-    env.step("<search> Arthur's Magazine First for Women </search>")
-    env.step("<answer> Arthur's Magazine </answer>")
-    total, parts = suite.reward_fn(task, env.log)
-    assert parts == {"exact_match": 1.0, "f1": 1.0, "format": 1.0, "tool_shaping": 0.1}
-    assert total == 1.0
-    assert parts[suite.success_key] == 1.0
+def test_an_env_name_registers_once():
+    with pytest.raises(ValueError, match="env 'test_registry_toy' is already registered"):
+        suites.register_env("test_registry_toy")(build_toy_suite)
 
 
-def test_the_agent_sees_the_files_prompt_unless_told_otherwise(files, tmp_path):
-    suite = suites.build_suite(files_config(files), str(tmp_path / "a"))
-    task = suite.train_tasks[0]
-    assert suite.make_env().reset(task) == files["rows"][0]["prompt"] == [
-        {"role": "user", "content": DEFAULT_INSTRUCTION.replace("{question}", task.question)}]
-    assert files["rows"][0]["prompt"][0]["content"] in suite.texts  # tokenizer texts
-    rebuilt = suites.build_suite(files_config(files, file_prompt=False), str(tmp_path / "b"))
-    assert rebuilt.make_env().reset(rebuilt.train_tasks[0]) == [
-        {"role": "user", "content": SHORT_INSTRUCTION.replace("{question}", task.question)}]
-
-
-def test_rows_that_do_not_load_are_an_error_unless_skipped(files, tmp_path, capsys):
-    bad = str(tmp_path / "bad.parquet")
-    rows = files["rows"]
-    no_answer = {**rows[1], "id": "train_9", "golden_answers": [],
-                 "reward_model": {"style": "rule", "ground_truth": {"target": []}}}
-    pq.write_table(pa.Table.from_pylist(rows + [rows[0], no_answer]), bad)
-    config = files_config(files, train_path=bad)
-    with pytest.raises(ValueError, match="2 of the rows .* do not load") as info:
-        suites.build_suite(config, str(tmp_path / "a"))
-    assert "duplicate task id 'nq/train_0'" in str(info.value)
-    assert "data.skip_bad_rows=True" in str(info.value)
-    config.data.skip_bad_rows = True
-    suite = suites.build_suite(config, str(tmp_path / "b"))
-    assert len(suite.train_tasks) == 6 and "skipped" in capsys.readouterr().out
-
-
-def test_a_process_reward_without_subgoals_is_a_config_error(files, tmp_path):
-    config = files_config(files)
-    config.reward.process_weight = 0.3
-    with pytest.raises(ValueError, match="reward.process_weight"):
+def test_an_unknown_env_name_lists_the_registered_ones(tmp_path):
+    config = ml_collections.ConfigDict({"env": {"name": "nope"}})
+    with pytest.raises(ValueError, match=r"config.env.name='nope': unknown env 'nope'; "
+                                         r"registered: \[.*'python', 'search'"):
         suites.build_suite(config, str(tmp_path / "data"))
+    assert not os.path.exists(tmp_path / "data")
 
 
-
-@contextlib.contextmanager
-def judge_server(reply: str):
-    """An OpenAI-compatible chat server on a free local port whose every reply is
-    `reply`; yields (its URL, the (path, request body) pairs it received)."""
-    seen = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append((self.path, request))
-            body = json.dumps({"choices": [{"message": {"role": "assistant", "content": reply}}]
-                               * request["n"]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+def test_the_built_in_envs_are_the_folders_with_a_suite():
+    builtin = suites.load_builtin_envs()
+    assert set(builtin) == set(choices.OUTCOMES) == {"search", "python"}
+    assert "test_registry_toy" not in builtin  # registered here, not by an env folder
+    for name in builtin:
+        assert suites.SUITES.get(name).__module__ == f"agentjax.envs.{name}.suite"
 
 
-def judged_episode(files, tmp_path, url):
-    """(suite, task, log): a correct answer to a Search-R1 question, with the judge of
-    `url` as the rewarded outcome."""
-    config = files_config(files)
-    config.reward.outcome = "judge"
-    config.reward.judge.update(url=url, model="judge-7b", votes=3, temperature=0.5)
-    config.pretrain.steps = 0  # validation: no pretraining corpus without the world
-    suite = suites.build_suite(config_lib.validate(config), str(tmp_path / "data"))
-    task = suite.train_tasks[4]
-    env = suite.make_env()
-    env.reset(task)
-    env.step("<answer> Arthur's Magazine </answer>")
-    return suite, task, env.log
-
-
-def test_the_llm_judge_is_the_reward_when_it_is_the_outcome(files, tmp_path):
-    """The judge decides the reward; exact match is still logged and still says which
-    episodes solved their task."""
-    with judge_server('{"success": false, "reason": "not supported"}') as (url, seen):
-        suite, task, log = judged_episode(files, tmp_path, url)
-        total, parts = suite.reward_fn(task, log)
-    assert parts == {"exact_match": 1.0, "f1": 1.0, "judge": 0.0, "format": 1.0,
-                     "tool_shaping": 0.0}
-    assert total == 0.0 and suite.success_key == "exact_match"
-    [(path, request)] = seen
-    assert path == "/v1/chat/completions"
-    assert (request["model"], request["n"], request["temperature"]) == ("judge-7b", 3, 0.5)
-    assert task.question in request["messages"][0]["content"]
-
-
-def test_a_judge_that_cannot_be_reached_fails_the_reward_loudly(files, tmp_path):
-    suite, task, log = judged_episode(files, tmp_path, f"http://127.0.0.1:{free_port()}")
-    with pytest.raises(JudgeError, match="no judge gave a verdict .*ConnectError"):
-        suite.reward_fn(task, log)
+def test_build_suite_registers_the_built_in_envs_without_their_import():
+    """A fresh interpreter that imports only the registry finds both envs (the error of an
+    unknown name lists them), without importing the env packages beforehand."""
+    script = (
+        "import sys, ml_collections\n"
+        "from agentjax.envs import registry\n"
+        "assert not registry.SUITES.names(), registry.SUITES.names()\n"
+        "assert 'agentjax.envs.search.suite' not in sys.modules\n"
+        "try:\n"
+        "    registry.build_suite(ml_collections.ConfigDict({'env': {'name': 'x'}}), '.')\n"
+        "except ValueError as error:\n"
+        "    print(error)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "registered: ['python', 'search']" in result.stdout

@@ -2,6 +2,7 @@ import asyncio
 
 import pytest
 
+from agentjax.core.registry import Registry
 from agentjax.core.task import Task
 from agentjax.rewards import composite
 from tests.rewards.episodes import OBS_1, OBS_2, TWO_HOP, episode
@@ -128,7 +129,10 @@ def test_judge_component_sync_and_async():
 
 
 def test_out_of_bounds_component_is_caught(monkeypatch):
-    monkeypatch.setattr(composite, "_REGISTRY", dict(composite._REGISTRY))
+    registered = Registry("reward component")  # test_broken stays within this test
+    for name in composite.REWARDS:
+        registered.register(name)(composite.REWARDS.get(name))
+    monkeypatch.setattr(composite, "REWARDS", registered)
     composite.register_reward("test_broken", "shaping")(
         lambda: composite.Term(lambda task, log: 2.0, 0.0, 1.0))
     reward_fn = composite.make_reward_fn({"components": {"exact_match": 1.0,
@@ -136,6 +140,20 @@ def test_out_of_bounds_component_is_caught(monkeypatch):
     with pytest.raises(AssertionError, match="outside its bounds"):
         reward_fn(TWO_HOP, LUCKY)
     assert composite.registered_rewards()["test_broken"] == "shaping"
+    assert composite.REWARDS.get("test_broken").kind == "shaping"
+    with pytest.raises(ValueError, match="reward component 'test_broken' is already registered"):
+        composite.register_reward("test_broken", "outcome")(lambda: None)
+    with pytest.raises(ValueError, match="reward kind must be one of"):
+        composite.register_reward("test_bad_kind", "bonus")
+
+
+def test_the_registered_components_and_their_kinds():
+    built_in = {name: kind for name, kind in composite.registered_rewards().items()
+                if not name.startswith("test_")}
+    assert built_in == {
+        "exact_match": "outcome", "f1": "outcome", "math_match": "outcome",
+        "tests_pass": "outcome", "judge": "outcome", "format": "shaping",
+        "tool_shaping": "shaping", "length": "shaping", "process": "process"}
 
 
 def test_length_component_counts_turns_or_tokens():

@@ -175,7 +175,8 @@ def test_reward_outcome_selects_the_rewarded_component():
     config = config_lib.default_config()
     for outcome, total_expected in (("em", 0.0), ("f1", 0.5)):
         config.reward.outcome = outcome
-        reward_fn = make_reward_fn(suites._reward_config(config))
+        reward_fn = make_reward_fn(suites.reward_config(
+            config, process=config.reward.process_weight))
         total, parts = reward_fn(TWO_HOP, half_right)
         # Both outcomes are logged; success (exact_match) does not depend on the choice.
         assert parts["exact_match"] == 0.0 and parts["f1"] == pytest.approx(0.5)

@@ -1,0 +1,64 @@
+"""The python suite (env.name="python"): arithmetic with a sandboxed python tool
+(hermes-style tool calls), and scripted demonstrations for SFT."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from agentjax.config.choices import OUTCOMES
+from agentjax.core.task import Task
+from agentjax.data import demonstrators as demo_lib
+from agentjax.data.arith import make_arith_splits
+from agentjax.envs.base import Env
+from agentjax.envs.python.env import DEFAULT_INSTRUCTION, PythonEnv
+from agentjax.envs.registry import (TaskSuite, parse_counts, register_env, reward_fn,
+                                    turn_texts)
+
+
+def _arith_demonstration(task: Task, rng: np.random.Generator, guess_prob: float,
+                         env: Env) -> demo_lib.Demonstration:
+    """A scripted python-tool episode: compute with the tool (or guess), then answer."""
+    messages = env.reset(task)
+    turns = []
+    if rng.random() >= guess_prob:
+        code = f"print({task.metadata.get('expression', task.question)})"
+        action = ('<tool_call>{"name": "python", "arguments": {"code": '
+                  + json.dumps(code) + "}}</tool_call>")
+        observation, done, _, _ = env.step(action)
+        turns.append(demo_lib.DemoTurn(action, None if done else observation, True))
+        answer = observation.strip().splitlines()[-1] if observation.strip() else "0"
+    else:
+        answer = str(int(rng.integers(0, 10 ** 6)))
+    if not env.log.done:
+        action = f"<answer> {answer} </answer>"
+        env.step(action)
+        turns.append(demo_lib.DemoTurn(action, None, True))
+    return demo_lib.Demonstration(task, messages, turns, env.log, 0.0, "arith")
+
+
+@register_env("python")
+def build_python_suite(config, data_dir: str) -> TaskSuite:
+    """Arithmetic with a sandboxed python tool (hermes-style tool calls)."""
+    counts = parse_counts(config.data.train_questions)
+    train_tasks, test_tasks = make_arith_splits(
+        sum(counts.values()), sum(parse_counts(config.data.test_questions).values()),
+        seed=config.data.world_seed)
+    env_kwargs = dict(max_turns=config.env.max_turns)
+
+    def make_env():
+        return PythonEnv(**env_kwargs)
+
+    rewards = reward_fn(config)
+    rng = np.random.default_rng(config.data.world_seed)
+    demos = []
+    for task in train_tasks[:config.sft.num_demos] if config.sft.steps else []:
+        demo = _arith_demonstration(task, rng, config.sft.guess_prob, make_env())
+        demo.reward = rewards(task, demo.log)[0]
+        demos.append(demo)
+    texts = [DEFAULT_INSTRUCTION] + [t.question for t in train_tasks + test_tasks]
+    texts += turn_texts(demos)
+    success = float(np.mean([d.reward >= 1 for d in demos])) if demos else 0.0
+    baselines = {"demonstrator": {"success": success, "by_hops": {}}} if demos else {}
+    return TaskSuite(train_tasks, test_tasks, make_env, rewards, OUTCOMES["python"]["em"],
+                     "tool", demos, texts, baselines)

@@ -1,0 +1,39 @@
+"""The python suite: arithmetic tasks, sandboxed python-tool episodes, scripted
+demonstrations rewarded by answer match."""
+import pytest
+
+from agentjax.config import presets
+from agentjax.envs import registry as suites
+from agentjax.envs.python.env import DEFAULT_INSTRUCTION, PythonEnv
+
+
+@pytest.fixture(scope="module")
+def config():
+    config = presets.python_config("grpo", "test")
+    config.sft.num_demos, config.sft.guess_prob = 4, 0.0
+    return config
+
+
+def test_the_python_suite_demonstrates_with_the_tool(config, tmp_path):
+    suite = suites.build_suite(config, str(tmp_path / "data"))
+    assert (len(suite.train_tasks), len(suite.test_tasks)) == (24, 4)
+    assert suite.success_key == "math_match" and suite.observation_role == "tool"
+    assert isinstance(suite.make_env(), PythonEnv)
+    assert len(suite.demonstrations) == 4
+    for demo in suite.demonstrations:  # the tool computes, the answer matches
+        assert '"name": "python"' in demo.turns[0].action and demo.reward == 1.0
+        assert suite.reward_fn(demo.task, demo.log)[1]["math_match"] == 1.0
+    assert suite.baselines == {"demonstrator": {"success": 1.0, "by_hops": {}}}
+    assert DEFAULT_INSTRUCTION in suite.texts and suite.demonstrations[0].turns[0].action in (
+        suite.texts)
+    assert suite.pretrain_corpus is None and suite.relabel is None
+
+
+def test_the_python_suite_has_no_process_reward(config, tmp_path):
+    """Arithmetic has no subgoals: reward.process_weight does not reach its reward."""
+    config = config.copy_and_resolve_references()
+    config.reward.process_weight, config.sft.steps = 0.3, 0
+    suite = suites.build_suite(config, str(tmp_path / "data"))
+    assert [c.name for c in suite.reward_fn.components] == [
+        "math_match", "format", "tool_shaping"]
+    assert suite.demonstrations == [] and suite.baselines == {}
