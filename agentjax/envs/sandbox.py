@@ -28,9 +28,9 @@ worker threads, which already run many episodes' tool calls at once. `arun` (fro
 event loop) and `run_many` (a batch of programs) are library API for other callers,
 e.g. an asyncio agent framework or checking a set of programs offline.
 
-Over 450 lines because one process tree's whole life (the prlimit + bwrap argv,
-uid slots, supervision, output caps, killing the group and the uid) is the security
-boundary, reviewed in one place.
+This module is the security boundary: one process tree's whole life (the prlimit +
+bwrap argv, uid slots, supervision, output caps, killing the group and the uid), to be
+reviewed in one place.
 """
 from __future__ import annotations
 

@@ -38,11 +38,9 @@ Pure-functional idiom for jit / optax / sharding — the trainer keeps `params` 
 Parameters live stacked over layers (leading axis `layers`) and the layers run under
 `jax.lax.scan`, so compile time does not grow with depth; each layer is rematerialized
 per `config.remat`. Every Param carries `logical_axes` metadata (core/parallel.py). Norms,
-softmax and logits are float32 whatever `config.dtype` is.
-
-Over 450 lines because the layer primitives (RoPE, masks, attention over a
-segment or a KV cache) serve both the training forward and the engine's cached decode
-of the same module; moving them out would split one forward pass over two files.
+softmax and logits are float32 whatever `config.dtype` is. The layer primitives (RoPE,
+masks, attention over a segment or a KV cache) live here too: the training forward and
+the engine's cached decode share them.
 """
 from __future__ import annotations
 

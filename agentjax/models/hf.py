@@ -20,10 +20,7 @@ HF <-> agentjax layouts (per layer, agentjax stacks a leading layer axis):
   q/k/v_proj.weight [H*hd, D] <-> [D, H, hd]    o_proj.weight [D, H*hd] <-> [H, hd, D]
   gate/up_proj.weight [F, D] <-> [D, F]          down_proj.weight [D, F] <-> [F, D]
   lm_head.weight [V, D] <-> [D, V]               biases / norms / embed_tokens: as is
-
-Over 450 lines because import and export share the per-architecture tensor maps
-(`_tensor_maps`) and the safetensors layout: split apart, each would reach into the
-other's private map.
+Import and export share these per-architecture tensor maps (`_tensor_maps`).
 """
 from __future__ import annotations
 

@@ -13,9 +13,13 @@ Normalizing by the agent's own tokens, not the whole trajectory, keeps a long to
 from diluting the preference. With r(y) = beta h(y) (the implicit reward, Rafailov et al.
 2023, arXiv 2305.18290) and z_p = h(y_w) - h(y_l), the loss of a pair is, by kind:
   sigmoid: -(1 - eps) log sigmoid(beta z) - eps log sigmoid(-beta z)     DPO; eps > 0 is
-           conservative DPO (Mitchell 2023, "A note on DPO with noisy preferences"), the
-           `label_smoothing` of TRL's sigmoid loss until its DPO refactor (TRL #3906; its
-           "robust" loss divides this by 1 - 2 eps)
+           conservative DPO (cDPO, Mitchell 2023, "A note on DPO with noisy
+           preferences"), the `label_smoothing` of TRL's sigmoid loss until its DPO
+           refactor (TRL #3906). With L(z) = -log sigmoid(beta z) this is
+           (1 - eps) L(z) + eps L(-z). TRL's "robust" loss is another one: rDPO
+           (Chowdhury et al. 2024, "Provably Robust DPO", arXiv 2403.00409),
+           ((1 - eps) L(z) - eps L(-z)) / (1 - 2 eps), whose eps term has the opposite
+           sign; both are plain DPO at eps = 0 (tests/rl/test_preference.py)
   ipo:     (z - 1 / (2 beta))^2      IPO (Azar et al. 2023, arXiv 2310.12036, Eq. 17; beta
            is its tau). TRL's "ipo" always averages per token: here length_normalized=True;
            the paper's sequence sums are length_normalized=False.

@@ -5,17 +5,17 @@
     [[completion]] = await engine.generate([GenerateRequest(ids, SamplingParams(...))])
     engine.update_weights(params, version=3)     # export, then every server loads it
 
-The wire format (request body, response checks) is `rollout.sglang_protocol`; this
+The wire format (request body, response checks) is `sglang/protocol.py`; this
 module decides where each sample goes, what a failure does, and how weights reach the
-servers. Paths are in sgl-project/sglang, under python/sglang/srt/ unless docs/.
-Over 450 lines because the pool's state (rotation, session pins, attempts in flight,
-probes, weight versions) is one state shared by generation, failover and weight sync:
-split apart, each piece would reach into the others' fields.
+servers, over one pool state (rotation, session pins, attempts in flight, probes, weight
+versions) that generation, failover and weight sync share. Paths are in
+sgl-project/sglang, under python/sglang/srt/ unless docs/.
 
 Log-probs. For a sampled request SGLang reports log(softmax(logits / temperature)) over
 the whole vocabulary: top-k, top-p and min-p choose the token (layers/sampler.py
 `Sampler.forward` -> `_sample_from_probs`) but the reported log-prob is taken from the
-untruncated tempered distribution ("temperature" in `engine.LOGPROB_DISTRIBUTIONS`).
+untruncated tempered distribution ("temperature" in LOGPROB_DISTRIBUTIONS,
+engine/protocol.py).
 The environment variable SGLANG_RETURN_ORIGINAL_LOGPROB=1 makes it report
 log_softmax(logits) before temperature ("raw"); `--rl-on-policy-target` computes
 log_softmax(bf16 logits / temperature) ("temperature" again). Greedy requests report
@@ -51,7 +51,7 @@ launch weights). No server in rotation for `grace_s`: EnginesUnavailable naming 
 Weight sync. `update_weights(params, version=v)` exports with `export_fn(params, folder)`
 (a closure over `models.hf.save_hf`) into `weights_dir/v0000000v` (or takes an exported
 folder), then every server at once pauses, loads it and continues
-(`sglang_protocol.load_weights`): requests in flight come back as aborts and are retried,
+(`protocol.load_weights`): requests in flight come back as aborts and are retried,
 so each completion comes from one version (meta["weight_version"], as the server reports
 it). A server that fails is logged by URL and stays out of rotation until it has loaded
 the weights; none succeeding raises EnginesUnavailable. Servers resolve model_path on

@@ -82,6 +82,55 @@ def test_dpo_hand_computed():
         np.testing.assert_allclose(metrics["logp_rejected"], (-2.0 - 3.0) / 2, rtol=1e-6)
 
 
+def test_conservative_dpo_is_not_trls_robust_dpo():
+    # agentjax's label smoothing is conservative DPO (cDPO): (1 - eps) L(z) + eps L(-z),
+    # L(z) = -log sigmoid(beta z). TRL's "robust" loss is rDPO (Chowdhury et al. 2024):
+    # ((1 - eps) L(z) - eps L(-z)) / (1 - 2 eps). They differ by the sign of the eps term
+    # and the 1 / (1 - 2 eps) factor, not by the factor alone; both are DPO at eps = 0.
+    def loss(z, eps, flip=False):  # one pair of one action token each: h_w = z, h_l = 0
+        chosen, rejected = jnp.array([[z]]), jnp.zeros((1, 1))
+        if flip:
+            chosen, rejected = rejected, chosen
+        mask = jnp.ones((1, 1))
+        return float(preference.dpo_loss(chosen, rejected, jnp.zeros((1, 1)),
+                                         jnp.zeros((1, 1)), mask, mask, beta=BETA,
+                                         label_smoothing=eps)[0])
+
+    def dpo64(z):  # float64 numpy, from the formula
+        return np.logaddexp(0.0, -BETA * np.float64(z))
+
+    def cdpo64(z, eps):
+        return (1.0 - eps) * dpo64(z) + eps * dpo64(-z)
+
+    def rdpo64(z, eps):
+        return ((1.0 - eps) * dpo64(z) - eps * dpo64(-z)) / (1.0 - 2.0 * eps)
+
+    for z in (-3.0, -0.7, 0.0, 0.4, 1.5, 4.0):
+        plain, plain_flipped = loss(z, 0.0), loss(z, 0.0, flip=True)  # L(z), L(-z)
+        np.testing.assert_allclose(plain, dpo64(z), **TOL)
+        np.testing.assert_allclose(plain_flipped, dpo64(-z), **TOL)
+        np.testing.assert_allclose(rdpo64(z, 0.0), plain, **TOL)  # eps = 0: both are DPO
+        np.testing.assert_allclose(cdpo64(z, 0.0), plain, **TOL)
+        for eps in (0.1, 0.25, 0.4):
+            conservative = loss(z, eps)
+            np.testing.assert_allclose(conservative, cdpo64(z, eps), **TOL)
+            robust = ((1 - eps) * plain - eps * plain_flipped) / (1 - 2 * eps)
+            np.testing.assert_allclose(robust, rdpo64(z, eps), **TOL)
+            # (1 - 2 eps) rDPO + 2 eps L(-z) = cDPO: the eps term's sign, then the factor.
+            np.testing.assert_allclose((1 - 2 * eps) * rdpo64(z, eps) + 2 * eps * plain_flipped,
+                                       conservative, **TOL)
+            # Not cDPO / (1 - 2 eps): that is 2 eps L(-z) / (1 - 2 eps) > 0 above rDPO.
+            gap = conservative / (1 - 2 * eps) - rdpo64(z, eps)
+            np.testing.assert_allclose(gap, 2 * eps * dpo64(-z) / (1 - 2 * eps), **TOL)
+            assert gap > 1e-3
+            # Why rDPO flips the sign: under labels flipped with probability eps its
+            # expectation is the clean loss (unbiased); cDPO's is not (but at z = 0).
+            np.testing.assert_allclose((1 - eps) * rdpo64(z, eps) + eps * rdpo64(-z, eps),
+                                       dpo64(z), rtol=1e-12)
+            cdpo_expected = (1 - eps) * cdpo64(z, eps) + eps * cdpo64(-z, eps)
+            assert z == 0.0 or abs(cdpo_expected - dpo64(z)) > 1e-3
+
+
 class ReferenceTest(chex.TestCase):
     """Value, d loss / d token log-probs of both sides and the metrics vs the reference."""
 

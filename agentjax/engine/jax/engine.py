@@ -4,12 +4,11 @@
     [[completion]] = await engine.generate([GenerateRequest(ids, SamplingParams(...))])
     engine.update_weights(new_params, version=3)     # in place, no recompilation
 
-Over 450 lines because the scheduler is one thread's state machine (intake, admission,
-prefill and decode rounds, finishing) over one set of fields: split further, each piece
-would reach into the others' state. What it drives lives beside it: the device programs
-and the KV cache in `rollout.device_programs`, the shape of each call (rows gathered,
-chunk width, attention span) in `rollout.program_shapes`, the rows and sessions in
-`rollout.slots`.
+The scheduler is one thread's state machine (intake, admission, prefill and decode
+rounds, finishing). What it drives lives beside it: the device programs and the KV cache
+in `engine/jax/programs.py`, the shape of each call (rows gathered, chunk width,
+attention span) in `engine/jax/shapes.py`, the rows and sessions in
+`engine/jax/slots.py`.
 
 Design:
 - Prefill: each admitted sequence's next tokens go into a right-padded [P, C] chunk, C
@@ -26,9 +25,9 @@ Design:
   gather concurrent callers. Sequences finish independently.
 - Sessions (`GenerateRequest.session_id`): after a turn the row stays parked with its
   cache and the session's next request prefills only past their common prefix
-  (`rollout.slots`). `update_weights` drops every parked session (their caches hold
-  old-policy keys).
-- Sampling and log-probs: `rollout.sampling` (temperature, then top-k, then top-p,
+  (`engine/jax/slots.py`). `update_weights` drops every parked session (their caches
+  hold old-policy keys).
+- Sampling and log-probs: `engine/jax/sampling.py` (temperature, then top-k, then top-p,
   renormalized; the returned log-prob is that of the distribution sampled from; greedy
   reports the untempered log-prob). Each sequence's key is `fold_in(PRNGKey(seed),
   sample_index)` (or drawn from the engine's stream when `seed` is None), and the token
@@ -44,7 +43,7 @@ Design:
   says which tokens which weights sampled.
 - Sharding: params may live on a mesh (e.g. `parallel.shard_model`); the cache is then
   placed on it by `LayerKVCache.logical_axes` and the rules the model was sharded with
-  (`device_programs.new_cache`), and jit propagates the rest.
+  (`programs.new_cache`), and jit propagates the rest.
 
 Batch invariance (`deterministic=True`). Same noise is not same tokens: XLA:CPU's matmul
 result for a row depends on the program's row count (a row of `x[:k] @ w` differs from
