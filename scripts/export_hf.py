@@ -32,7 +32,7 @@ def main(argv):
 
     config = load_saved(os.path.join(_WORKDIR.value, "config.json"))
     runtime = Runtime.start(config, _WORKDIR.value, record_config=False)
-    policy = Policy.load(config, runtime, texts=_no_texts)
+    policy = Policy.load(config, runtime, texts=_no_texts, plan_memory=False)
     state = init_rl_state(config, policy.graphdef, policy.params)[0]
     checkpointer = runtime.checkpointer(runtime.workdir, read_only=True)
     try:

@@ -1,7 +1,7 @@
 """Task suites: everything env-specific a run needs, chosen by `config.env.name`.
 
 A suite bundles the train/test tasks, an env factory, the reward function, SFT
-demonstrations and the texts a tiny tokenizer is trained on. The trainer is written
+demonstrations and the texts a tiny tokenizer is trained on. A run is written
 against this one small interface, so adding a world is adding its folder: an
 `agentjax/envs/<name>/suite.py` whose builder registers itself,
 
@@ -35,7 +35,7 @@ from agentjax.rewards.judge_http import ChatJudgeModel
 
 @dataclasses.dataclass
 class TaskSuite:
-    """What the trainer needs from a world.
+    """What a run needs from a world.
 
     Attributes:
       train_tasks, test_tasks: the splits (train_tasks: what RL samples from).

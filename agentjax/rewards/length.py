@@ -12,9 +12,9 @@ with the policy's tokenizer (the trajectory's exact ids are not in the log; re-e
 can differ from the sampled ids by a token or so at turn boundaries).
 
 DAPO's soft overlong punishment is not a component here: it is defined on the exact
-number of sampled tokens, which only the trajectory has, so it has one home, the
-trainer (algo.overlong_buffer, algo.overlong_max_len, algo.overlong_factor:
-`train.rl_loop.shape_overlong`, formula `rl.shaping.overlong_penalty`).
+number of sampled tokens, which only the trajectory has, so it has one home, the group
+post-processing (algo.overlong_buffer, algo.overlong_max_len, algo.overlong_factor:
+`agents.groups.Overlong`, formula `rl.shaping.overlong_penalty`).
 """
 from __future__ import annotations
 

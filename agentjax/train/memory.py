@@ -9,8 +9,8 @@ compiled-program scratch and the logits chunks come on top and depend on batch s
 they are not counted):
 
   policy params         float32 master weights (TrainState.params)
-  initial params        float32, the loaded weights the trainer keeps
-                        (Trainer.initial_params)
+  initial params        float32, the loaded weights the run keeps
+                        (Policy.params)
   Adam moments          2 x float32 per param (TrainState.opt_state)
   KL reference          float32 copy, when algo.kl_coef > 0 (TrainState.ref_params;
                         stage "dpo": the DPO reference)

@@ -49,21 +49,22 @@ class Policy:
 
     @classmethod
     def load(cls, config: ml_collections.ConfigDict, runtime: Runtime, *,
-             texts: Callable[[], Sequence[str]]) -> "Policy":
+             texts: Callable[[], Sequence[str]], plan_memory: bool = True) -> "Policy":
         """Loads the configured policy onto the runtime's mesh. Params load as float32
         (the master weights; exact for a bfloat16 checkpoint), the model computes in
-        config.model.dtype. The memory plan is logged and checked before any weight is
-        read."""
+        config.model.dtype. The training run's memory plan is logged and checked before
+        any weight is read (`plan_memory`; a tool that only reads weights skips it)."""
         path = model_folder(config, runtime.workdir)
         if path == os.path.join(runtime.workdir, TINY_MODEL_DIR) and not os.path.exists(
                 os.path.join(path, "config.json")):
             build_tiny_model(config, path, texts())
         precision = model_precision(config)
-        with open(os.path.join(path, "config.json")) as f:
-            plan = memory_plan(config, ModelConfig.from_hf(json.load(f), **precision),
-                               runtime.mesh)
-        runtime.log(f"memory plan per device (before activations):\n{plan.table()}")
-        plan.check()
+        if plan_memory:
+            with open(os.path.join(path, "config.json")) as f:
+                plan = memory_plan(config, ModelConfig.from_hf(json.load(f), **precision),
+                                   runtime.mesh)
+            runtime.log(f"memory plan per device (before activations):\n{plan.table()}")
+            plan.check()
         model, model_config = load_hf(path, mesh=runtime.mesh, rules=runtime.rules,
                                       **precision)
         tokenizer = load_tokenizer(path, template_kwargs=json.loads(

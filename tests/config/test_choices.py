@@ -35,7 +35,7 @@ def test_the_built_in_tool_is_registered():
 
 
 def test_every_rollout_mode_has_a_source():
-    assert tuple(sources.SOURCES) == choices.ROLLOUT_MODES
+    assert sources.SOURCES.names() == choices.ROLLOUT_MODES
 
 
 def test_every_arch_has_an_hf_architectures_entry():
