@@ -1,5 +1,5 @@
 """The names a config chooses among, each list defined once for the code that implements
-it and for `train.config.validate`.
+it and for `agentjax.config.validate`.
 
 Dependency-free on purpose: `scripts/train.py` validates a config before jax or anything
 heavy is imported, so a misspelled name stops a run within its first second. Each tuple
@@ -53,7 +53,8 @@ RETRIEVERS = ("bm25", "http")
 # data/demonstrators.py: DemonstratorConfig.guess.
 GUESSES = ("sample", "mode")
 # train/trainer.py builds the rollout engine: "jax" is engine/jax/engine.py, "sglang"
-# the SGLang server pool (config/schema.py refuses it until its Engine lands).
+# SGLangEngine over HTTP servers (sglang/client.py, built by train/engines.py from
+# rollout.sglang.*).
 ENGINES = ("jax", "sglang")
 # train/stages/rl.py: guard_nonfinite.
 ON_NONFINITE = ("skip", "rollback")
