@@ -21,7 +21,7 @@ def get_config(arg=None):
     # rft.tasks x rollout.group_size episodes, on cpu 4 x 160 x 8 as the GRPO run's).
     config = presets.offline_search(variant)
     config.stage = "rft"
-    # The SFT loss on the kept episodes, at about the RL run's step size.
+    # The SFT loss on the kept episodes, at the RL run's step size.
     config.optim.lr = {"cpu": 5e-4, "hf": 1e-6, "test": 1e-3}[variant]
     return config
 

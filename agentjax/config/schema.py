@@ -90,6 +90,7 @@ MIN_TINY_VOCAB = 269
 DTYPES = ("float32", "bfloat16")
 OFF = ((0, "off"),)
 ONLY_AFTER_THE_LAST_STEP = ((0, "only after the last step"),)
+MESH_AXIS = Integer(1, special=((-1, "the remaining devices"),))
 
 RUN = Section(
     "", "The run: its seed, length and stage, what it starts from, the devices and hosts.",
@@ -100,11 +101,10 @@ RUN = Section(
         "stops after SFT), 'rft' or 'dpo' (train/stages/offline.py)"),
     Key("init_from", "", Path("folder", "a run's workdir, checkpoint folder or HF folder"),
         "a workdir (or checkpoint dir) whose latest params start this run"),
-    *(Key(f"mesh.{axis}", default, Integer(1, special=((-1, "the remaining devices"),)),
-          f"devices along the mesh's {axis!r} axis ({meaning}); -1: the remaining ones")
-      for axis, default, meaning in (("data", -1, "data parallel"),
-                                     ("fsdp", 1, "parameters sharded"),
-                                     ("tensor", 1, "tensor parallel"))),
+    Key("mesh.data", -1, MESH_AXIS, "devices of the data-parallel axis"),
+    Key("mesh.fsdp", 1, MESH_AXIS, "devices the parameters and optimizer state are sharded "
+        "over (FSDP)"),
+    Key("mesh.tensor", 1, MESH_AXIS, "devices of the tensor-parallel axis"),
     Key("rules", "", JSON_OBJECT, "logical-axis rules: a JSON object of overrides of "
         "parallel.DEFAULT_RULES, e.g. '{\"embed\": null, \"batch\": [\"data\", \"fsdp\"]}'; "
         "'' keeps the defaults"),

@@ -130,7 +130,10 @@ PINNED = {
         "rollout.max_tokens": 1024},
     ("grpo_python.py", "hf"): {"data.test_questions": "1:400"},
     ("grpo_python.py", "test"): {"data.train_questions": "1:24", "rollout.max_tokens": 768},
-    ("sft_search.py", "cpu"): {"stage": "sft", "sft.steps": 1000, "sft.lr": 3e-3},
+    ("sft_search.py", "cpu"): {
+        "stage": "sft", "pretrain.steps": 1200, "sft.steps": 1000, "sft.lr": 3e-3,
+        "sft.batch_size": 8, "sft.guess_prob": 0.6, "sft.guess": "mode",
+        "sft.rename_frac": 0.5},
     ("sft_search.py", "hf"): {"sft.steps": 200, "sft.lr": 1e-5, "sft.batch_size": 16},
     ("rft_search.py", "cpu"): {
         "stage": "rft", "rft.tasks": 160, "optim.lr": 5e-4, "algo.minibatches": 1,
