@@ -15,14 +15,33 @@ A real model on a GPU box / TPU pod (a local HF folder; nothing is downloaded):
 
 Variants: cpu (default on CPU backends), hf (default elsewhere), test (seconds; CI).
 Ablations: `python scripts/sweep.py --config configs/grpo_search.py --sweep NAME`
-with NAME in `sweep()`.
+with NAME in `SWEEPS`.
 """
 from agentjax.config import presets
 
 
 def get_config(arg=None):
-    return presets.search_config("grpo", arg)
+    variant = presets.variant(arg)
+    # The search agent at this machine size (presets.search_agent): the world, the model,
+    # pretraining and the SFT warm start, the RL budget (cpu: 40 steps of 16 questions x
+    # 8 episodes at lr 5e-4 cosine; hf: Search-R1's 1000 x 64 x 5 at lr 1e-6, KL 0.001).
+    config = presets.search_agent(variant)
+    # The task: multi-hop questions answered by searching, rewarded by exact match.
+    config.env.name = "search"
+    config.reward.outcome = "em"
+    config.stage = "rl"  # after pretraining and SFT
+    # GRPO: an episode's advantage is its reward minus its group's mean, over the group's
+    # std; PPO's clipped ratio; each sequence's token mean, averaged over sequences.
+    config.algo.name = "grpo"
+    config.algo.advantage = "grpo"
+    config.algo.loss = "ppo"
+    config.algo.clip_low, config.algo.clip_high = 0.2, 0.2
+    config.algo.agg = "seq-mean-token-mean"
+    return config
+
+
+SWEEPS = presets.SEARCH_SWEEPS
 
 
 def sweep(name):
-    return presets.search_sweep(name)
+    return presets.arms(SWEEPS, name)

@@ -12,7 +12,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from agentjax.core import atomic
-from agentjax.config.schema import exit_on_config_error, is_run_folder
+from agentjax.config import exit_on_config_error, is_run_folder
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "the run folder (has config.json)")
 _MODEL = flags.DEFINE_string("model", None, "HF folder of the policy (default <workdir>/hf)")
@@ -34,7 +34,7 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
     # Imported after flag validation: a wrong flag fails before JAX loads.
-    from agentjax.config.schema import load_saved
+    from agentjax.config import load_saved
     from agentjax.train.run import set_up
 
     config = load_saved(os.path.join(_WORKDIR.value, "config.json"))

@@ -10,7 +10,7 @@ import os
 
 from absl import app, flags, logging
 
-from agentjax.config.schema import exit_on_config_error, is_run_folder
+from agentjax.config import exit_on_config_error, is_run_folder
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "the run folder (has config.json)")
 _OUT = flags.DEFINE_string("out", None, "output HF folder")
@@ -25,7 +25,7 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
     # Imported after flag validation: a wrong flag fails before JAX loads.
-    from agentjax.config.schema import load_saved
+    from agentjax.config import load_saved
     from agentjax.train.policy import Policy
     from agentjax.train.runtime import Runtime
     from agentjax.train.stages.rl import init_rl_state

@@ -16,7 +16,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from agentjax.config.schema import exit_on_config_error, validate
+from agentjax.config import exit_on_config_error, renamed_in_flags, validate
 from agentjax.config.preflight import MissingDependency, check_runtime
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "config file[:variant]",
@@ -68,6 +68,9 @@ def parse_flags(argv):
     try:
         return flags.FLAGS(argv)
     except (AttributeError, KeyError) as error:
+        renamed = renamed_in_flags(argv, error)
+        if renamed:
+            fail(renamed, status=2)
         message = str(error)
         keys = [a[len("--config."):].split("=")[0] for a in argv[1:]
                 if a.startswith("--config.")]

@@ -1,5 +1,5 @@
 """The names a config chooses among, each list defined once for the code that implements
-it and for `train.config.validate`.
+it and for `agentjax.config.validate`.
 
 Dependency-free on purpose: `scripts/train.py` validates a config before jax or anything
 heavy is imported, so a misspelled name stops a run within its first second. Each tuple
@@ -38,24 +38,25 @@ IS_BOUNDS = ("truncate", "mask")
 ROLLOUT_MODES = ("sync", "async")
 # rl/preference.py: dpo_loss.
 DPO_KINDS = ("sigmoid", "ipo", "hinge")
-# train/trainer.py: Trainer.run ("sft" stops after SFT, "rl" goes on to RL, "rft" and
-# "dpo" to the stages of train/stages/offline.py).
+# train/run.py: run ("sft" stops after SFT, "rl" goes on to RL, "rft" and "dpo" to the
+# stages of train/stages/offline.py: STAGES).
 STAGES = ("rl", "sft", "rft", "dpo")
 # train/stages/offline.py: which DPO pairs a collection makes (train/stages/offline_data.py).
 DPO_PAIRS = ("trajectory", "turn", "both")
-# envs/registry.py: build_search_suite (a synthetic world, or a user's Search-R1 files).
+# envs/search/suite.py: build_search_suite (a synthetic world, or a user's Search-R1 files).
 DATA_SOURCES = ("synthetic", "files")
-# envs/registry.py: INSTRUCTIONS (the search env's prompt).
+# envs/search/suite.py: INSTRUCTIONS (the search env's prompt).
 INSTRUCTIONS = ("minimal", "short", "search_r1")
-# envs/registry.py: build_search_suite (envs/retrieval.py: BM25Retriever in-process,
+# envs/search/suite.py: build_search_suite (envs/retrieval.py: BM25Retriever in-process,
 # HttpRetriever for a server).
 RETRIEVERS = ("bm25", "http")
 # data/demonstrators.py: DemonstratorConfig.guess.
 GUESSES = ("sample", "mode")
-# train/trainer.py builds the rollout engine: "jax" is engine/jax/engine.py, "sglang"
-# the SGLang server pool (config/schema.py refuses it until its Engine lands).
+# train/rollouts.py builds the rollout engine: "jax" is engine/jax/engine.py, "sglang"
+# SGLangEngine over HTTP servers (sglang/client.py, built by train/engines.py from
+# rollout.sglang.*).
 ENGINES = ("jax", "sglang")
-# train/stages/rl.py: guard_nonfinite.
+# train/fit.py: guard_nonfinite.
 ON_NONFINITE = ("skip", "rollback")
 # engine/protocol.py: Completion.meta["logprob_distribution"], reported_distribution (what
 # an engine's log-probs are; rollout.sglang.logprob_distribution names the servers').

@@ -1,6 +1,8 @@
-"""Variants shared by the config files (configs/*.py stay a few lines each).
+"""What the recipes (configs/*.py) share: the search agent at each machine size, the
+offline stages' budgets, the search recipes' sweeps; and the builders the tests and
+benchmarks use for any algorithm.
 
-Variants of every search config:
+The variants (`configs/X.py:variant`):
   cpu   the embedded default on CPU: tiny model, offline synthetic world, pretraining
         on other worlds' documents, SFT, then RL, sized to finish in under 30 minutes
         on 2 cores.
@@ -11,13 +13,29 @@ Variants of every search config:
 """
 from __future__ import annotations
 
-import jax
+import ml_collections
 
-from agentjax.config.schema import ALGORITHM_PRESETS, apply_algorithm, default_config
+from agentjax.config.algorithms import algorithm_overrides, apply_algorithm
+from agentjax.config.schema import default_config
 
 
 def default_variant() -> str:
+    """"cpu" on a CPU backend, "hf" elsewhere (jax is imported only to ask)."""
+    import jax
+
     return "cpu" if jax.default_backend() == "cpu" else "hf"
+
+
+def variant(arg: str | None) -> str:
+    """The variant a recipe's `get_config(arg)` builds; None: the backend's default.
+
+    Raises:
+      ValueError: `arg` names no variant.
+    """
+    name = arg or default_variant()
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant {name!r}; choose one of {sorted(VARIANTS)}")
+    return name
 
 
 def _cpu(c):
@@ -42,8 +60,9 @@ def _cpu(c):
     c.sft.steps = 1000
     c.sft.batch_size = 8  # packed rows of rollout.max_tokens
     c.sft.lr = 3e-3
-    # SFT on the world's own facts wears that copying down into recall; half the searching demonstrations with their entities
-    # renamed (facts false in this world) can only be fit by reading.
+    # SFT on the world's own facts wears that copying down into recall; half the
+    # searching demonstrations with their entities renamed (facts false in this world)
+    # can only be fit by reading.
     c.sft.rename_frac = 0.5
     c.optim.lr = 5e-4
     # A constant 5e-4 peaks mid-run and slides back as entropy rises; decaying it keeps
@@ -119,123 +138,102 @@ def _test(c):
 VARIANTS = {"cpu": _cpu, "hf": _hf, "test": _test}
 
 
-def search_config(algorithm: str, variant: str | None):
-    """The search-agent config for `algorithm` (see config.ALGORITHM_PRESETS)."""
-    variant = variant or default_variant()
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; choose one of {sorted(VARIANTS)}")
-    config = apply_algorithm(default_config(), algorithm)
-    VARIANTS[variant](config)
-    if algorithm == "ppo":
-        config.algo.critic_warmup_steps = 0 if variant == "test" else 5
+def search_agent(variant_name: str) -> ml_collections.ConfigDict:
+    """The search agent at a variant's machine size, before any recipe: the synthetic
+    world, the model (tiny on cpu and test, an HF checkpoint on hf), pretraining and the
+    SFT warm start, the prompt and search settings, the RL budget (steps, batch, group
+    size, learning rate; on hf Search-R1's KL 0.001), evaluation and checkpoints."""
+    config = default_config()
+    VARIANTS[variant(variant_name)](config)
     return config
 
 
-def python_config(algorithm: str, variant: str | None):
-    """The python-tool (arithmetic in a bubblewrap sandbox) config for `algorithm`."""
-    config = search_config(algorithm, variant)
+def search_config(algorithm: str, variant_name: str | None) -> ml_collections.ConfigDict:
+    """The search agent trained by RL with `algorithm` (any of ALGORITHM_PRESETS, its
+    settings applied before the variant's): configs/grpo_search.py, dapo_search.py and
+    ppo_search.py for theirs."""
+    name = variant(variant_name)
+    config = apply_algorithm(default_config(), algorithm)
+    VARIANTS[name](config)
+    if algorithm == "ppo":
+        config.algo.critic_warmup_steps = 0 if name == "test" else 5
+    return config
+
+
+def python_config(algorithm: str, variant_name: str | None) -> ml_collections.ConfigDict:
+    """The python-tool agent (arithmetic in a bubblewrap sandbox) trained by RL with
+    `algorithm`: configs/grpo_python.py's env for any algorithm (that recipe also sizes
+    its held-out set to eval.num_tasks)."""
+    name = variant(variant_name)
+    config = search_config(algorithm, name)
     config.env.name = "python"
     config.pretrain.steps = 0  # no text corpus for arithmetic
     config.sft.rename_frac = 0.0  # no entities to rename
     config.env.max_turns = 3
-    config.data.train_questions = "1:24" if variant == "test" else "1:2000"
-    config.data.test_questions = "1:4" if variant == "test" else "1:200"
+    config.data.train_questions = "1:24" if name == "test" else "1:2000"
+    config.data.test_questions = "1:4" if name == "test" else "1:200"
     config.reward.format_weight = 0.0
     # The tool schemas make the system prompt long.
-    config.rollout.max_tokens = 768 if variant == "test" else 1024
+    config.rollout.max_tokens = 768 if name == "test" else 1024
     return config
 
 
-def _offline_cpu(c, stage):
-    # The RL job's budget of about 5,000 episodes, the same 40 steps, from the same SFT
-    # agent; one optimizer update per step (the RL preset's two minibatches do not apply).
+def offline_search(variant_name: str) -> ml_collections.ConfigDict:
+    """The search agent of configs/grpo_search.py (same world, pretraining and SFT) made
+    ready for an offline stage (stage "rft" or "dpo", train/stages/offline.py): one
+    optimizer update per step, and both stages' budgets, the RL run's episodes."""
+    name = variant(variant_name)
+    c = search_config("grpo", name)
+    # One optimizer update per step (the RL preset's minibatches do not apply).
     c.algo.minibatches = 1
-    c.rft.rounds, c.rft.tasks = 4, 160  # 4 x 160 tasks x 8 episodes
-    c.rft.batch_size = 8  # packed rows of rollout.max_tokens, as SFT
-    c.dpo.tasks = 512  # 4,096 episodes, plus 4 branches of each task with a multi-turn one
-    c.dpo.batch_size = 16
-    # DPO moves a policy faster than GRPO's clipped ratio does (the loss is unbounded in
-    # the log-ratio), so its step is smaller; neither value was tuned.
-    c.optim.lr = 5e-4 if stage == "rft" else 1e-4
+    if name == "cpu":
+        # The RL job's budget of about 5,000 episodes, the same 40 steps, from the same
+        # SFT agent: RFT 4 rounds x 160 tasks x 8 episodes; DPO 4,096 episodes, plus 4
+        # branches of each task with a multi-turn one.
+        c.rft.rounds, c.rft.tasks = 4, 160
+        c.rft.batch_size = 8  # packed rows of rollout.max_tokens, as SFT
+        c.dpo.tasks = 512
+        c.dpo.batch_size = 16
+    elif name == "hf":
+        c.total_steps = 200
+        c.rft.rounds, c.rft.tasks, c.rft.batch_size = 4, 1024, 16
+        c.dpo.tasks, c.dpo.batch_size = 2048, 32
+    else:
+        # Three SFT steps leave every episode the same failure; 150 teach the tiny model
+        # the action format often enough that rewards differ (format reward 0.1 x
+        # [0, 1]), so there is something to keep and to pair. Online DPO: a collection
+        # every step.
+        c.sft.steps = 150
+        c.reward.format_weight = 0.1
+        c.rollout.group_size = 4
+        c.rft.rounds, c.rft.tasks, c.rft.min_reward = 2, 4, 0.05
+        c.dpo.tasks, c.dpo.min_reward, c.dpo.branches = 4, 0.05, 2
+        c.dpo.batch_size, c.dpo.refresh_every = 4, 1
+    return c
 
 
-def _offline_hf(c, stage):
-    c.algo.minibatches = 1
-    c.total_steps = 200
-    c.rft.rounds, c.rft.tasks, c.rft.batch_size = 4, 1024, 16
-    c.dpo.tasks, c.dpo.batch_size = 2048, 32
-    c.optim.lr = 1e-6 if stage == "rft" else 5e-7  # DPO's usual step on a pretrained model
+def arms(sweeps: dict, name: str) -> list[dict]:
+    """A recipe's `sweep(name)`: the arms of sweeps[name], {"name", "overrides"} each.
+
+    Args:
+      sweeps: sweep name -> [(arm name, {dotted key: value})].
+      name: the sweep.
+
+    Raises:
+      ValueError: no such sweep.
+    """
+    if name not in sweeps:
+        raise ValueError(f"unknown sweep {name!r}; choose one of {sorted(sweeps)}")
+    return [{"name": arm, "overrides": overrides} for arm, overrides in sweeps[name]]
 
 
-def _offline_test(c, stage):
-    # Three SFT steps leave every episode the same failure; 150 teach the tiny model the
-    # action format often enough that rewards differ (format reward 0.1 x [0, 1]), so
-    # there is something to keep and to pair. Online DPO: a collection every step.
-    c.sft.steps = 150
-    c.reward.format_weight = 0.1
-    c.rollout.group_size = 4
-    c.rft.rounds, c.rft.tasks, c.rft.min_reward = 2, 4, 0.05
-    c.dpo.tasks, c.dpo.min_reward, c.dpo.branches = 4, 0.05, 2
-    c.dpo.batch_size, c.dpo.refresh_every = 4, 1
-
-
-OFFLINE_VARIANTS = {"cpu": _offline_cpu, "hf": _offline_hf, "test": _offline_test}
-
-
-def offline_config(stage: str, variant: str | None):
-    """The search agent's config for stage "rft" or "dpo" (train/stages/offline.py) after the
-    SFT of the RL configs (same world, pretraining and demonstrations)."""
-    variant = variant or default_variant()
-    config = search_config("grpo", variant)
-    config.stage = stage
-    OFFLINE_VARIANTS[variant](config, stage)
-    return config
-
-
-# Ablation arms of the RFT and DPO configs: stage -> sweep name -> [(arm, overrides)].
-OFFLINE_SWEEPS = {
-    "rft": {
-        # The same episode budget in one, two or four rounds.
-        "rounds": [(f"rounds{n}", {"rft.rounds": n, "rft.tasks": 640 // n})
-                   for n in (1, 2, 4)],
-        "accumulate": [("latest", {"rft.accumulate": False}),
-                       ("all", {"rft.accumulate": True})],
-    },
-    "dpo": {
-        "beta": [(f"beta{b}", {"dpo.beta": b}) for b in (0.05, 0.1, 0.3)],
-        # The same episode budget: one collection of 512 tasks, or four of 128.
-        "online": [("offline", {"dpo.refresh_every": 0, "dpo.tasks": 512}),
-                   ("online", {"dpo.refresh_every": 10, "dpo.tasks": 128})],
-        "pairs": [(kind, {"dpo.pairs": kind}) for kind in ("trajectory", "turn", "both")],
-        "kind": [(kind, {"dpo.kind": kind}) for kind in ("sigmoid", "ipo", "hinge")],
-    },
+# The ablations of the RL search recipes (grpo, dapo, ppo): sweep name -> arms.
+SEARCH_SWEEPS = {
+    "obs_mask": [("mask_observations", {"env.loss_on_observations": False}),
+                 ("no_mask", {"env.loss_on_observations": True})],
+    "group_size": [(f"G{g}", {"rollout.group_size": g, "rollout.prompts_per_step": 128 // g})
+                   for g in (4, 8, 16)],
+    "kl": [(f"beta{b}", {"algo.kl_coef": b}) for b in (0.0, 0.001, 0.01)],
+    "format_weight": [(f"format{w}", {"reward.format_weight": w}) for w in (0.0, 0.1, 0.3)],
+    "algorithm": [(n, algorithm_overrides(n)) for n in ("grpo", "ppo", "dapo")],
 }
-
-
-def offline_sweep(stage: str, name: str) -> list[dict]:
-    """Ablation arms of the RFT and DPO configs: {"name", "overrides"} each."""
-    arms = OFFLINE_SWEEPS[stage]
-    if name not in arms:
-        raise ValueError(f"unknown sweep {name!r}; choose one of {sorted(arms)}")
-    return [{"name": arm, "overrides": overrides} for arm, overrides in arms[name]]
-
-
-def algorithm_overrides(name: str) -> dict:
-    """Dotted-key overrides that switch a config to algorithm `name`."""
-    return {"algo.name": name, **{f"algo.{k}": v for k, v in ALGORITHM_PRESETS[name].items()}}
-
-
-def search_sweep(name: str) -> list[dict]:
-    """Ablation arms of the search configs: {"name", "overrides"} each."""
-    arms = {
-        "obs_mask": [("mask_observations", {"env.mask_observations": True}),
-                     ("no_mask", {"env.mask_observations": False})],
-        "group_size": [(f"G{g}", {"rollout.group_size": g, "rollout.prompts_per_step":
-                                  128 // g}) for g in (4, 8, 16)],
-        "kl": [(f"beta{b}", {"algo.kl_coef": b}) for b in (0.0, 0.001, 0.01)],
-        "format_weight": [(f"format{w}", {"reward.format_weight": w}) for w in (0.0, 0.1, 0.3)],
-        "algorithm": [(n, algorithm_overrides(n)) for n in ("grpo", "ppo", "dapo")],
-    }
-    if name not in arms:
-        raise ValueError(f"unknown sweep {name!r}; choose one of {sorted(arms)}")
-    return [{"name": arm, "overrides": overrides} for arm, overrides in arms[name]]

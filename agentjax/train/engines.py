@@ -23,7 +23,7 @@ from agentjax.models.hf import save_hf
 from agentjax.engine.jax.lanes import LanedEngine
 from agentjax.sglang.launch import LocalServers
 from agentjax.sglang.client import SGLangEngine
-from agentjax.config.schema import sglang_logprob_distribution
+from agentjax.config import sglang_logprob_distribution
 
 WEIGHTS_DIR = "weights"  # in the workdir, unless rollout.sglang.weights_dir
 

@@ -21,7 +21,7 @@ import numpy as np
 from agentjax.agents.evaluation import evaluate
 from agentjax.agents.loop import EpisodeLimits
 from agentjax.agents.pool import RolloutPool
-from agentjax.config.schema import ConfigError
+from agentjax.config import ConfigError
 from agentjax.core.trajectory import Trajectory
 from agentjax.engine.protocol import SamplingParams
 from agentjax.envs.registry import TaskSuite

@@ -31,7 +31,7 @@ import ml_collections
 
 from agentjax.agents.evaluation import group_of
 from agentjax.config.preflight import check_runtime
-from agentjax.config.schema import validate
+from agentjax.config import validate
 from agentjax.core import atomic
 from agentjax.envs.registry import TaskSuite, build_suite
 from agentjax.train.checkpoint import latest_committed_step

@@ -19,7 +19,7 @@ import jax
 import ml_collections
 from tqdm.auto import tqdm
 
-from agentjax.config.schema import ConfigError
+from agentjax.config import ConfigError
 from agentjax.core import atomic, parallel
 from agentjax.train.checkpoint import Checkpointer
 from agentjax.train.metrics import MetricsWriter

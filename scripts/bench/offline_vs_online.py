@@ -34,7 +34,6 @@ from pathlib import Path
 
 from agentjax.sweep import launch, plan
 from agentjax.sweep import report as sweep_report
-from agentjax.config import presets
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {arm: str(ROOT / "configs" / f"{name}.py") for arm, name in (
@@ -42,8 +41,8 @@ CONFIGS = {arm: str(ROOT / "configs" / f"{name}.py") for arm, name in (
     ("dpo_offline", "dpo_search"), ("dpo_online", "dpo_search"))}
 # The two arms of the DPO config's "online" sweep: one budget of episodes collected at
 # once or in four collections.
-OVERRIDES = {f"dpo_{arm}": overrides
-             for arm, overrides in presets.OFFLINE_SWEEPS["dpo"]["online"]}
+OVERRIDES = {f"dpo_{arm['name']}": arm["overrides"]
+             for arm in plan.load_config_module(CONFIGS["dpo_online"]).sweep("online")}
 OFFLINE = ("rft", "dpo_offline", "dpo_online")
 
 

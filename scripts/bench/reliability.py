@@ -52,7 +52,7 @@ def fuzz(cases: int, seed: int) -> tuple[int, int, list[str]]:
 
 
 def configs() -> tuple[int, int, list[str]]:
-    from agentjax.config import schema as config_lib
+    from agentjax import config as config_lib
     from tests.config.test_schema import KEYS, _with, outside
 
     tried = held = 0

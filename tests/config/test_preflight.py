@@ -5,7 +5,7 @@ import importlib.metadata
 import pytest
 
 from agentjax.config import preflight
-from agentjax.config.schema import default_config
+from agentjax.config import default_config
 
 
 def _hide_module(monkeypatch, hidden: str):

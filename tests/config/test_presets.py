@@ -5,10 +5,11 @@ import os
 import ml_collections
 import pytest
 
-from agentjax.sweep import plan as sweep_plan
-from agentjax.config import schema as config_lib
+from agentjax import config as config_lib
 from agentjax.config import presets
+from agentjax.config.checks import dotted_get
 from agentjax.envs import registry as suites
+from agentjax.sweep import plan as sweep_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG_FILES = sorted(name for name in os.listdir(os.path.join(ROOT, "configs"))
@@ -41,7 +42,7 @@ def built_suites(tmp_path_factory):
 
     def build(config):
         for reads, suite in built:
-            if all(config_lib._get(config, key) == value for key, value in reads.items()):
+            if all(dotted_get(config, key) == value for key, value in reads.items()):
                 return suite
         reads = {}
         suite = suites.build_suite(_Reads(config, reads), str(tmp_path_factory.mktemp("suite")))
@@ -74,11 +75,22 @@ def test_every_variant_of_every_config_file_builds_its_task_suite(name, variant,
     assert len(suite.demonstrations) > 0 or config.sft.steps == 0
 
 
-@pytest.mark.parametrize("stage", sorted(presets.OFFLINE_SWEEPS))
-def test_every_arm_of_the_offline_sweeps_is_a_valid_config(stage):
-    for name in presets.OFFLINE_SWEEPS[stage]:
-        for arm in presets.offline_sweep(stage, name):
-            config = presets.offline_config(stage, "cpu")
-            for key, value in arm["overrides"].items():
-                sweep_plan.set_dotted(config, key, value)
-            config_lib.validate(config)
+@pytest.mark.parametrize("variant", sorted(presets.VARIANTS))
+def test_the_search_agent_is_the_variants_size_over_the_defaults(variant):
+    config = presets.search_agent(variant)
+    expected = config_lib.default_config()
+    presets.VARIANTS[variant](expected)
+    assert config.to_dict() == expected.to_dict()
+    with pytest.raises(ValueError, match="unknown variant 'big'"):
+        presets.search_agent("big")
+
+
+@pytest.mark.parametrize("variant", sorted(presets.VARIANTS))
+def test_the_offline_search_agent_makes_one_update_per_step(variant):
+    config = presets.offline_search(variant)
+    assert (config.algo.ppo_epochs, config.algo.minibatches) == (1, 1)
+    for stage in ("rft", "dpo"):
+        config.stage = stage
+        if variant == "hf":
+            config.model.path = ROOT  # a stand-in for the required HF folder
+        config_lib.validate(config)

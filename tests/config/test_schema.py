@@ -1,35 +1,33 @@
-"""Config validation: every key has a range (RULES), a value outside it is a one-line
-ConfigError naming the key, and the checks that combine keys name the key to change."""
+"""The schema: every key is defined once with its default, its rule and what it means;
+every value outside a key's rule is a one-line ConfigError naming the key."""
 import math
 import os
 
 import ml_collections
 import pytest
 
+from agentjax import config as config_lib
+from agentjax.config import rules, schema
+from agentjax.config.rules import Integer, Real
+from agentjax.config.validation import leaves
 from agentjax.models.tokenizer import build_tokenizer
-from agentjax.sweep import plan as sweep_plan
-from agentjax.config import schema as config_lib
-from agentjax.config import presets
-from agentjax.config.schema import ConfigError, Integer, Real
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONFIG_FILES = sorted(name for name in os.listdir(os.path.join(ROOT, "configs"))
-                      if name.endswith(".py"))
 DEFAULT = config_lib.default_config()
-KEYS = [key for key, _, _ in config_lib._walk(DEFAULT, DEFAULT)]
+KEYS = [key for key, _, _ in leaves(DEFAULT, DEFAULT)]
 MISSING = "/nonexistent/agentjax-config-test"
 
 # Strings each format rule must reject.
 BAD_TEXT = {
-    config_lib.HOP_COUNTS: ["", "1", "5:10", "1:-2", "1:x", "1:0,2:0", "1:400;2:400"],
-    config_lib.HOP_FRACTIONS: ["1", "1:1.5", "5:0.5", "1:x", "1:-0.1"],
-    config_lib.JSON_OBJECT: ["[1]", "{", "null"],
-    config_lib.TEMPLATE_KWARGS: ["{enable_thinking: false}", "[1]", "true"],
-    config_lib.URL: ["localhost:8000", "ftp://host/x", "http://a b"],
-    config_lib.URLS: ["http://a,localhost:1", "http://a,"],
-    config_lib.HOST_PORT: ["host", "host:port", "host:1:2"],
-    config_lib.SERVED_MODEL: ["judge 7b", " "],
-    config_lib.FOLDER_TO_CREATE: ["runs/\0weights"],
+    rules.HOP_COUNTS: ["", "1", "5:10", "1:-2", "1:x", "1:0,2:0", "1:400;2:400"],
+    rules.HOP_FRACTIONS: ["1", "1:1.5", "5:0.5", "1:x", "1:-0.1"],
+    rules.JSON_OBJECT: ["[1]", "{", "null"],
+    rules.TEMPLATE_KWARGS: ["{enable_thinking: false}", "[1]", "true"],
+    rules.URL: ["localhost:8000", "ftp://host/x", "http://a b"],
+    rules.URLS: ["http://a,localhost:1", "http://a,"],
+    rules.HOST_PORT: ["host", "host:port", "host:1:2"],
+    rules.SERVED_MODEL: ["judge 7b", " "],
+    rules.FOLDER_TO_CREATE: ["runs/\0weights"],
 }
 
 
@@ -47,11 +45,11 @@ def outside(rule) -> list:
                 values += [v for v in (bound + step, None if closed else bound)
                            if v is not None and v not in special]
         return values
-    if isinstance(rule, config_lib.Choice):
+    if isinstance(rule, rules.Choice):
         return ["no-such-option", 1]
-    if isinstance(rule, config_lib.Flag):
+    if isinstance(rule, rules.Flag):
         return ["yes", 1]
-    if isinstance(rule, config_lib.Path):
+    if isinstance(rule, rules.Path):
         # A folder where a file is wanted and the other way round, and a missing path.
         return [MISSING, __file__ if rule.kind == "folder" else ROOT]
     return BAD_TEXT[rule]
@@ -70,21 +68,51 @@ def _with(key: str, value) -> ml_collections.ConfigDict:
 
 
 def _error(config) -> str:
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(config_lib.ConfigError) as info:
         config_lib.validate(config)
     message = str(info.value)
     assert "\n" not in message
     return message
 
 
-def test_every_key_has_exactly_one_rule():
-    """A key added to default_config() needs its range in config.RULES."""
+def test_every_key_of_the_default_config_has_exactly_one_rule():
+    """default_config() and RULES are both derived from the schema's keys."""
     assert sorted(config_lib.RULES) == sorted(KEYS)
+    assert len(KEYS) == len(set(KEYS)) == len(schema.KEYS)
+
+
+def test_every_key_is_defined_once_with_its_default_rule_and_meaning():
+    defined = [f"{s.name}.{k.name}" if s.name else k.name
+               for s in schema.SECTIONS for k in s.keys]
+    assert len(defined) == len(set(defined))
+    assert sorted(defined) == sorted(KEYS)
+    for section in schema.SECTIONS:
+        assert section.doc, section.name
+        for key in section.keys:
+            dotted = f"{section.name}.{key.name}" if section.name else key.name
+            assert key.doc.strip(), dotted
+            assert config_lib.RULES[dotted] is key.rule
+            value = DEFAULT
+            for name in dotted.split("."):
+                value = value[name]
+            assert value == key.default and type(value) is type(key.default), dotted
+            assert key.rule.allows(key.default), dotted
+
+
+def test_a_key_defined_twice_is_refused(monkeypatch):
+    twice = schema.Section("env", "twice", schema.Key("topk", 1, rules.POSITIVE, "again"))
+    monkeypatch.setattr(schema, "SECTIONS", schema.SECTIONS + (twice,))
+    with pytest.raises(ValueError, match="'env.topk' is defined twice"):
+        schema._keys()
+
+
+def test_the_default_config_is_locked():
+    with pytest.raises(AttributeError, match="mask_observations"):
+        config_lib.default_config().env.mask_observations = True
 
 
 def test_every_text_rule_has_bad_examples():
-    text_rules = {rule for rule in config_lib.RULES.values()
-                  if isinstance(rule, config_lib.Text)}
+    text_rules = {rule for rule in config_lib.RULES.values() if isinstance(rule, rules.Text)}
     assert text_rules <= set(BAD_TEXT)
 
 
@@ -112,8 +140,7 @@ def test_a_value_outside_its_range_is_an_error_naming_the_key(key):
 
 
 def test_nan_and_infinity_are_rejected_for_every_float_key():
-    float_keys = [key for key, ref, _ in config_lib._walk(DEFAULT, DEFAULT)
-                  if isinstance(ref, float)]
+    float_keys = [key for key, ref, _ in leaves(DEFAULT, DEFAULT) if isinstance(ref, float)]
     assert "optim.lr" in float_keys
     for key in float_keys:
         for value in (math.nan, math.inf):
@@ -121,9 +148,9 @@ def test_nan_and_infinity_are_rejected_for_every_float_key():
 
 
 def test_the_smallest_allowed_vocabulary_builds_a_tokenizer():
-    build_tokenizer(["a b c"], vocab_size=config_lib.MIN_TINY_VOCAB)
+    build_tokenizer(["a b c"], vocab_size=schema.MIN_TINY_VOCAB)
     with pytest.raises(ValueError, match="too small"):
-        build_tokenizer(["a b c"], vocab_size=config_lib.MIN_TINY_VOCAB - 1)
+        build_tokenizer(["a b c"], vocab_size=schema.MIN_TINY_VOCAB - 1)
 
 
 def test_unknown_keys_and_wrong_types_name_the_key():
@@ -137,168 +164,3 @@ def test_unknown_keys_and_wrong_types_name_the_key():
     loose.algo.unknown_knob = 1
     assert "algo.unknown_knob" in _error(loose)
     assert "'algo'" in _error(_with("algo", 3))
-
-
-def _overridden(config, overrides):
-    for key, value in overrides.items():
-        sweep_plan.set_dotted(config, key.replace("__", "."), value)
-    return config
-
-
-def _search(**overrides):
-    return _overridden(presets.search_config("grpo", "test"), overrides)
-
-
-def _python(**overrides):
-    return _overridden(presets.python_config("grpo", "test"), overrides)
-
-
-def _ppo(**overrides):
-    return _overridden(presets.search_config("ppo", "test"), overrides)
-
-
-# Combinations of in-range values that cannot work: (config, the key the error names,
-# a phrase it contains). Keys are written a__b for a.b.
-COMBINATIONS = [
-    (_search(rollout__group_size=1), "rollout.group_size", "within a group"),
-    (_search(algo__minibatches=3), "algo.minibatches", "rollout batch"),
-    (_search(algo__microbatch_size=3), "algo.microbatch_size", "minibatch size 4"),
-    (_search(rollout__engine_lanes=3), "rollout.engine_lanes", "split evenly"),
-    (_search(rollout__concurrency=9), "rollout.concurrency", "engine_slots=8"),
-    (_search(rollout__max_new_tokens=384), "rollout.max_new_tokens", "max_tokens=384"),
-    (_python(reward__outcome="f1"), "reward.outcome", "env.name='python'"),
-    (_python(sft__rename_frac=0.5), "sft.rename_frac", "synthetic search world"),
-    (_python(pretrain__steps=2), "pretrain.steps", "synthetic search world"),
-    (_python(sft__corpus_mix=0.5), "sft.corpus_mix", "synthetic search world"),
-    (_search(pretrain__worlds=0), "pretrain.steps", "pretrain.worlds >= 1"),
-    (_search(pretrain__steps=0, sft__corpus_mix=0.5, pretrain__worlds=0), "sft.corpus_mix",
-     "pretrain.worlds >= 1"),
-    (_search(stage="sft", sft__steps=0), "sft.steps", "stage='sft'"),
-    (_search(stage="dpo", algo__minibatches=2), "algo.minibatches",
-     "stage='dpo' makes one optimizer update per step"),
-    (_search(stage="rft", algo__ppo_epochs=2), "algo.ppo_epochs",
-     "stage='rft' makes one optimizer update per step"),
-    (_search(stage="rft", rft__rounds=3), "rft.rounds", "divide total_steps=2"),
-    (_search(stage="dpo", algo__microbatch_size=4, dpo__batch_size=6), "algo.microbatch_size",
-     "divide dpo.batch_size=6"),
-    (_search(stage="dpo", dpo__kind="ipo", dpo__label_smoothing=0.1), "dpo.label_smoothing",
-     "only dpo.kind='sigmoid'"),
-    (_search(stage="dpo", dpo__data_path=__file__, dpo__refresh_every=2), "dpo.refresh_every",
-     "fixed"),
-    (_search(data__num_cities=3), "data.num_cities", "data.num_countries=4"),
-    (_search(data__source="files", pretrain__steps=0, sft__rename_frac=0.0),
-     "data.train_path", "data.source='files'"),
-    (_search(data__source="files", data__train_path=__file__, pretrain__steps=0),
-     "data.corpus_path", "retrieval.kind='bm25'"),
-    (_search(retrieval__kind="http"), "retrieval.url", "retrieval.kind='http'"),
-    (_search(tokenizer__vocab_size=0), "model.path", "--config.model.path="),
-    (_search(model__num_heads=3), "model.num_heads", "model.hidden_size=32"),
-    (_search(model__num_heads=2, model__num_kv_heads=3), "model.num_kv_heads",
-     "model.num_heads=2"),
-    (_search(algo__advantage="gae"), "algo.advantage", "algo.name is 'grpo'"),
-    (_ppo(algo__critic_lr=0.0), "algo.critic_lr", "needs a critic"),
-    (_ppo(algo__dynamic_sampling=True), "algo.dynamic_sampling", "group-based"),
-    (_search(algo__overlong_buffer=300), "algo.overlong_buffer", "overlong_max_len=256"),
-    (_search(rollout__engine="sglang"), "rollout.engine", "exactly one of"),
-    (_search(rollout__engine="sglang", rollout__sglang__launch=1,
-             rollout__sglang__urls="http://h:30000"), "rollout.engine", "exactly one of"),
-    (_search(rollout__sglang__launch=2), "rollout.sglang.launch",
-     "only with rollout.engine='sglang'"),
-    (_search(rollout__sglang__urls="http://h:30000"), "rollout.sglang.urls",
-     "only with rollout.engine='sglang'"),
-    (_search(rollout__engine="sglang", rollout__sglang__launch=1, multihost__enabled=True,
-             multihost__coordinator="h:1234", multihost__num_processes=2),
-     "rollout.engine", "multi-host"),
-    # SGLang's default log-probs are not truncated: wrong behavior log-probs under top_p.
-    (_search(rollout__engine="sglang", rollout__sglang__urls="http://h:30000",
-             rollout__top_p=0.9), "rollout.sglang.logprob_distribution", "not truncated"),
-    (_search(rollout__engine="sglang", rollout__sglang__urls="http://h:30000",
-             rollout__sglang__logprob_distribution="raw", rollout__temperature=0.7),
-     "rollout.sglang.logprob_distribution", "before temperature"),
-    (_python(reward__outcome="judge"), "reward.outcome", "env.name='python'"),
-    (_search(reward__outcome="judge", reward__judge__model="m"), "reward.judge.url",
-     "needs the judge's OpenAI-compatible chat server"),
-    (_search(reward__outcome="judge", reward__judge__url="http://127.0.0.1:30000"),
-     "reward.judge.model", "the model name the judge server serves"),
-    (_search(reward__judge__url="http://127.0.0.1:30000"), "reward.judge.url",
-     "only with reward.outcome='judge' (reward.outcome is 'em')"),
-    (_search(reward__judge__votes=3), "reward.judge.votes", "temperature > 0"),
-    (_python(data__hindsight=True), "data.hindsight", "synthetic search world"),
-    (_overridden(presets.search_config("reinforce_pp", "test"), {"data.hindsight": True}),
-     "data.hindsight", "group-based algo.advantage"),
-    (_search(data__hindsight=True, algo__old_logp="behavior"), "data.hindsight",
-     "algo.old_logp='recompute'"),
-    (_search(rollout__mode="async", algo__dynamic_sampling=True), "algo.dynamic_sampling",
-     "does not filter"),
-    (_search(rollout__mode="async", rollout__final_temperature=0.5),
-     "rollout.final_temperature", "rollout.temperature=1.0"),
-    (_search(rollout__mode="async", rollout__concurrency=1), "rollout.concurrency",
-     "rollout.group_size=2"),
-    (_search(rollout__mode="async", rollout__queue_groups=1), "rollout.queue_groups",
-     "prompts_per_step=2"),
-    (_search(rollout__mode="async", multihost__enabled=True,
-             multihost__coordinator="host:1", multihost__num_processes=2), "rollout.mode",
-     "multi-host"),
-    (_search(rollout__mode="async", data__hindsight=True), "data.hindsight",
-     "does not relabel"),
-    (_search(rollout__mode="async", stage="sft"), "rollout.mode", "stage='sft'"),
-    (_search(mesh__data=-1, mesh__fsdp=-1), "mesh", "at most one axis"),
-    (_search(multihost__enabled=True), "multihost.enabled", "multihost.coordinator"),
-    (_search(multihost__process_id=1), "multihost.process_id", "num_processes=1"),
-]
-
-
-@pytest.mark.parametrize("config,key,phrase", COMBINATIONS,
-                         ids=[f"{key}-{i}" for i, (_, key, _) in enumerate(COMBINATIONS)])
-def test_an_impossible_combination_is_an_error_naming_a_key_to_change(config, key, phrase):
-    message = _error(config)
-    assert message.startswith(f"config key {key!r}"), message
-    assert phrase in message
-
-
-def test_a_loaded_model_may_leave_the_tiny_model_keys_inconsistent(tmp_path):
-    """The tiny-model shape keys only matter when no model is loaded."""
-    config = _search(model__num_heads=3, tokenizer__vocab_size=0)
-    config.model.path = str(tmp_path)
-    config_lib.validate(config)
-
-
-# Values that used to run minutes of work, exit 0 or crash elsewhere before validation.
-@pytest.mark.parametrize("key,value", [
-    ("optim.lr", math.nan), ("algo.minibatches", 0), ("rollout.prompts_per_step", 0),
-    ("total_steps", -3), ("rollout.max_new_tokens", 0), ("log.every", 0),
-    ("init_from", MISSING), ("data.train_path", MISSING), ("model.path", MISSING)])
-def test_reported_bad_values_are_rejected_naming_the_key(key, value):
-    config = presets.search_config("grpo", "cpu")
-    sweep_plan.set_dotted(config, key, value)
-    assert _error(config).startswith(f"config key {key!r} is {value!r}; allowed: ")
-
-
-@pytest.mark.parametrize("name", CONFIG_FILES)
-def test_the_hf_variant_requires_a_model_path(name, tmp_path):
-    module = sweep_plan.load_config_module(os.path.join(ROOT, "configs", name))
-    config = module.get_config("hf")
-    message = _error(config)
-    assert message.startswith("config key 'model.path' is ''")
-    assert "--config.model.path=" in message
-    config.model.path = str(tmp_path)
-    config_lib.validate(config)
-
-
-@pytest.mark.parametrize("variant", ["cpu", "test"])
-@pytest.mark.parametrize("name", CONFIG_FILES)
-def test_every_other_variant_of_every_config_file_is_valid(name, variant):
-    module = sweep_plan.load_config_module(os.path.join(ROOT, "configs", name))
-    config_lib.validate(module.get_config(variant))
-
-
-@pytest.mark.parametrize("overrides", [
-    # serve.py's log-probs are those of the sampling distribution, truncation included.
-    dict(rollout__sglang__launch=1, rollout__top_p=0.9),
-    # Nothing uses the behavior log-probs: recomputed old policy, no TIS weights.
-    dict(rollout__sglang__urls="http://h:30000", rollout__top_p=0.9, algo__tis_cap=0.0),
-    dict(rollout__sglang__urls="http://h:30000", rollout__sglang__logprob_distribution="raw",
-         rollout__temperature=1.0),
-])
-def test_sglang_log_probs_are_accepted_where_they_are_the_sampled_ones(overrides):
-    config_lib.validate(_search(rollout__engine="sglang", **overrides))

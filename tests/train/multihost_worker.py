@@ -24,7 +24,7 @@ from jax.experimental import multihost_utils
 from agentjax.core import parallel
 from agentjax.models import Decoder, ModelConfig
 from agentjax.train import update as step_lib
-from agentjax.config.schema import default_config
+from agentjax.config import default_config
 
 B, T, V = 8, 16, 64
 MODEL = ModelConfig(arch="qwen2", vocab_size=V, hidden_size=16, intermediate_size=32,

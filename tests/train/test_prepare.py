@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentjax.config.schema import default_config
+from agentjax.config import default_config
 from agentjax.train.prepare import build_prepare
 from tests import reference as ref
 

@@ -10,7 +10,7 @@ from agentjax.core import parallel
 from agentjax.models import Decoder, ModelConfig
 from agentjax.rl import preference
 from agentjax.train import update as step_lib
-from agentjax.config.schema import default_config
+from agentjax.config import default_config
 from agentjax.train.prepare import build_prepare, model_logprob_fn
 
 B, T, V = 8, 16, 64

@@ -120,7 +120,7 @@ def build_rl_update(config: ml_collections.ConfigDict, runtime: Runtime, graphde
     prepare = jax.jit(build_prepare(
         model_logprob_fn(graphdef, chunk_size=config.model.logprob_chunk), algo,
         num_groups=config.rollout.prompts_per_step,
-        mask_observations=config.env.mask_observations,
+        mask_observations=not config.env.loss_on_observations,
         value_fn=critic_value_fn(critic_graphdef) if critic_graphdef else None,
         offpolicy_metrics=config.rollout.mode == "async"))
     return state, update, prepare
