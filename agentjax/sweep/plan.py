@@ -14,6 +14,9 @@ from typing import Any, Mapping, Sequence
 
 import ml_collections
 
+from agentjax.config import RENAMED
+from agentjax.config.validation import renamed_key_error
+
 SEED_KEYS = ("seed", "data.world_seed")
 TRAIN_SCRIPT = str(Path(__file__).resolve().parents[2] / "scripts" / "train.py")
 _ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
@@ -72,8 +75,11 @@ def set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
     """Sets `config.a.b = value` for `key="a.b"`, as `--config.a.b=value` would.
 
     Raises:
-      ValueError: the key does not exist, or the value's type does not fit the field.
+      ValueError: the key does not exist (a renamed key names its new one), or the
+        value's type does not fit the field.
     """
+    if key in RENAMED:
+        raise renamed_key_error(key)
     parent, node = None, config
     for name in key.split("."):
         if not isinstance(node, ml_collections.ConfigDict) or name not in node:

@@ -280,3 +280,10 @@ def test_print_commands(files, swept):
     lines = fresh.stdout.splitlines()
     assert len(lines) == 6 and all("--config.algo.kl_coef=" in line for line in lines)
     assert not (files / "fresh").exists()  # printing runs nothing
+
+
+def test_an_arm_setting_a_renamed_key_names_the_new_one():
+    from agentjax.config import default_config
+    with pytest.raises(ValueError, match="'env.mask_observations' was renamed: use "
+                                         "env.loss_on_observations"):
+        plan.set_dotted(default_config(), "env.mask_observations", False)
