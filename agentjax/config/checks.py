@@ -137,6 +137,9 @@ def _check_algo(config) -> None:
         reject("data.hindsight", True, "relabeled episodes were sampled under another "
                "prompt, so the old log-probs must be recomputed: it needs "
                "algo.old_logp='recompute'")
+    if algo.dual_clip and algo.loss != "ppo":
+        reject("algo.dual_clip", algo.dual_clip, "the dual clip bounds PPO's clipped loss "
+               f"(rl/policy_losses.py: PPO): it needs algo.loss='ppo', not {algo.loss!r}")
     if algo.overlong_buffer > algo.overlong_max_len:
         reject("algo.overlong_buffer", algo.overlong_buffer,
                f"it must not exceed algo.overlong_max_len={algo.overlong_max_len}")

@@ -17,11 +17,11 @@ OUTCOMES = {"search": {"em": "exact_match", "f1": "f1", "judge": "judge"},
 ARCHS = ("llama", "qwen2", "qwen3")
 # models/decoder.py: remat_policy.
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-# train/prepare.py: sequence_advantages (the critic-free ones) and GAE for "gae".
+# rl/advantages.py: ADVANTAGES ("gae" is the one with a critic: needs_critic).
 ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
-# rl/losses.py: policy_loss.
+# rl/policy_losses.py: POLICY_LOSSES.
 POLICY_LOSSES = ("ppo", "gspo", "cispo", "reinforce")
-# rl/losses.py: aggregate.
+# rl/aggregation.py: aggregate.
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                 "seq-mean-token-sum-norm")
 # rl/kl.py: kl.
@@ -30,7 +30,7 @@ KL_KINDS = ("k1", "k2", "k3", "k1+", "k3+")
 CURRICULA = ("uniform", "learnability", "failure_buffer")
 # train/update.py: make_optimizer.
 SCHEDULES = ("constant", "cosine")
-# train/prepare.py: the old policy's log-probs recomputed by the trainer or the engine's.
+# rl/prepare.py: the old policy's log-probs recomputed by the learner or the engine's.
 OLD_LOGP = ("recompute", "behavior")
 # rl/offpolicy.py: importance_weights (how the proximal / behavior ratio is bounded).
 IS_BOUNDS = ("truncate", "mask")

@@ -349,7 +349,7 @@ ALGO = Section(
     "config/algorithms.py has what each algo.name sets.",
     Key("name", "grpo", Choice(ALGORITHMS), "the algorithm (config/algorithms.py)"),
     Key("advantage", "grpo", Choice(ADVANTAGES), "the advantage estimator "
-        "(train/prepare.py): critic-free, or 'gae' with PPO's critic"),
+        "(rl/advantages.py: ADVANTAGES): critic-free, or 'gae' with PPO's critic"),
     Key("loss", "ppo", Choice(POLICY_LOSSES), "the policy loss (rl/losses.py: policy_loss)"),
     Key("clip_low", 0.2, PROBABILITY, "the ratio's lower clip is 1 - clip_low"),
     Key("clip_high", 0.2, NON_NEGATIVE, "the ratio's upper clip is 1 + clip_high"),

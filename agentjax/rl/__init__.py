@@ -1,16 +1,33 @@
 """agentjax.rl: the pure-functional numerics of the RL update (arrays in, arrays out).
 
-Submodules: `advantages` (GAE, GRPO family, REINFORCE++, ReMax, turn returns, whiten),
-`kl` (k1/k2/k3 estimators, entropy), `losses` (policy / value / KL / entropy losses, the
-trainer's objective `rl_objective`, micro-batch-exact aggregation), `offpolicy` (importance
-weights of the decoupled PPO objective), `preference` (DPO / IPO / hinge on trajectory
-pairs), `logprobs` (chunked token log-probs from hidden states) and `shaping` (length
-penalties, DAPO filter).
+Submodules: `advantages` (GAE, GRPO family, REINFORCE++, ReMax, turn returns, whiten; the
+registry ADVANTAGES of the estimators a config chooses), `aggregation` (micro-batch-exact
+reduction to a loss with global denominators), `policy_losses` (`policy_loss` and the
+registry POLICY_LOSSES of its kinds), `losses` (value / KL / entropy losses and the
+trainer's objective `rl_objective`), `kl` (k1/k2/k3 estimators, entropy), `offpolicy`
+(importance weights of the decoupled PPO objective), `preference` (DPO / IPO / hinge on
+trajectory pairs), `logprobs` (chunked token log-probs from hidden states) and `shaping`
+(length penalties, DAPO filter).
+From a model (an nnx graphdef): `objectives` (the update's loss functions: RL, value,
+SFT, DPO) and `prepare` (log-probs, KL and advantages of a rollout batch).
 Conventions: [B, T] arrays with a `mask` that is 1 on action tokens; mask-0 positions
 contribute nothing.
 """
-from agentjax.rl import advantages, kl, logprobs, losses, offpolicy, preference, shaping
+from agentjax.rl import (
+    advantages,
+    aggregation,
+    kl,
+    logprobs,
+    losses,
+    objectives,
+    offpolicy,
+    policy_losses,
+    preference,
+    prepare,
+    shaping,
+)
 from agentjax.rl.advantages import (
+    ADVANTAGES,
     GroupStats,
     broadcast_to_tokens,
     gae,
@@ -26,28 +43,21 @@ from agentjax.rl.advantages import (
 )
 from agentjax.rl.kl import entropy_from_logits
 from agentjax.rl.logprobs import token_logprobs, token_logprobs_full
-from agentjax.rl.losses import (
-    LossNorm,
-    aggregate,
-    entropy_bonus,
-    grpo_loss,
-    kl_penalty,
-    loss_norm,
-    masked_extreme,
-    masked_mean,
-    policy_loss,
-    rl_objective,
-    value_loss,
-)
+from agentjax.rl.aggregation import LossNorm, aggregate, loss_norm, masked_extreme, masked_mean
+from agentjax.rl.losses import entropy_bonus, grpo_loss, kl_penalty, rl_objective, value_loss
 from agentjax.rl.offpolicy import importance_weights
+from agentjax.rl.policy_losses import POLICY_LOSSES, policy_loss
 from agentjax.rl.preference import count_pairs, dpo_loss, sequence_logprobs
 from agentjax.rl.shaping import dynamic_sampling_keep, length_penalty, overlong_penalty
 
 __all__ = [
+    "ADVANTAGES",
     "GroupStats",
     "LossNorm",
+    "POLICY_LOSSES",
     "advantages",
     "aggregate",
+    "aggregation",
     "broadcast_to_tokens",
     "count_pairs",
     "dpo_loss",
@@ -68,10 +78,13 @@ __all__ = [
     "losses",
     "masked_extreme",
     "masked_mean",
+    "objectives",
     "offpolicy",
     "overlong_penalty",
     "policy_loss",
+    "policy_losses",
     "preference",
+    "prepare",
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
     "remax",

@@ -12,20 +12,23 @@ GRPO). agentjax additionally guarantees that a group whose scores are all equal 
 exactly 0 (never NaN, never rounding noise / eps) and that rows whose group id lies outside
 [0, num_groups) (e.g. padding rows with id -1) are ignored and get 0.
 
-`remax` and `turn_returns` are library API with no trainer path yet (no `algo.advantage`
-selects them): ReMax's baseline is the reward of a greedy rollout of each prompt, an
-extra rollout per prompt the RL loop does not make; `turn_returns` needs each turn's
-reward as a [B, K] array, while the trainer's batch holds rewards per token (`collate`),
-which `reinforce_plus_plus` discounts per token.
+`ADVANTAGES` registers the estimators a config chooses (`algo.advantage`), one function
+each with one signature (`AdvantageFn`) over the trainer's [B, T] batch; `needs_critic`
+says which read a critic's values. `remax` and `turn_returns` are library API with no
+trainer path yet (not registered): ReMax's baseline is the reward of a greedy rollout of
+each prompt, an extra rollout per prompt the RL loop does not make; `turn_returns` needs
+each turn's reward as a [B, K] array, while the trainer's batch holds rewards per token
+(`collate`), which `reinforce_plus_plus` discounts per token.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from agentjax.core.registry import Registry
 from agentjax.rl import _common
 from agentjax.rl._common import as_float
 
@@ -357,3 +360,89 @@ def turn_returns(turn_rewards, turn_ids, mask, *, gamma):
     in_range = (turn_ids >= 0) & (turn_ids < num_turns)
     per_token = jnp.take_along_axis(g, jnp.clip(turn_ids, 0, num_turns - 1), axis=1)
     return jnp.where(in_range & mask.astype(bool), per_token, 0.0)
+
+
+# ------------------------------------------------------------- the trainer's estimators
+
+
+class AdvantageEstimate(NamedTuple):
+    """What an `AdvantageFn` returns."""
+
+    advantages: jax.Array  # [B, T], 0 at mask-0 positions
+    returns: jax.Array | None = None  # [B, T] critic targets (estimators with a critic)
+
+
+# (rewards [B, T], mask [B, T], group_ids [B], values [B, T] | None, *, num_groups,
+#  params) -> AdvantageEstimate. rewards are per token (the KL already subtracted when it
+# is in the reward; a sequence's score is their sum), mask the loss mask, group_ids -1 on
+# padding rows, values the critic's (None unless `needs_critic`), num_groups static and
+# params the algo config section, a Mapping from which each estimator reads its own
+# hyperparameters by their config names (gamma, lam).
+AdvantageFn = Callable[..., AdvantageEstimate]
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
+
+
+def _estimator(name: str, *, critic: bool = False):
+    """Registers an `AdvantageFn` under `name`; `critic` marks one that reads values."""
+
+    def add(fn):
+        fn.needs_critic = critic
+        return ADVANTAGES.register(name)(fn)
+
+    return add
+
+
+def needs_critic(kind: str) -> bool:
+    """Whether estimator `kind` reads a critic's values (the trainer then trains one)."""
+    return ADVANTAGES.get(kind).needs_critic
+
+
+@_estimator("grpo")
+def _grpo(rewards, mask, group_ids, values, *, num_groups: int,
+          params: Mapping[str, Any]) -> AdvantageEstimate:
+    """GRPO (DeepSeekMath, arXiv 2402.03300): group-normalized scores on every token."""
+    seq = grpo(rewards.sum(axis=1), group_ids, num_groups, norm_by_std=True)
+    return AdvantageEstimate(broadcast_to_tokens(seq, mask))
+
+
+@_estimator("dr_grpo")
+def _dr_grpo(rewards, mask, group_ids, values, *, num_groups: int,
+             params: Mapping[str, Any]) -> AdvantageEstimate:
+    """Dr.GRPO (arXiv 2503.20783): scores minus the group mean, no std division."""
+    seq = grpo(rewards.sum(axis=1), group_ids, num_groups, norm_by_std=False)
+    return AdvantageEstimate(broadcast_to_tokens(seq, mask))
+
+
+@_estimator("rloo")
+def _rloo(rewards, mask, group_ids, values, *, num_groups: int,
+          params: Mapping[str, Any]) -> AdvantageEstimate:
+    """RLOO (Ahmadian et al. 2024, "Back to Basics"): each score minus the mean of the
+    others of its group, on every token."""
+    seq = rloo(rewards.sum(axis=1), group_ids, num_groups)
+    return AdvantageEstimate(broadcast_to_tokens(seq, mask))
+
+
+@_estimator("reinforce_pp")
+def _reinforce_pp(rewards, mask, group_ids, values, *, num_groups: int,
+                  params: Mapping[str, Any]) -> AdvantageEstimate:
+    """REINFORCE++ (Hu 2025): discounted per-token returns (params["gamma"]),
+    batch-whitened."""
+    return AdvantageEstimate(reinforce_plus_plus(rewards, mask, gamma=params["gamma"]))
+
+
+@_estimator("reinforce_pp_baseline")
+def _reinforce_pp_baseline(rewards, mask, group_ids, values, *, num_groups: int,
+                           params: Mapping[str, Any]) -> AdvantageEstimate:
+    """REINFORCE++-baseline: scores minus the group mean, batch-whitened."""
+    return AdvantageEstimate(reinforce_plus_plus_baseline(rewards.sum(axis=1), group_ids,
+                                                          num_groups, mask))
+
+
+@_estimator("gae", critic=True)
+def _gae(rewards, mask, group_ids, values, *, num_groups: int,
+         params: Mapping[str, Any]) -> AdvantageEstimate:
+    """PPO's GAE (Schulman et al. 2015, arXiv 1506.02438; params["gamma"], params["lam"])
+    on the critic's values, advantages whitened over the batch; returns are the critic's
+    targets."""
+    advantages, returns = gae(rewards, values, mask, gamma=params["gamma"], lam=params["lam"])
+    return AdvantageEstimate(whiten(advantages, mask), returns)

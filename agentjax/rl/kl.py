@@ -49,8 +49,8 @@ def kl(logp, ref_logp, kind):
 
     Returns:
       Array of the common shape with the per-token estimate. No mask is applied: reduce
-      it with `agentjax.rl.losses.aggregate` (or `kl_penalty`) so that only action tokens
-      count.
+      it with `agentjax.rl.aggregation.aggregate` (or `losses.kl_penalty`) so that only
+      action tokens count.
     """
     _common.check_choice("kind", kind, KL_KINDS)
     _common.check_same_shape(logp=logp, ref_logp=ref_logp)

@@ -7,7 +7,7 @@ asynchronous run the tokens of one sequence may come from different weight versi
   mu_t       behavior: the engine's log-prob of the sampled token, under the weight
              version that sampled it;
   pi_prox_t  proximal: the learner's weights when the batch is prepared (the log-probs
-             `train/prepare.py` recomputes); a constant of the update;
+             `rl/prepare.py` recomputes); a constant of the update;
   pi_t       the policy being optimized.
 
 Decoupled PPO (Hilton et al. 2021, arXiv 2110.00641; AReaL, arXiv 2505.24298):
@@ -41,7 +41,8 @@ from jax import lax
 from agentjax.config.choices import IS_BOUNDS
 from agentjax.rl import _common
 from agentjax.rl._common import as_float
-from agentjax.rl.losses import LOG_RATIO_CLAMP, masked_extreme, masked_mean
+from agentjax.rl.aggregation import masked_extreme, masked_mean
+from agentjax.rl.policy_losses import LOG_RATIO_CLAMP
 
 
 def _truncate(ratio, cap):

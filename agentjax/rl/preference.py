@@ -26,8 +26,9 @@ from diluting the preference. With r(y) = beta h(y) (the implicit reward, Rafail
   hinge:   max(0, 1 - beta z)        SLiC-HF (Zhao et al. 2023, arXiv 2305.10425)
 and L = sum_p c_p loss_p / N. A pair counts (c_p = 1) when both of its trajectories have
 an action token; N is the number of counting pairs in the *full* batch (`count_pairs`),
-so micro-batch losses and gradients add up to the full batch's, as `losses.aggregate`'s
-global denominators do. Padding pairs (no action tokens) count for nothing.
+so micro-batch losses and gradients add up to the full batch's, as the global
+denominators of `aggregation.aggregate` do. Padding pairs (no action tokens) count for
+nothing.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from jax import lax
 from agentjax.config.choices import DPO_KINDS
 from agentjax.rl import _common
 from agentjax.rl._common import as_float
-from agentjax.rl.losses import masked_mean
+from agentjax.rl.aggregation import masked_mean
 
 
 def sequence_logprobs(token_logp, mask):

@@ -44,6 +44,7 @@ from agentjax.core import parallel
 from agentjax.models.cache import LayerKVCache, init_layer_cache
 from agentjax.models.config import ModelConfig
 from agentjax.models.decoder import Decoder
+from agentjax.rl.advantages import needs_critic
 
 _GIB = 2 ** 30
 _FLOAT32 = 4
@@ -156,7 +157,7 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
     elif algo.kl_coef > 0:
         rows.append(MemoryRow("KL reference (float32)", master,
                               f"algo.kl_coef=0 drops it, or {shard_params}"))
-    if algo.advantage == "gae":
+    if needs_critic(algo.advantage):
         head = (model_config.hidden_size + 1) * _FLOAT32
         rows.append(MemoryRow("critic + Adam (3 x float32)", 3 * (master + head),
                               shard_params))

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from timing import Ratio, Runs, measure, timed  # scripts/bench/timing.py
 
-from agentjax.rl import advantages, logprobs, losses
+from agentjax.rl import advantages, logprobs, losses, policy_losses
 
 SHAPES = {
     "full": dict(gae=(64, 4096), loss=(64, 4096),
@@ -188,8 +188,9 @@ def bench_losses(shape, repeats):
     old_logp, ref_logp = logp - d["old_delta"], logp - d["ref_delta"]
 
     def ppo(lp):
-        return losses.policy_loss(lp, old_logp, adv, mask, kind="ppo", clip_low=CLIP_LOW,
-                                  clip_high=CLIP_HIGH, dual_clip=DUAL_CLIP, agg="token-mean")[0]
+        return policy_losses.policy_loss(lp, old_logp, adv, mask, kind="ppo", clip_low=CLIP_LOW,
+                                         clip_high=CLIP_HIGH, dual_clip=DUAL_CLIP,
+                                         agg="token-mean")[0]
 
     def grpo(lp):  # the trainer's objective with GRPO's knobs
         return losses.rl_objective(lp, old_logp, adv, mask, ref_logp=ref_logp, kind="ppo",

@@ -33,6 +33,7 @@ def _ppo(**overrides):
 COMBINATIONS = [
     (_search(rollout__group_size=1), "rollout.group_size", "within a group"),
     (_search(algo__minibatches=3), "algo.minibatches", "rollout batch"),
+    (_search(algo__loss="gspo", algo__dual_clip=3.0), "algo.dual_clip", "algo.loss='ppo'"),
     (_search(algo__microbatch_size=3), "algo.microbatch_size", "minibatch size 4"),
     (_search(rollout__engine_lanes=3), "rollout.engine_lanes", "split evenly"),
     (_search(rollout__concurrency=9), "rollout.concurrency", "engine_slots=8"),

@@ -5,7 +5,7 @@ from agentjax.config import choices
 from agentjax.data import curriculum
 from agentjax.data.demonstrators import DemonstratorConfig
 from agentjax.models import config as model_config
-from agentjax.rl import losses, offpolicy, preference
+from agentjax.rl import offpolicy, policy_losses, preference
 from agentjax.data import offline_jsonl
 from agentjax.train.stages import offline
 from agentjax.agents import sources
@@ -43,7 +43,7 @@ def test_every_arch_has_an_hf_architectures_entry():
 
 
 def test_every_policy_loss_has_a_function():
-    assert tuple(losses._POLICY_LOSS_FNS) == choices.POLICY_LOSSES
+    assert policy_losses.POLICY_LOSSES.names() == choices.POLICY_LOSSES
 
 
 def test_every_is_bound_has_a_function():

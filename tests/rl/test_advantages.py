@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+from agentjax.config import choices
 from agentjax.rl import advantages as adv
 from tests import reference as ref
 from tests.rl._inputs import B, T, edge_groups, edge_mask, floats
@@ -220,3 +221,42 @@ def test_bad_arguments_name_the_argument():
         adv.broadcast_to_tokens(jnp.zeros(3), x)
     with pytest.raises(ValueError, match="turn_ids"):
         adv.turn_returns(x, x, x, gamma=1.0)
+
+
+def test_every_advantage_choice_is_registered_and_vice_versa():
+    assert set(adv.ADVANTAGES) == set(choices.ADVANTAGES)
+    assert {kind for kind in adv.ADVANTAGES if adv.needs_critic(kind)} == {"gae"}
+
+
+def test_registered_estimators_are_the_library_functions():
+    """Each registered estimator, called with the one signature on [B, T] token rewards,
+    is its library function on the scores (the rewards' row sums), bit for bit."""
+    rng = np.random.default_rng(5)
+    mask = edge_mask(rng)
+    rewards, values = floats(rng, (B, T)), floats(rng, (B, T))
+    _, group_ids, num_groups = edge_groups(rng)
+    scores = rewards.sum(axis=1)
+    params = {"gamma": 0.9, "lam": 0.8}
+    gae_adv, gae_returns = adv.gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    expected = {
+        "grpo": adv.broadcast_to_tokens(adv.grpo(scores, group_ids, num_groups), mask),
+        "dr_grpo": adv.broadcast_to_tokens(
+            adv.grpo(scores, group_ids, num_groups, norm_by_std=False), mask),
+        "rloo": adv.broadcast_to_tokens(adv.rloo(scores, group_ids, num_groups), mask),
+        "reinforce_pp": adv.reinforce_plus_plus(rewards, mask, gamma=0.9),
+        "reinforce_pp_baseline": adv.reinforce_plus_plus_baseline(scores, group_ids,
+                                                                  num_groups, mask),
+        "gae": adv.whiten(gae_adv, mask),
+    }
+    assert set(expected) == set(adv.ADVANTAGES)
+    for kind, advantages in expected.items():
+        estimate = adv.ADVANTAGES.get(kind)(
+            rewards, mask, group_ids, values if adv.needs_critic(kind) else None,
+            num_groups=num_groups, params=params)
+        np.testing.assert_array_equal(estimate.advantages, advantages, err_msg=kind)
+        if kind == "gae":
+            np.testing.assert_array_equal(estimate.returns, gae_returns)
+        else:
+            assert estimate.returns is None, kind
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'"):
+        adv.ADVANTAGES.get("ppo")

@@ -1,5 +1,5 @@
-"""agentjax.rl.losses against tests/reference.py: values, gradients, masking, micro-batching
-and sharding."""
+"""agentjax.rl.losses (and the policy term of agentjax.rl.policy_losses) against
+tests/reference.py: values, gradients, masking, micro-batching and sharding."""
 import functools
 
 import chex
@@ -11,24 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentjax.config.choices import AGGREGATIONS
 from agentjax.rl import losses
+from agentjax.rl.aggregation import loss_norm
+from agentjax.rl.policy_losses import POLICY_LOSSES, policy_loss
 from tests import reference as ref
-from tests.rl._inputs import B, T, edge_mask, floats
+from tests.rl._inputs import B, CLIPS, T, floats, kind_params, policy_inputs
 from tests.sharding import assert_rows_sharded_match_one_device
 
 TOL = dict(rtol=1e-5, atol=1e-6)
-CLIPS = dict(clip_low=0.2, clip_high=0.28)
-
-
-def _policy_inputs(seed):
-    rng = np.random.default_rng(seed)
-    mask = edge_mask(rng)
-    logp = floats(rng, (B, T), 0.5) - 1.0
-    old_logp = logp + floats(rng, (B, T), 0.3)
-    old_logp[4, :3] = logp[4, :3] - 1.5  # ratio ~4.5: beyond the dual-clip bound
-    advantages = floats(rng, (B, T))
-    advantages[4, :3] = -1.0
-    return logp, old_logp, advantages, mask
 
 
 class ReferenceTest(chex.TestCase):
@@ -36,29 +27,7 @@ class ReferenceTest(chex.TestCase):
 
     def setUp(self):
         super().setUp()
-        self.logp, self.old_logp, self.adv, self.mask = _policy_inputs(0)
-
-    def _check_policy(self, fn, kind, agg, dual_clip=None):
-        loss, grad = fn(self.logp, self.old_logp, self.adv, self.mask)
-        token_args = (self.logp, self.old_logp, self.adv, self.mask, kind)
-        expected = ref.aggregate(ref.policy_token_loss(*token_args, **CLIPS, dual_clip=dual_clip),
-                                 self.mask, agg)
-        np.testing.assert_allclose(loss, expected, **TOL)
-        expected_grad = ref.policy_token_grad(*token_args, **CLIPS, dual_clip=dual_clip)
-        expected_grad = expected_grad * ref.aggregate_weights(self.mask, agg)
-        np.testing.assert_allclose(grad, expected_grad, **TOL)
-
-    @chex.variants(with_jit=True, without_jit=True)
-    def test_policy_loss_kinds_and_modes(self):
-        cases = [(kind, "token-mean", None) for kind in losses.POLICY_LOSSES]
-        cases += [("ppo", mode, 3.0) for mode in losses.AGGREGATIONS]
-        for kind, agg, dual_clip in cases:
-            def loss_fn(logp, old_logp, adv, mask, kind=kind, agg=agg, dual_clip=dual_clip):
-                return losses.policy_loss(logp, old_logp, adv, mask, kind=kind, agg=agg,
-                                          dual_clip=dual_clip, **CLIPS)[0]
-
-            fn = self.variant(jax.value_and_grad(loss_fn))
-            self._check_policy(fn, kind, agg, dual_clip)
+        self.logp, self.old_logp, self.adv, self.mask = policy_inputs(0)
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_rl_objective_every_term(self):
@@ -75,8 +44,8 @@ class ReferenceTest(chex.TestCase):
                           kl_kind=kl_kind):
                 return losses.rl_objective(
                     logp, self.old_logp, self.adv, self.mask, ref_logp=ref_logp,
-                    entropy=entropy, is_weights=is_weights, kind=kind, dual_clip=dual_clip,
-                    agg=agg, kl_coef=0.1, kl_kind=kl_kind, entropy_coef=0.01, **CLIPS)
+                    entropy=entropy, is_weights=is_weights, kind=kind, agg=agg, kl_coef=0.1,
+                    kl_kind=kl_kind, entropy_coef=0.01, **kind_params(kind, dual_clip))
 
             fn = self.variant(jax.value_and_grad(objective, argnums=(0, 1), has_aux=True))
             (loss, metrics), (grad_logp, grad_entropy) = fn(self.logp, entropy)
@@ -104,7 +73,7 @@ class ReferenceTest(chex.TestCase):
         """With the KL in the reward (or kl_coef 0) and entropy_coef 0 the objective is the
         policy loss alone; the entropy is still reported."""
         entropy = np.abs(floats(np.random.default_rng(3), (B, T)))
-        policy = self.variant(functools.partial(losses.policy_loss, **CLIPS))
+        policy = self.variant(functools.partial(policy_loss, **CLIPS))
         pg, pg_metrics = policy(self.logp, self.old_logp, self.adv, self.mask)
         for knobs in (dict(kl_coef=0.1, kl_in_reward=True), dict(kl_coef=0.0)):
             objective = self.variant(functools.partial(losses.rl_objective, **knobs, **CLIPS))
@@ -147,37 +116,6 @@ class ReferenceTest(chex.TestCase):
         np.testing.assert_allclose(metrics["entropy"], entropy[self.mask].mean(), **TOL)
 
 
-def test_ppo_hand_computed_and_metrics():
-    # ratios 1.5 (A=+1, clipped high -> -1.2), 0.5 (A=-1, clipped low -> 0.8),
-    # 4 (A=-1, dual-clipped -> 3), 1 (A=+1 -> -1); a masked token with ratio 100.
-    ratio = jnp.array([[1.5, 0.5, 4.0, 1.0, 100.0]])
-    logp = jnp.full((1, 5), -1.0)
-    old_logp = logp - jnp.log(ratio)
-    adv = jnp.array([[1.0, -1.0, -1.0, 1.0, 1.0]])
-    mask = jnp.array([[1, 1, 1, 1, 0]])
-    loss, m = losses.policy_loss(logp, old_logp, adv, mask, dual_clip=3.0)
-    np.testing.assert_allclose(loss, (-1.2 + 0.8 + 3.0 - 1.0) / 4, rtol=1e-6)
-    expected = dict(clipfrac=0.5, clipfrac_high=0.25, clipfrac_low=0.25, clipfrac_dual=0.25,
-                    ratio_max=4.0, ratio_min=0.5, ratio_mean=1.75, num_tokens=4.0,
-                    advantage_mean=0.0, approx_kl=-np.log([1.5, 0.5, 4.0, 1.0]).mean())
-    for key, value in expected.items():
-        np.testing.assert_allclose(m[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
-
-
-def test_aggregate_hand_computed():
-    x = jnp.array([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
-    mask = jnp.array([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
-    expected = {"token-mean": 7 / 3, "seq-mean-token-mean": (1.5 + 4) / 2,
-                "seq-mean-token-sum": 7 / 2, "seq-mean-token-sum-norm": 7 / (2 * 3)}
-    for mode, value in expected.items():
-        np.testing.assert_allclose(losses.aggregate(x, mask, mode), value, rtol=1e-6)
-    np.testing.assert_allclose(
-        losses.aggregate(x, mask, "seq-mean-token-sum-norm", norm=losses.loss_norm(mask, constant=7)),
-        7 / (2 * 7), rtol=1e-6)
-    for mode in losses.AGGREGATIONS:  # an all-masked batch aggregates to 0, never NaN
-        assert losses.aggregate(x, jnp.zeros_like(mask), mode) == 0.0
-
-
 # --------------------------------------------------------------------------- properties
 
 _AGG = "seq-mean-token-mean"
@@ -187,13 +125,13 @@ def _loss_fns(kind):
     """name -> f(logp, other, adv, mask, norm) -> scalar, differentiable in logp."""
     def policy(logp, other, adv, mask, norm):
         dual = 3.0 if kind == "ppo" else None
-        return losses.policy_loss(logp, other, adv, mask, kind=kind, agg=_AGG, norm=norm,
-                                  dual_clip=dual, **CLIPS)[0]
+        return policy_loss(logp, other, adv, mask, kind=kind, agg=_AGG, norm=norm,
+                           **kind_params(kind, dual))[0]
     return policy
 
 
 _ALL_LOSSES = {
-    **{f"policy-{kind}": _loss_fns(kind) for kind in losses.POLICY_LOSSES},
+    **{f"policy-{kind}": _loss_fns(kind) for kind in POLICY_LOSSES},
     "grpo": lambda logp, other, adv, mask, norm: losses.grpo_loss(
         logp, other, other - 0.1, adv, mask, kl_coef=0.5, agg=_AGG, norm=norm)[0],
     "objective": lambda logp, other, adv, mask, norm: losses.rl_objective(
@@ -240,8 +178,8 @@ def _policy_loss_and_grad(logp, old_logp, adv, mask, norm, kind, agg):
                 lp, old_logp, adv, mask, ref_logp=old_logp, entropy=lp,
                 is_weights=jnp.exp(old_logp), kl_coef=0.5, entropy_coef=0.1, agg=agg,
                 norm=norm, **CLIPS)[0]
-        return losses.policy_loss(lp, old_logp, adv, mask, kind=kind, agg=agg, norm=norm,
-                                  **CLIPS)[0]
+        return policy_loss(lp, old_logp, adv, mask, kind=kind, agg=agg, norm=norm,
+                           **kind_params(kind))[0]
     return jax.value_and_grad(loss_fn)(logp)
 
 
@@ -252,8 +190,8 @@ _MICRO = 2  # rows per micro-batch
 @given(logp=_token_floats, old_logp=_token_floats, adv=_token_floats,
        mask=hnp.arrays(np.bool_, (B, T)))
 def test_micro_batches_sum_to_the_full_batch(logp, old_logp, adv, mask):
-    norm = losses.loss_norm(mask, constant=20.0)
-    cases = [("ppo", mode) for mode in losses.AGGREGATIONS]
+    norm = loss_norm(mask, constant=20.0)
+    cases = [("ppo", mode) for mode in AGGREGATIONS]
     cases += [(kind, "seq-mean-token-mean")
               for kind in ("gspo", "cispo", "reinforce", "objective")]
     for kind, agg in cases:
@@ -270,14 +208,14 @@ def test_micro_batches_sum_to_the_full_batch(logp, old_logp, adv, mask):
 
 
 def test_sharded_matches_single_device(eight_devices):
-    logp, old_logp, adv, mask = _policy_inputs(3)
+    logp, old_logp, adv, mask = policy_inputs(3)
     seq_adv = adv[:, 0]
     ref_logp = old_logp - 0.1
 
     def objective(logp, old_logp, ref_logp, seq_adv, mask):
         loss, metrics = losses.grpo_loss(logp, old_logp, ref_logp, seq_adv, mask, agg=_AGG,
                                          kl_coef=0.05, **CLIPS)
-        gspo, _ = losses.policy_loss(logp, old_logp, seq_adv, mask, kind="gspo", agg=_AGG)
+        gspo, _ = policy_loss(logp, old_logp, seq_adv, mask, kind="gspo", agg=_AGG)
         return loss + gspo, metrics
 
     assert_rows_sharded_match_one_device(
@@ -286,22 +224,6 @@ def test_sharded_matches_single_device(eight_devices):
 
 def test_bad_arguments_name_the_argument():
     x = jnp.zeros((2, 3))
-    with pytest.raises(ValueError, match="kind"):
-        losses.policy_loss(x, x, x, x, kind="trpo")
-    with pytest.raises(ValueError, match="agg"):
-        losses.policy_loss(x, x, x, x, agg="sum")
-    with pytest.raises(ValueError, match="mode"):
-        losses.aggregate(x, x, "mean")
-    with pytest.raises(ValueError, match="old_logp"):
-        losses.policy_loss(x, jnp.zeros((2, 4)), x, x)
-    with pytest.raises(ValueError, match="advantages"):
-        losses.policy_loss(x, x, jnp.zeros(3), x)
-    with pytest.raises(ValueError, match="dual_clip"):
-        losses.policy_loss(x, x, x, x, kind="gspo", dual_clip=3.0)
-    with pytest.raises(ValueError, match="dual_clip"):
-        losses.policy_loss(x, x, x, x, dual_clip=1.0)
-    with pytest.raises(ValueError, match="clip_low"):
-        losses.policy_loss(x, x, x, x, clip_low=-0.1)
     with pytest.raises(ValueError, match="returns"):
         losses.value_loss(x, x, jnp.zeros(3), x)
     with pytest.raises(ValueError, match="clip"):
@@ -316,5 +238,5 @@ def test_bad_arguments_name_the_argument():
         losses.rl_objective(x, x, x, x, entropy_coef=0.1)
     with pytest.raises(ValueError, match="is_weights"):
         losses.rl_objective(x, x, x, x, is_weights=jnp.zeros((2, 4)))
-    with pytest.raises(ValueError, match="constant"):
-        losses.loss_norm(x, constant=0)
+    with pytest.raises(ValueError, match="dual_clip"):
+        losses.rl_objective(x, x, x, x, kind="cispo", dual_clip=3.0)

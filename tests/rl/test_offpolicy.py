@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from agentjax.rl import losses, offpolicy
+from agentjax.rl.aggregation import loss_norm
 from tests import reference as ref
-from tests.rl._inputs import B, T, edge_mask, floats
+from tests.rl._inputs import B, CLIPS, T, edge_mask, floats, kind_params
 from tests.sharding import assert_rows_sharded_match_one_device
 
 TOL = dict(rtol=1e-5, atol=1e-6)
-CLIPS = dict(clip_low=0.2, clip_high=0.28)
 CAP = 2.0
 
 
@@ -40,8 +40,8 @@ def _decoupled(logp, proximal, behavior, adv, mask, *, bound, kind="ppo", agg="t
     weights, is_metrics = offpolicy.importance_weights(proximal, behavior, mask, cap=CAP,
                                                        bound=bound)
     loss, metrics = losses.rl_objective(logp, proximal, adv, mask, is_weights=weights,
-                                        kind=kind, dual_clip=dual_clip, agg=agg, norm=norm,
-                                        **CLIPS)
+                                        kind=kind, agg=agg, norm=norm,
+                                        **kind_params(kind, dual_clip))
     return loss, {**metrics, **is_metrics}
 
 
@@ -164,7 +164,7 @@ def _decoupled_loss_and_grad(logp, proximal, behavior, adv, mask, norm, bound, k
 def test_micro_batches_sum_to_the_full_batch():
     # The weights are per token, so a micro-batch's are the full batch's rows.
     arrays = _inputs(2)
-    norm = losses.loss_norm(arrays[-1], constant=20.0)
+    norm = loss_norm(arrays[-1], constant=20.0)
     for bound, kind, agg in [("truncate", "ppo", "seq-mean-token-sum-norm"),
                              ("mask", "gspo", "seq-mean-token-mean")]:
         full_loss, full_grad = _decoupled_loss_and_grad(*arrays, norm, bound, kind, agg)

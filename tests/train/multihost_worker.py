@@ -23,6 +23,7 @@ from jax.experimental import multihost_utils
 
 from agentjax.core import parallel
 from agentjax.models import Decoder, ModelConfig
+from agentjax.rl import objectives
 from agentjax.train import update as step_lib
 from agentjax.config import default_config
 
@@ -67,7 +68,7 @@ def make_update(graphdef: nnx.GraphDef):
     algo = default_config().algo
     algo.kl_coef = 0.01
     algo.entropy_coef = 0.001
-    update = step_lib.build_update(step_lib.rl_loss(graphdef, algo, chunk_size=8), OPTIMIZER,
+    update = step_lib.build_update(objectives.rl_loss(graphdef, algo, chunk_size=8), OPTIMIZER,
                                    epochs=1, minibatches=2, micro_batches=2)
     return jax.jit(update)
 

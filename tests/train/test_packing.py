@@ -3,9 +3,9 @@ import numpy as np
 from flax import nnx
 
 from agentjax.models import Decoder, ModelConfig
-from agentjax.rl.losses import loss_norm
+from agentjax.rl.aggregation import loss_norm
+from agentjax.rl.objectives import sft_loss
 from agentjax.core.trajectory import Trajectory, Turn, collate
-from agentjax.train import update as step_lib
 from agentjax.train.packing import pack
 
 V = 50
@@ -29,7 +29,7 @@ def test_packed_loss_equals_one_episode_per_row():
     assert packed["segment_ids"].max() >= 2  # some row really holds several episodes
     plain = collate(trajs, buckets=(32,), pad_id=0)
     graphdef, params = nnx.split(Decoder(CONFIG, rngs=nnx.Rngs(0)))
-    loss_fn = step_lib.sft_loss(graphdef, chunk_size=32)
+    loss_fn = sft_loss(graphdef, chunk_size=32)
 
     def loss(batch):
         batch = {k: batch[k] for k in ("inputs", "targets", "positions", "segment_ids")} | {

@@ -9,6 +9,8 @@ from flax import nnx
 from agentjax.core import parallel
 from agentjax.models import Decoder, ModelConfig, ValueModel
 from agentjax.engine.jax.engine import JaxEngine
+from agentjax.rl import objectives
+from agentjax.rl.aggregation import loss_norm
 from agentjax.train import diagnostics
 from agentjax.train import update as step_lib
 from agentjax.train.precision import master_copy, model_precision
@@ -144,10 +146,10 @@ def test_policy_and_critic_forwards_compute_in_bfloat16_from_float32_params():
     config, vocab = _hf_config()
     graphdef, params = _policy(config, vocab)
     batch = _batch(vocab)
-    norm = step_lib.rl_losses.loss_norm(batch["loss_mask"])
-    policy_loss = step_lib.sft_loss(graphdef, chunk_size=8)
+    norm = loss_norm(batch["loss_mask"])
+    policy_loss = objectives.sft_loss(graphdef, chunk_size=8)
     critic_graphdef, critic_params = nnx.split(ValueModel(nnx.merge(graphdef, params)))
-    critic_loss = step_lib.value_loss_fn(critic_graphdef, config.algo)
+    critic_loss = objectives.value_loss_fn(critic_graphdef, config.algo)
     critic_batch = {**batch, "old_values": np.zeros((B, T), np.float32),
                     "returns": np.ones((B, T), np.float32)}
     for loss_fn, p, b in ((policy_loss, params, batch),

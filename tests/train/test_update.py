@@ -4,58 +4,21 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
 
 from agentjax.core import parallel
-from agentjax.models import Decoder, ModelConfig
-from agentjax.rl import preference
+from agentjax.rl import objectives
 from agentjax.train import update as step_lib
-from agentjax.config import default_config
-from agentjax.train.prepare import build_prepare, model_logprob_fn
-
-B, T, V = 8, 16, 64
-CONFIG = ModelConfig(arch="qwen2", vocab_size=V, hidden_size=16, intermediate_size=32,
-                     num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8,
-                     tie_embeddings=True, qkv_bias=True)
-
-
-def _batch(seed=0):
-    rng = np.random.default_rng(seed)
-    action = (rng.random((B, T)) < 0.5).astype(np.float32)
-    action[:, :4] = 0  # the prompt
-    action[3] = 0  # an all-masked row
-    seq_rewards = rng.integers(0, 2, B).astype(np.float32)
-    rewards = np.zeros((B, T), np.float32)
-    rewards[:, -1] = seq_rewards
-    return dict(
-        inputs=rng.integers(0, V, (B, T)).astype(np.int32),
-        targets=rng.integers(0, V, (B, T)).astype(np.int32),
-        positions=np.tile(np.arange(T, dtype=np.int32), (B, 1)),
-        segment_ids=np.ones((B, T), np.int32),
-        turn_ids=np.tile((np.arange(T) >= 4).astype(np.int32), (B, 1)),
-        action_mask=action,
-        behavior_logp=np.where(action > 0, -rng.random((B, T)) * 3, 0).astype(np.float32),
-        rewards=rewards, seq_rewards=seq_rewards,
-        group_ids=np.repeat(np.arange(2, dtype=np.int32), B // 2),
-        temperature=np.full((B,), 0.9, np.float32))
+from tests.rl._model import dpo_section, max_diff, pairs, prepared
 
 
 @pytest.fixture(scope="module")
 def setup():
-    graphdef, params = nnx.split(Decoder(CONFIG, rngs=nnx.Rngs(0)))
-    algo = default_config().algo
-    algo.kl_coef = 0.01
-    algo.entropy_coef = 0.001
-    algo.old_logp = "behavior"  # ratios != 1 so the clip paths are exercised
-    prepare = jax.jit(build_prepare(model_logprob_fn(graphdef, chunk_size=8), algo,
-                                    num_groups=2))
-    batch, _ = prepare(params, params, None, _batch())
-    return graphdef, params, algo, batch
+    return prepared()
 
 
 def _run_update(graphdef, params, algo, batch, *, micro_batches, minibatches=2):
     optimizer = optax.sgd(0.1)
-    update = step_lib.build_update(step_lib.rl_loss(graphdef, algo, chunk_size=8), optimizer,
+    update = step_lib.build_update(objectives.rl_loss(graphdef, algo, chunk_size=8), optimizer,
                                    epochs=2, minibatches=minibatches,
                                    micro_batches=micro_batches, shuffle=False)
     state = step_lib.TrainState(step=jnp.int32(0), params=params,
@@ -63,31 +26,16 @@ def _run_update(graphdef, params, algo, batch, *, micro_batches, minibatches=2):
     return jax.jit(update)(state, batch)
 
 
-def _max_diff(a, b):
-    return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(jnp.abs(x - y).max()), a, b)))
-
-
 def test_micro_batches_equal_full_batch(setup):
     graphdef, params, algo, batch = setup
     full, full_metrics = _run_update(graphdef, params, algo, batch, micro_batches=1)
     micro, micro_metrics = _run_update(graphdef, params, algo, batch, micro_batches=2)
-    assert _max_diff(full.params, micro.params) < 1e-6
+    assert max_diff(full.params, micro.params) < 1e-6
     np.testing.assert_allclose(micro_metrics["loss"], full_metrics["loss"], rtol=1e-5)
     np.testing.assert_allclose(micro_metrics["grad_norm"], full_metrics["grad_norm"], rtol=1e-5)
     assert full_metrics["grad_norm"] > 0
-    moved = _max_diff(full.params, params)
+    moved = max_diff(full.params, params)
     assert moved > 1e-4  # the update did something measurable
-
-
-def test_jit_and_eager_loss_agree(setup):
-    graphdef, params, algo, batch = setup
-    loss_fn = step_lib.rl_loss(graphdef, algo, chunk_size=8)
-    norm = step_lib.rl_losses.loss_norm(batch["loss_mask"])
-    eager_loss, eager_metrics = loss_fn(params, batch, norm)
-    jit_loss, jit_metrics = jax.jit(loss_fn)(params, batch, norm)
-    np.testing.assert_allclose(jit_loss, eager_loss, rtol=1e-5)
-    for key in eager_metrics:
-        np.testing.assert_allclose(jit_metrics[key], eager_metrics[key], rtol=1e-5, atol=1e-6)
 
 
 def test_eight_devices_equal_one(setup, eight_devices):
@@ -101,25 +49,8 @@ def test_eight_devices_equal_one(setup, eight_devices):
                      for k, v in batch.items()}
     sharded, sharded_metrics = _run_update(graphdef, sharded_params, algo, sharded_batch,
                                            micro_batches=2)
-    assert _max_diff(jax.device_get(sharded.params), single.params) < 1e-6
+    assert max_diff(jax.device_get(sharded.params), single.params) < 1e-6
     np.testing.assert_allclose(sharded_metrics["loss"], single_metrics["loss"], rtol=1e-5)
-
-
-def test_no_gradient_reaches_masked_tokens(setup):
-    graphdef, params, algo, batch = setup
-    loss_fn = step_lib.rl_loss(graphdef, algo, chunk_size=8)
-    # Changing everything at mask-0 positions (targets, old log-probs, advantages)
-    # leaves loss and gradient unchanged.
-    changed = dict(batch)
-    off = batch["loss_mask"] == 0
-    changed["targets"] = jnp.where(off, (batch["targets"] + 7) % V, batch["targets"])
-    changed["old_logp"] = jnp.where(off, -50.0, batch["old_logp"])
-    changed["advantages"] = jnp.where(off, 1e3, batch["advantages"])
-    grads_of = jax.jit(lambda p, b: step_lib.accumulate_grads(loss_fn, p, b, micro_batches=1))
-    loss_a, grads_a, _ = grads_of(params, batch)
-    loss_b, grads_b, _ = grads_of(params, changed)
-    np.testing.assert_allclose(loss_a, loss_b, rtol=1e-6)
-    assert _max_diff(grads_a, grads_b) < 1e-7
 
 
 def test_nonfinite_updates_are_refused_per_optimizer_step():
@@ -206,50 +137,11 @@ def test_update_reports_its_relative_size_and_a_frozen_policy_none():
     assert float(thawed["update/intended_rel_size"]) == pytest.approx(expected, rel=1e-6)
 
 
-P = 4  # pairs of the DPO tests: [P, 2, T] arrays, index 0 chosen, 1 rejected
-
-
-def _pairs(seed=0):
-    rng = np.random.default_rng(seed)
-    mask = (rng.random((P, 2, T)) < 0.5).astype(np.float32)
-    mask[..., :4] = 0  # the prompt
-    mask[2, 1] = 0  # a rejected side without action tokens: the pair does not count
-    return dict(inputs=rng.integers(0, V, (P, 2, T)).astype(np.int32),
-                targets=rng.integers(0, V, (P, 2, T)).astype(np.int32),
-                positions=np.tile(np.arange(T, dtype=np.int32), (P, 2, 1)),
-                segment_ids=np.ones((P, 2, T), np.int32), loss_mask=mask,
-                ref_logp=(-rng.random((P, 2, T)) * 3).astype(np.float32))
-
-
-def _dpo_section():
-    section = default_config().dpo
-    section.beta, section.kind = 0.5, "sigmoid"
-    return section
-
-
-def test_dpo_loss_is_the_preference_loss_of_each_sides_log_probs(setup):
-    graphdef, params = setup[:2]
-    batch = _pairs()
-    loss_fn = step_lib.dpo_loss(graphdef, _dpo_section(), chunk_size=8)
-    loss, metrics = jax.jit(loss_fn)(params, batch, step_lib.pair_norm(batch))
-    side = [step_lib.policy_logprobs(graphdef, params, {k: batch[k][:, i]
-                                                        for k in step_lib.PAIR_KEYS},
-                                     chunk_size=8)[0] for i in (0, 1)]
-    m = batch["loss_mask"]
-    expected, expected_metrics = preference.dpo_loss(
-        side[0], side[1], batch["ref_logp"][:, 0], batch["ref_logp"][:, 1], m[:, 0],
-        m[:, 1], beta=0.5)
-    np.testing.assert_allclose(loss, expected, rtol=1e-5)
-    assert float(step_lib.pair_norm(batch)) == 3.0
-    for key in ("reward_margin", "reward_accuracy", "logp_chosen"):
-        np.testing.assert_allclose(metrics[f"dpo/{key}"], expected_metrics[key], rtol=1e-5)
-
-
 def _run_dpo(graphdef, params, batch, *, micro_batches):
     optimizer = optax.sgd(0.1)
-    update = step_lib.build_update(step_lib.dpo_loss(graphdef, _dpo_section(), chunk_size=8),
+    update = step_lib.build_update(objectives.dpo_loss(graphdef, dpo_section(), chunk_size=8),
                                    optimizer, epochs=1, minibatches=1,
-                                   micro_batches=micro_batches, norm_fn=step_lib.pair_norm,
+                                   micro_batches=micro_batches, norm_fn=objectives.pair_norm,
                                    shuffle=False)
     state = step_lib.TrainState(step=jnp.int32(0), params=params,
                                 opt_state=optimizer.init(params), rng=jax.random.key(1))
@@ -260,22 +152,22 @@ def test_dpo_micro_batches_equal_the_full_batch(setup):
     """Each micro-batch divides by the minibatch's pair count (pair_norm), so the summed
     gradient is the full batch's although the uncounted pair sits in one half."""
     graphdef, params = setup[:2]
-    full, full_metrics = _run_dpo(graphdef, params, _pairs(), micro_batches=1)
-    micro, micro_metrics = _run_dpo(graphdef, params, _pairs(), micro_batches=2)
-    assert _max_diff(full.params, micro.params) < 1e-6
+    full, full_metrics = _run_dpo(graphdef, params, pairs(), micro_batches=1)
+    micro, micro_metrics = _run_dpo(graphdef, params, pairs(), micro_batches=2)
+    assert max_diff(full.params, micro.params) < 1e-6
     np.testing.assert_allclose(micro_metrics["loss"], full_metrics["loss"], rtol=1e-5)
-    assert full_metrics["grad_norm"] > 0 and _max_diff(full.params, params) > 1e-4
+    assert full_metrics["grad_norm"] > 0 and max_diff(full.params, params) > 1e-4
 
 
 def test_dpo_on_eight_devices_equals_one(setup, eight_devices):
     """Pairs [P, 2, T] sharded by rows, as the trainer places them (row sharding for
     arrays that are not [B, T])."""
     graphdef, params = setup[:2]
-    single, single_metrics = _run_dpo(graphdef, params, _pairs(), micro_batches=2)
+    single, single_metrics = _run_dpo(graphdef, params, pairs(), micro_batches=2)
     mesh = parallel.make_mesh({"data": 4, "fsdp": 1, "tensor": 2}, devices=eight_devices)
     rows = parallel.batch_sharding(mesh, logical_axes=("batch",))
     sharded, sharded_metrics = _run_dpo(
         graphdef, parallel.shard_params(params, mesh),
-        {k: jax.device_put(v, rows) for k, v in _pairs().items()}, micro_batches=1)
-    assert _max_diff(jax.device_get(sharded.params), single.params) < 1e-6
+        {k: jax.device_put(v, rows) for k, v in pairs().items()}, micro_batches=1)
+    assert max_diff(jax.device_get(sharded.params), single.params) < 1e-6
     np.testing.assert_allclose(sharded_metrics["loss"], single_metrics["loss"], rtol=1e-5)

@@ -38,6 +38,7 @@ from agentjax.core import atomic
 from agentjax.core.trajectory import collate
 from agentjax.data.offline_jsonl import read_episodes, read_pairs, write_episodes, write_pairs
 from agentjax.engine.protocol import SamplingParams
+from agentjax.rl import objectives
 from agentjax.core.registry import Registry
 from agentjax.train import update as step_lib
 from agentjax.train.fit import Hook, Loop, fit, micro_batches
@@ -67,8 +68,8 @@ class OfflineStage:
       prepare: (state, device batch) -> device batch, before the update (None: none).
     """
 
-    loss_fn: step_lib.LossFn
-    norm_fn: step_lib.NormFn | None
+    loss_fn: objectives.LossFn
+    norm_fn: objectives.NormFn | None
     window: int
     collect: Callable[[Any, int], tuple[list, dict]]
     make_batch: Callable[[list, int], tuple[dict, int]]
@@ -185,7 +186,7 @@ def rft_stage(ctx: _Context) -> OfflineStage:
         return next_token_batch(items, seed=config.seed, cursor=cursor, rows=rft.batch_size,
                                 length=config.rollout.max_tokens, pad_id=tokenizer.pad_token_id)
 
-    return OfflineStage(step_lib.sft_loss(ctx.policy.graphdef,
+    return OfflineStage(objectives.sft_loss(ctx.policy.graphdef,
                                           chunk_size=config.model.logprob_chunk),
                         None, window, collect, make_batch)
 
@@ -234,19 +235,19 @@ def dpo_stage(ctx: _Context) -> OfflineStage:
                        buckets=buckets, pad_id=tokenizer.pad_token_id)
         size = dpo.batch_size
         batch = {k: np.stack([rows[k][:size], rows[k][size:]], axis=1)
-                 for k in step_lib.PAIR_KEYS}
+                 for k in objectives.PAIR_KEYS}
         batch["loss_mask"] = np.stack([rows["action_mask"][:size],
                                        rows["action_mask"][size:]], axis=1)
         return batch, size
 
     reference_logprobs = jax.jit(functools.partial(
-        step_lib.pair_logprobs, graphdef, chunk_size=config.model.logprob_chunk))
+        objectives.pair_logprobs, graphdef, chunk_size=config.model.logprob_chunk))
 
     def prepare(state, batch):
         return {**batch, "ref_logp": reference_logprobs(state.ref_params, batch)}
 
-    return OfflineStage(step_lib.dpo_loss(graphdef, dpo, chunk_size=config.model.logprob_chunk),
-                        step_lib.pair_norm, window, collect, make_batch, prepare)
+    return OfflineStage(objectives.dpo_loss(graphdef, dpo, chunk_size=config.model.logprob_chunk),
+                        objectives.pair_norm, window, collect, make_batch, prepare)
 
 
 # config.choices.STAGES after SFT other than "rl", and the pair levels of each dpo.pairs.

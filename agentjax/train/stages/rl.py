@@ -39,12 +39,14 @@ from agentjax.agents.sources import GROUPS_LOG, make_source
 from agentjax.core.trajectory import collate
 from agentjax.data.curriculum import make_sampler
 from agentjax.models import ValueModel
+from agentjax.rl import objectives
+from agentjax.rl.advantages import needs_critic
+from agentjax.rl.prepare import build_prepare, critic_value_fn, model_logprob_fn
 from agentjax.train import diagnostics, update as step_lib
 from agentjax.train.fit import Hook, Loop, fit, micro_batches
 from agentjax.train.metrics import StepLog
 from agentjax.train.policy import HF_DIR, Policy
 from agentjax.train.precision import master_copy
-from agentjax.train.prepare import build_prepare, critic_value_fn, model_logprob_fn
 from agentjax.train.rollouts import Rollouts, temperature_at
 from agentjax.train.runtime import Runtime
 
@@ -85,7 +87,7 @@ def init_rl_state(config: ml_collections.ConfigDict, graphdef: nnx.GraphDef, par
         grad_clip=config.optim.grad_clip)
     critic_graphdef = critic_optimizer = critic_params = critic_opt_state = None
     params = master_copy(params)
-    if algo.advantage == "gae":
+    if needs_critic(algo.advantage):
         critic = ValueModel(nnx.merge(graphdef, _copy(params)))
         critic_graphdef, critic_params = nnx.split(critic)
         critic_optimizer = optax.chain(optax.clip_by_global_norm(config.optim.grad_clip),
@@ -108,8 +110,8 @@ def build_rl_update(config: ml_collections.ConfigDict, runtime: Runtime, graphde
     algo = config.algo
     state, optimizer, critic_graphdef, critic_optimizer = init_rl_state(config, graphdef, params)
     rows = config.rollout.prompts_per_step * config.rollout.group_size
-    policy_loss = step_lib.rl_loss(graphdef, algo, chunk_size=config.model.logprob_chunk)
-    critic_loss = (step_lib.value_loss_fn(critic_graphdef, algo) if critic_graphdef
+    policy_loss = objectives.rl_loss(graphdef, algo, chunk_size=config.model.logprob_chunk)
+    critic_loss = (objectives.value_loss_fn(critic_graphdef, algo) if critic_graphdef
                    else None)
     update, state = runtime.jit_update(step_lib.build_update(
         policy_loss, optimizer, epochs=algo.ppo_epochs, minibatches=algo.minibatches,
@@ -120,7 +122,7 @@ def build_rl_update(config: ml_collections.ConfigDict, runtime: Runtime, graphde
     prepare = jax.jit(build_prepare(
         model_logprob_fn(graphdef, chunk_size=config.model.logprob_chunk), algo,
         num_groups=config.rollout.prompts_per_step,
-        mask_observations=not config.env.loss_on_observations,
+        loss_on_observations=config.env.loss_on_observations,
         value_fn=critic_value_fn(critic_graphdef) if critic_graphdef else None,
         offpolicy_metrics=config.rollout.mode == "async"))
     return state, update, prepare

@@ -19,6 +19,7 @@ import numpy as np
 
 from agentjax.core.trajectory import Trajectory
 from agentjax.envs.registry import TaskSuite
+from agentjax.rl import objectives
 from agentjax.train import update as step_lib
 from agentjax.train.fit import Loop, fit, micro_batches
 from agentjax.train.packing import pack
@@ -120,7 +121,7 @@ def fit_next_token(config: ml_collections.ConfigDict, runtime: Runtime, policy: 
                                 opt_state=optimizer.init(params),
                                 rng=jax.random.key(config.seed))
     update, state = runtime.jit_update(step_lib.build_update(
-        step_lib.sft_loss(policy.graphdef, chunk_size=config.model.logprob_chunk), optimizer,
+        objectives.sft_loss(policy.graphdef, chunk_size=config.model.logprob_chunk), optimizer,
         epochs=1, minibatches=1,
         micro_batches=micro_batches(section.batch_size, config.algo.microbatch_size)), state)
     cursor = 0

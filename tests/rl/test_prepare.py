@@ -1,6 +1,7 @@
-"""`prepare` without a model: a fake log-prob function returns fixed arrays, so every
-branch (loss mask, old log-probs, TIS weights, KL in the reward or the loss, GAE with a
-critic, each advantage estimator, padding rows, metrics) has hand-computed expectations.
+"""agentjax.rl.prepare without a model: a fake log-prob function returns fixed arrays, so
+every branch (loss mask, old log-probs, TIS weights, KL in the reward or the loss, GAE
+with a critic, each advantage estimator, padding rows, metrics) has hand-computed
+expectations.
 
 The batch: 4 episodes in 2 groups plus one padding row (group id -1). Positions 0-1 are
 the prompt, 2-5 the response; action tokens are marked 1, the other response tokens are
@@ -12,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentjax.config import default_config
-from agentjax.train.prepare import build_prepare
+from agentjax.config.schema import default_config
+from agentjax.rl.prepare import build_prepare
 from tests import reference as ref
 
 B, T = 5, 6
@@ -27,7 +28,7 @@ ACTION = np.array([
     [0, 0, 1, 1, 0, 1],
     [0, 0, 0, 0, 0, 0],  # padding
 ], np.float32)
-# Every real token after the prompt: the loss mask when observations are not masked.
+# Every real token after the prompt: the loss mask with loss_on_observations.
 RESPONSE = np.array([[0, 0, 1, 1, 1, 1]] * 4 + [[0] * 6], np.float32)
 GROUP_IDS = np.array([0, 0, 1, 1, -1], np.int32)
 # Scores 1, 0 | 2, 0.5 | 3 (the padding row's reward must be ignored).
@@ -72,13 +73,13 @@ def make_algo(**overrides):
 
 @pytest.fixture(params=[False, True], ids=["eager", "jit"])
 def run(request):
-    """run(algo, batch=None, mask_observations=True, value_fn=None, critic_params=None,
+    """run(algo, batch=None, loss_on_observations=False, value_fn=None, critic_params=None,
     offpolicy_metrics=False)."""
 
-    def run(algo, batch=None, *, mask_observations=True, value_fn=None, critic_params=None,
-            offpolicy_metrics=False):
+    def run(algo, batch=None, *, loss_on_observations=False, value_fn=None,
+            critic_params=None, offpolicy_metrics=False):
         prepare = build_prepare(fake_logprob_fn, algo, num_groups=NUM_GROUPS,
-                                mask_observations=mask_observations, value_fn=value_fn,
+                                loss_on_observations=loss_on_observations, value_fn=value_fn,
                                 offpolicy_metrics=offpolicy_metrics)
         if request.param:
             prepare = jax.jit(prepare)
@@ -98,12 +99,12 @@ def per_row(values, mask):
 DR_GRPO = [0.5, -0.5, 0.75, -0.75, 0.0]
 
 
-def test_mask_observations(run):
+def test_loss_on_observations(run):
     out, _ = run(make_algo())
     np.testing.assert_array_equal(out["loss_mask"], ACTION)
     np.testing.assert_allclose(out["advantages"], per_row(DR_GRPO, ACTION), **TOL)
 
-    out, metrics = run(make_algo(), mask_observations=False)
+    out, metrics = run(make_algo(), loss_on_observations=True)
     np.testing.assert_array_equal(out["loss_mask"], RESPONSE)
     # Observation tokens enter the loss with their episode's advantage...
     np.testing.assert_allclose(out["advantages"], per_row(DR_GRPO, RESPONSE), **TOL)
@@ -115,7 +116,7 @@ def test_mask_observations(run):
 
 
 def test_old_logp_behavior_and_recompute(run):
-    out, _ = run(make_algo(old_logp="behavior"), mask_observations=False)
+    out, _ = run(make_algo(old_logp="behavior"), loss_on_observations=True)
     # The engine's log-probs on action tokens, the trainer's on observation tokens.
     np.testing.assert_allclose(out["old_logp"], np.where(ACTION > 0, BEHAVIOR, CURRENT), **TOL)
     assert "is_weights" not in out
@@ -131,7 +132,7 @@ def test_recomputed_log_probs_use_the_rollout_temperature(run):
 
 
 def test_truncated_importance_weights(run):
-    out, _ = run(make_algo(old_logp="recompute", tis_cap=2.0), mask_observations=False)
+    out, _ = run(make_algo(old_logp="recompute", tis_cap=2.0), loss_on_observations=True)
     # min(pi_trainer / pi_engine, 2) per action token: 3 and exp(30) are capped at 2.
     expected = np.ones((B, T), np.float32)
     expected[ACTION > 0] = [0.5, 1.5, 2.0, 1.0, 2.0, 1.5, 0.5, 1.0, 1.0, 2.0]
@@ -244,3 +245,13 @@ def test_gae_without_a_critic_is_a_setup_error():
     with pytest.raises(ValueError, match="value_fn"):
         build_prepare(fake_logprob_fn, make_algo(name="ppo", advantage="gae"),
                       num_groups=NUM_GROUPS)
+
+
+def test_critic_free_estimators_add_no_critic_arrays(run):
+    out, _ = run(make_algo(advantage="rloo"))
+    assert not {"returns", "old_values"} & set(out)
+
+
+def test_an_unknown_estimator_is_a_setup_error():
+    with pytest.raises(ValueError, match="unknown advantage estimator 'remax'; registered"):
+        build_prepare(fake_logprob_fn, make_algo(advantage="remax"), num_groups=NUM_GROUPS)

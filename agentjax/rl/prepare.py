@@ -4,11 +4,13 @@
 
     prepare(params, ref_params, critic_params, batch) -> (batch, metrics)
 
-that adds to a collated batch everything `step.update` reads: `loss_mask`, `old_logp`,
-`ref_logp`, `advantages` (and for PPO `old_values`, `returns`), `is_weights`. All
-advantages are computed on the full batch before any minibatching. The model enters only
-through `logprob_fn` (and `value_fn` for a critic), so every branch can be tested with
-fixed arrays; `model_logprob_fn` and `critic_value_fn` build them from graphdefs.
+that adds to a collated batch everything the update's losses (`rl.objectives`) read:
+`loss_mask`, `old_logp`, `ref_logp`, `advantages` (and with a critic `old_values`,
+`returns`), `is_weights`. All advantages are computed on the full batch before any
+minibatching, by the estimator `algo.advantage` names (`advantages.ADVANTAGES`). The
+model enters only through `logprob_fn` (and `value_fn` for a critic), so every branch can
+be tested with fixed arrays; `model_logprob_fn` and `critic_value_fn` build them from
+graphdefs.
 """
 from __future__ import annotations
 
@@ -18,11 +20,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from agentjax.rl import advantages as adv_lib
 from agentjax.rl import kl as kl_lib
-from agentjax.rl.losses import masked_mean
+from agentjax.rl.advantages import ADVANTAGES, needs_critic
+from agentjax.rl.aggregation import masked_mean
+from agentjax.rl.objectives import policy_logprobs
 from agentjax.rl.offpolicy import importance_weights
-from agentjax.train.update import policy_logprobs
 
 # (params, batch, temperature) -> (logp, entropy), both [B, T] for batch["targets"].
 LogprobFn = Callable[[Any, dict, jax.Array], tuple[jax.Array, jax.Array]]
@@ -31,7 +33,7 @@ ValueFn = Callable[[Any, dict], jax.Array]
 
 
 def model_logprob_fn(graphdef: nnx.GraphDef, *, chunk_size: int) -> LogprobFn:
-    """The policy's `LogprobFn`: `step.policy_logprobs` with chunked logits."""
+    """The policy's `LogprobFn`: `objectives.policy_logprobs` with chunked logits."""
 
     def logprob_fn(params, batch, temperature):
         return policy_logprobs(graphdef, params, batch, chunk_size=chunk_size,
@@ -50,42 +52,30 @@ def critic_value_fn(critic_graphdef: nnx.GraphDef) -> ValueFn:
     return value_fn
 
 
-def loss_mask(batch: dict, *, mask_observations: bool) -> jax.Array:
-    """Tokens that enter the loss: the action tokens, or — for the observation-masking
-    ablation — every real token after the prompt, observations included."""
-    if mask_observations:
+def loss_mask(batch: dict, *, loss_on_observations: bool) -> jax.Array:
+    """Tokens that enter the loss: the action tokens, or — with `loss_on_observations`,
+    the observation-masking ablation — every real token after the prompt, observations
+    included."""
+    if not loss_on_observations:
         return batch["action_mask"]
     return ((batch["turn_ids"] > 0) & (batch["segment_ids"] > 0)).astype(jnp.float32)
 
 
-def sequence_advantages(kind: str, scores: jax.Array, group_ids: jax.Array, num_groups: int,
-                        mask: jax.Array, token_rewards: jax.Array, *, gamma: float):
-    """[B, T] advantages of the critic-free estimators (GRPO family, RLOO, REINFORCE++)."""
-    if kind in ("grpo", "dr_grpo"):
-        seq = adv_lib.grpo(scores, group_ids, num_groups, norm_by_std=kind == "grpo")
-        return adv_lib.broadcast_to_tokens(seq, mask)
-    if kind == "rloo":
-        return adv_lib.broadcast_to_tokens(adv_lib.rloo(scores, group_ids, num_groups), mask)
-    if kind == "reinforce_pp":
-        return adv_lib.reinforce_plus_plus(token_rewards, mask, gamma=gamma)
-    if kind == "reinforce_pp_baseline":
-        return adv_lib.reinforce_plus_plus_baseline(scores, group_ids, num_groups, mask)
-    raise ValueError(f"unknown advantage estimator {kind!r}")
-
-
 def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
-                  mask_observations: bool = True, value_fn: ValueFn | None = None,
+                  loss_on_observations: bool = False, value_fn: ValueFn | None = None,
                   offpolicy_metrics: bool = False):
     """Returns `prepare(params, ref_params, critic_params, batch) -> (batch, metrics)`.
 
     Args:
       logprob_fn: (params, batch, temperature) -> (logp, entropy) [B, T] of
         batch["targets"]; the reference policy is `logprob_fn` at `ref_params`.
-      algo: the `config.algo` section.
+      algo: the `config.algo` section (a Mapping; the estimator `algo.advantage` reads
+        its own hyperparameters from it).
       num_groups: static number of groups (prompts) per batch; padding rows carry group
         id -1 and get zero advantage.
-      mask_observations: False puts observation tokens into the loss (ablation).
-      value_fn: (critic_params, batch) -> values [B, T]; required for advantage="gae".
+      loss_on_observations: True puts observation tokens into the loss (ablation).
+      value_fn: (critic_params, batch) -> values [B, T]; required for an estimator with
+        a critic (`advantages.needs_critic`: "gae").
       offpolicy_metrics: also return the importance weights' metrics (is_ratio_mean,
         is_ratio_max, is_weight_mean, is_clipfrac: `rl.offpolicy.importance_weights`)
         when old_logp="recompute" and tis_cap > 0 (asynchronous runs log them).
@@ -97,13 +87,15 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
     action tokens; kl_ref (KL(old || ref) over loss tokens) with a KL term; value_mean with
     a critic; advantage_abs_mean over loss tokens.
     """
-    if algo.advantage == "gae" and value_fn is None:
-        raise ValueError("advantage='gae' needs a critic: pass value_fn")
+    estimator = ADVANTAGES.get(algo.advantage)
+    critic = needs_critic(algo.advantage)
+    if critic and value_fn is None:
+        raise ValueError(f"advantage={algo.advantage!r} needs a critic: pass value_fn")
     need_ref = algo.kl_coef > 0
 
     def prepare(params, ref_params, critic_params, batch):
         batch = dict(batch)
-        mask = loss_mask(batch, mask_observations=mask_observations)
+        mask = loss_mask(batch, loss_on_observations=loss_on_observations)
         action = batch["action_mask"]
         temperature = batch["temperature"][0]
         metrics = {}
@@ -131,18 +123,16 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
             metrics["kl_ref"] = masked_mean(kl_tokens, mask)
             if algo.kl_in_reward:
                 token_rewards = token_rewards - algo.kl_coef * kl_tokens
-        scores = token_rewards.sum(axis=1)
-        if algo.advantage == "gae":
+        values = None
+        if critic:
             values = jax.lax.stop_gradient(value_fn(critic_params, batch))
-            advantages, returns = adv_lib.gae(token_rewards, values, mask, gamma=algo.gamma,
-                                              lam=algo.lam)
-            batch["advantages"] = adv_lib.whiten(advantages, mask)
-            batch["returns"], batch["old_values"] = returns, values
+            batch["old_values"] = values
             metrics["value_mean"] = masked_mean(values, mask)
-        else:
-            batch["advantages"] = sequence_advantages(
-                algo.advantage, scores, batch["group_ids"], num_groups, mask, token_rewards,
-                gamma=algo.gamma)
+        estimate = estimator(token_rewards, mask, batch["group_ids"], values,
+                             num_groups=num_groups, params=algo)
+        batch["advantages"] = estimate.advantages
+        if estimate.returns is not None:
+            batch["returns"] = estimate.returns
         batch["loss_mask"] = mask
         metrics["advantage_abs_mean"] = masked_mean(jnp.abs(batch["advantages"]), mask)
         return batch, metrics
