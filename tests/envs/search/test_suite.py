@@ -12,7 +12,7 @@ import pytest
 
 from agentjax.envs.search.env import DEFAULT_INSTRUCTION, SHORT_INSTRUCTION
 from agentjax.rewards.judge import JudgeError
-from agentjax.config import schema as config_lib
+from agentjax import config as config_lib
 from agentjax.config import presets
 from agentjax.envs import registry as suites
 from agentjax.envs.search import suite as search_suite
