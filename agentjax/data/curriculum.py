@@ -21,6 +21,7 @@ from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from agentjax.core.registry import Registry
 from agentjax.core.task import Task
 
 
@@ -262,12 +263,12 @@ class FailureBufferSampler(_Base):
         self.buffer = {k: float(v) for k, v in state["buffer"]}
 
 
-SAMPLERS = {"uniform": UniformSampler, "learnability": LearnabilitySampler,
-            "failure_buffer": FailureBufferSampler}
+SAMPLERS: Registry[Callable[..., Sampler]] = Registry("curriculum sampler")
+SAMPLERS.register("uniform")(UniformSampler)
+SAMPLERS.register("learnability")(LearnabilitySampler)
+SAMPLERS.register("failure_buffer")(FailureBufferSampler)
 
 
 def make_sampler(name: str, tasks: Sequence[Task], **kwargs: Any) -> Sampler:
     """The sampler registered as `name` ("uniform", "learnability", "failure_buffer")."""
-    if name not in SAMPLERS:
-        raise ValueError(f"unknown curriculum sampler {name!r}; known: {sorted(SAMPLERS)}")
-    return SAMPLERS[name](tasks, **kwargs)
+    return SAMPLERS.get(name)(tasks, **kwargs)
