@@ -5,7 +5,8 @@ of errors and samples, and held-out evaluation.
     rollouts = Rollouts.build(config, runtime, policy, suite)
     rollouts.sync_weights(params, version)            # the engine samples with params
     groups = rollouts.pool.collect_sync(tasks, G, sampling=rollouts.sampling(step))
-    rollouts.inspect(groups, step, first=True, stage="rl")   # errors.jsonl, samples/
+    rollouts.inspect(episodes, step, stage="rl", where=f"RL step {step}",
+                     fatal=True)                      # errors.jsonl, samples/
     metrics = rollouts.evaluate(params, "eval")
     rollouts.close()
 """
