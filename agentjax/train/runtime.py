@@ -11,6 +11,7 @@ Nothing here knows about models, rollouts or algorithms; every stage gets a Runt
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Iterable
@@ -88,10 +89,14 @@ class Runtime:
 
     # ------------------------------------------------------------------ devices
 
+    @functools.cached_property
+    def _token_and_row_shardings(self):
+        return (parallel.batch_sharding(self.mesh, self.rules),
+                parallel.batch_sharding(self.mesh, self.rules, ("batch",)))
+
     def batch_shardings(self, batch: dict) -> dict:
         """The rules' sharding of each batch array: [B, T] arrays and [B] rows."""
-        tokens = parallel.batch_sharding(self.mesh, self.rules)
-        rows = parallel.batch_sharding(self.mesh, self.rules, ("batch",))
+        tokens, rows = self._token_and_row_shardings
         return {k: tokens if v.ndim == 2 else rows for k, v in batch.items()}
 
     def device_batch(self, batch: dict) -> dict:
