@@ -20,6 +20,7 @@ from agentjax.config.choices import (
     ADVANTAGES,
     AGGREGATIONS,
     ARCHS,
+    ATTENTION_IMPLS,
     CURRICULA,
     DATA_SOURCES,
     DPO_KINDS,
@@ -133,8 +134,14 @@ MODEL = Section(
         "exports. Params and optimizer state are float32 master weights whatever it is "
         "(no param-dtype key: a bfloat16 weight ignores any update under 2^-9 of itself, "
         "so lr 1e-6 would train nothing)"),
-    Key("remat", "none", Choice(REMAT_POLICIES), "what the backward pass recomputes "
-        "rather than stores (models/decoder.py: remat_policy)"),
+    Key("remat", "auto", Choice(REMAT_POLICIES), "what the backward pass recomputes "
+        "rather than stores (models/decoder.py: remat_policy); 'auto': nothing below "
+        "4,096 tokens, each layer's activations but its input and attention output above"),
+    Key("attention", "auto", Choice(ATTENTION_IMPLS), "the full-sequence attention "
+        "(models/attention.py): 'auto' is cuDNN flash on GPU, splash on TPU, blockwise "
+        "elsewhere, and the dense T x T product for short sequences"),
+    Key("attention_block", 512, POSITIVE, "query / key block length of the blockwise "
+        "attention (sequences are padded to a multiple inside)"),
     Key("logprob_chunk", 1024, POSITIVE, "tokens whose logits are computed at once for "
         "log-probs and losses (the whole [T, vocab] logits never materialize)"),
 )
@@ -371,6 +378,9 @@ ALGO = Section(
     Key("microbatch_size", 0, Integer(1, special=((0, "the whole minibatch"),)),
         "sequences per forward-backward, gradients accumulated; 0: the whole minibatch "
         "at once"),
+    Key("micro_tokens", 0, Integer(1, special=((0, "micro-batches by rows"),)),
+        "tokens per forward-backward: a minibatch's episodes are packed into micro-batches "
+        "of this many tokens (replaces algo.microbatch_size); 0: micro-batches by rows"),
     Key("old_logp", "recompute", Choice(OLD_LOGP), "the old policy's log-probs: "
         "recomputed by the trainer, or the engine's ('behavior')"),
     Key("tis_cap", 2.0, Real("(0, inf)", special=OFF), "old_logp='recompute': the "

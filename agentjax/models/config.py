@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from agentjax.config.choices import ARCHS, REMAT_POLICIES
+from agentjax.config.choices import ARCHS, ATTENTION_IMPLS, REMAT_POLICIES
 
 # HF `model_type` -> (our arch name, HF architectures entry).
 _ARCHS = {
@@ -114,6 +114,9 @@ class ModelConfig:
       dtype: compute dtype of activations and matmuls; norms, softmax and logits are
         always computed in float32.
       remat: rematerialization policy of each layer, one of REMAT_POLICIES.
+      attention: implementation of the full-sequence attention, one of ATTENTION_IMPLS
+        (models/attention.py).
+      attention_block: query / key block length of the blockwise attention.
     """
 
     arch: str
@@ -136,7 +139,9 @@ class ModelConfig:
     pad_token_id: int | None = None
     param_dtype: str = "float32"
     dtype: str = "float32"
-    remat: str = "none"
+    remat: str = "auto"
+    attention: str = "auto"
+    attention_block: int = 512
 
     def __post_init__(self):
         if self.arch not in _ARCHS:
@@ -154,6 +159,11 @@ class ModelConfig:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
+        if self.attention not in ATTENTION_IMPLS:
+            raise ValueError(f"attention must be one of {ATTENTION_IMPLS}, "
+                             f"got {self.attention!r}")
+        if self.attention_block <= 0:
+            raise ValueError(f"attention_block must be positive, got {self.attention_block}")
         # Normalise dtypes and id lists so the config stays hashable and comparable.
         object.__setattr__(self, "param_dtype", _dtype_name(self.param_dtype))
         object.__setattr__(self, "dtype", _dtype_name(self.dtype))

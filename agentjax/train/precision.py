@@ -14,7 +14,9 @@ import ml_collections
 def model_precision(config: ml_collections.ConfigDict) -> dict[str, str]:
     """ModelConfig fields of the trainer's policy: float32 params (the master weights
     the optimizer updates), computed in config.model.dtype."""
-    return dict(param_dtype="float32", dtype=config.model.dtype, remat=config.model.remat)
+    m = config.model
+    return dict(param_dtype="float32", dtype=m.dtype, remat=m.remat, attention=m.attention,
+                attention_block=m.attention_block)
 
 
 def master_copy(params):
