@@ -141,7 +141,7 @@ class ModelConfig:
     dtype: str = "float32"
     remat: str = "auto"
     attention: str = "auto"
-    attention_block: int = 512
+    attention_block: int = 256
 
     def __post_init__(self):
         if self.arch not in _ARCHS:

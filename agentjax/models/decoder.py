@@ -38,9 +38,11 @@ Pure-functional idiom for jit / optax / sharding — the trainer keeps `params` 
 Parameters live stacked over layers (leading axis `layers`) and the layers run under
 `jax.lax.scan`, so compile time does not grow with depth; each layer is rematerialized
 per `config.remat`. Every Param carries `logical_axes` metadata (core/parallel.py). Norms,
-softmax and logits are float32 whatever `config.dtype` is. The layer primitives (RoPE,
-masks, attention over a segment or a KV cache) live here too: the training forward and
-the engine's cached decode share them.
+softmax and logits are float32 whatever `config.dtype` is. Without a cache, attention is
+`attention.segment_attention` (`config.attention`: dense for short sequences, blockwise or
+a kernel with memory linear in T for long ones); with one, the dense `attention` over the
+cache slots. RoPE and norms live here, shared by the training forward and the engine's
+cached decode.
 """
 from __future__ import annotations
 
@@ -52,12 +54,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from agentjax.models.attention import (ATTENTION_RESIDUALS, accumulation_dtype, attention, cache_mask,
+                                       layer_cache_attention, segment_attention)
 from agentjax.models.cache import KVCache, LayerKVCache, write_slots
 from agentjax.models.config import ModelConfig
 from agentjax.core.parallel import LogicalSharding, constrain
 
 _INIT_STD = 0.02  # HF `initializer_range` default for these families
-_MASKED = -1e30   # finite, so fully masked (padding) query rows give no NaN
 
 
 def layer_param_specs(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple, str]]:
@@ -104,7 +107,9 @@ def remat_policy(name: str, seq_len: int):
     """The `jax.checkpoint` policy of a `ModelConfig.remat` name for sequences of
     `seq_len` tokens (None: no remat).
 
-    "full" saves nothing (recompute the whole layer), "dots" saves every matmul output,
+    "full" saves only the blockwise attention's output and log-sum-exp (the layer is
+    recomputed from its input, but the backward does not run the attention's forward
+    loop again: a 8k-token step took half the time), "dots" saves every matmul output,
     "dots_no_batch" saves weight matmuls but recomputes attention scores; "auto" is
     "none" below AUTO_REMAT_TOKENS and "full" from there.
     """
@@ -113,15 +118,10 @@ def remat_policy(name: str, seq_len: int):
     policies = jax.checkpoint_policies
     return {
         "none": None,
-        "full": policies.nothing_saveable,
+        "full": policies.save_only_these_names(ATTENTION_RESIDUALS),
         "dots": policies.checkpoint_dots,
         "dots_no_batch": policies.dots_with_no_batch_dims_saveable,
     }[name]
-
-
-def _accumulation_dtype(dtype) -> jnp.dtype:
-    """float32, or wider when the compute dtype is wider (float64 checks)."""
-    return jnp.promote_types(dtype, jnp.float32)
 
 
 def over_leading_axes(param: jax.Array, x: jax.Array) -> jax.Array:
@@ -132,7 +132,7 @@ def over_leading_axes(param: jax.Array, x: jax.Array) -> jax.Array:
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """x / rms(x) * weight over the last axis, in (at least) float32; returns x's dtype."""
-    acc = _accumulation_dtype(x.dtype)
+    acc = accumulation_dtype(x.dtype)
     xa = x.astype(acc)
     normed = xa * jax.lax.rsqrt(jnp.mean(xa * xa, axis=-1, keepdims=True) + eps)
     return (over_leading_axes(weight.astype(acc), normed) * normed).astype(x.dtype)
@@ -151,85 +151,10 @@ def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     """Rotates x [B, T, heads, head_dim] by the tables [B, T, head_dim]."""
     half = x.shape[-1] // 2
-    xa = x.astype(_accumulation_dtype(x.dtype))
+    xa = x.astype(accumulation_dtype(x.dtype))
     rotated = jnp.concatenate([-xa[..., half:], xa[..., :half]], axis=-1)
     out = xa * cos[:, :, None, :] + rotated * sin[:, :, None, :]
     return out.astype(x.dtype)
-
-
-def segment_mask(segment_ids: jax.Array) -> jax.Array:
-    """[B, T, T] bool: query t sees key s <= t of the same nonzero segment."""
-    t = segment_ids.shape[1]
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    real = (segment_ids != 0)[:, :, None]
-    causal = jnp.tril(jnp.ones((t, t), bool))[None]
-    return same & real & causal
-
-
-def cache_mask(slots: jax.Array, max_len: int) -> jax.Array:
-    """[B, T, max_len] bool: a new token at slot s sees cache slots <= s (padding,
-    slot -1, sees nothing)."""
-    return jnp.arange(max_len)[None, None, :] <= slots[:, :, None]
-
-
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query softmax attention.
-
-    Args:
-      q: [B, T, H, hd] queries.
-      k, v: [B, K, S, hd] keys / values (the cache layout, so a decode step reads the
-        cache without transposing it), H a multiple of K (query head h reads kv head
-        h // (H // K), as HF's repeat_kv).
-      mask: [B, T, S] bool, True where query t may attend key s.
-
-    Returns:
-      [B, T, H, hd] in q's dtype; scores and softmax are float32.
-    """
-    b, t, h, hd = q.shape
-    q = _grouped_queries(q, k.shape[1])
-    scores = jnp.einsum("btkgd,bksd->bkgts", q, k,
-                        preferred_element_type=_accumulation_dtype(q.dtype))
-    probs = _masked_softmax(scores, mask).astype(v.dtype)
-    out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
-    return out.reshape(b, t, h, hd)
-
-
-def layer_cache_attention(q: jax.Array, k_t: jax.Array, v: jax.Array,
-                          mask: jax.Array) -> jax.Array:
-    """`attention` over one layer of a `LayerKVCache` (keys stored transposed).
-
-    Both products are batched over (row, kv head) with the queries of a group as the
-    matrix rows and no transposed operand or output: XLA:CPU ran `attention`'s
-    [B, T, K, G, hd]-ordered output as tiny strided matmuls, 2.5x slower on a decode
-    step at 576 slots.
-
-    Args:
-      q: [B, T, H, hd] queries.
-      k_t: [B, K, hd, S] keys.
-      v: [B, K, S, hd] values.
-      mask: [B, T, S] bool, True where query t may attend key s.
-
-    Returns:
-      [B, T, H, hd] in q's dtype; scores and softmax are float32.
-    """
-    b, t, h, hd = q.shape
-    q = _grouped_queries(q, k_t.shape[1]).transpose(0, 2, 3, 1, 4)        # [B, K, G, T, hd]
-    scores = jnp.einsum("bkgtd,bkds->bkgts", q, k_t.astype(q.dtype),
-                        preferred_element_type=_accumulation_dtype(q.dtype))
-    probs = _masked_softmax(scores, mask).astype(q.dtype)
-    out = jnp.einsum("bkgts,bksd->bkgtd", probs, v.astype(q.dtype))
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
-
-
-def _grouped_queries(q: jax.Array, kv_heads: int) -> jax.Array:
-    """Scaled queries [B, T, K, G, hd] grouped by the kv head they read."""
-    b, t, h, hd = q.shape
-    return q.reshape(b, t, kv_heads, h // kv_heads, hd) * jnp.asarray(hd ** -0.5, q.dtype)
-
-
-def _masked_softmax(scores: jax.Array, mask: jax.Array) -> jax.Array:
-    """Softmax over the slots of scores [B, K, G, T, S] where mask [B, T, S] allows."""
-    return jax.nn.softmax(jnp.where(mask[:, None, None], scores, _MASKED), axis=-1)
 
 
 def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
@@ -333,9 +258,7 @@ class Decoder(nnx.Module):
         params = {name: p[...] for name, p in self.layers.items()}
 
         if cache is None:
-            mask = segment_mask(segment_ids)
-            scatter_slots = new_lengths = None
-            kv_carry = None
+            mask = scatter_slots = new_lengths = kv_carry = None
         else:
             chex.assert_shape(cache.lengths, (tokens.shape[0],))
             mask, scatter_slots, new_lengths = _cache_write_plan(cache, segment_ids)
@@ -347,8 +270,8 @@ class Decoder(nnx.Module):
 
             def attend(q, k, v):
                 if kv is None:
-                    return attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
-                                     mask), None
+                    return segment_attention(q, k, v, segment_ids, impl=cfg.attention,
+                                             block=cfg.attention_block), None
                 new_kv, layer_k, layer_v = _write_and_read_cache(kv, index, k, v,
                                                                  scatter_slots)
                 return attention(q, layer_k, layer_v, mask), new_kv
