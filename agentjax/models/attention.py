@@ -359,16 +359,15 @@ def _only_allowed(probs, mask):
     return probs if mask is None else jnp.where(mask, probs, 0.0)
 
 
-def _visit_tiles(i: jax.Array, kinds: jax.Array, segment_blocks: jax.Array, step, carry):
-    """carry = step(j, mask, carry) over the key blocks j <= i that query block i sees;
-    mask is the tile's `_tile_mask`, or None on a FULL_TILE (the elementwise selects
-    would cost a third of the tile)."""
-    def body(j, carry):
-        return jax.lax.switch(kinds[i, j], [
-            lambda c: c,
-            lambda c: step(j, _tile_mask(segment_blocks, i, j), c),
-            lambda c: step(j, None, c)], carry)
+def _by_tile_kind(kind: jax.Array, tile, skipped, mask):
+    """tile(mask) on a MASKED_TILE, tile(None) on a FULL_TILE (the elementwise selects
+    would cost a third of the tile), `skipped` on a SKIP; `mask()` builds the tile's
+    `_tile_mask`."""
+    return jax.lax.switch(kind, [lambda: skipped, lambda: tile(mask()), lambda: tile(None)])
 
+
+def _key_blocks_upto(i: jax.Array, body, carry):
+    """carry = body(j, carry) over the key blocks j <= i (the causal ones)."""
     return jax.lax.fori_loop(0, i + 1, body, carry)
 
 
@@ -394,9 +393,13 @@ def _forward(q_blocks, k_blocks, v_blocks, segment_blocks, kinds):
                 preferred_element_type=acc_dtype)
             return new_max, total, acc
 
+        def body(j, carry):
+            return _by_tile_kind(kinds[i, j], lambda mask: step(j, mask, carry), carry,
+                                 lambda: _tile_mask(segment_blocks, i, j))
+
         init = (jnp.full(stats_shape, MASKED, acc_dtype), jnp.zeros(stats_shape, acc_dtype),
                 jnp.zeros(q_i.shape, acc_dtype))
-        running_max, total, acc = _visit_tiles(i, kinds, segment_blocks, step, init)
+        running_max, total, acc = _key_blocks_upto(i, body, init)
         seen = total > 0
         out = jnp.where(seen[..., None], acc / jnp.where(seen, total, 1.0)[..., None], 0.0)
         lse = jnp.where(seen, running_max + jnp.log(jnp.where(seen, total, 1.0)), -MASKED)
@@ -435,8 +438,8 @@ def _flash_backward(residuals, d_out):
     def query_block(carry, i):
         q_i, d_out_i, lse_i, delta_i = q_blocks[i], d_out[i], lse[i], delta[i]
 
-        def step(j, mask, carry):
-            dq_i, dk_t, dv_t = carry
+        def tile_grads(j, mask):
+            """(dQ_i, dK_j^T, dV_j^T) of tile (i, j)."""
             probs = _only_allowed(
                 jnp.exp(_tile_scores(q_i, k_t_blocks[j], mask) - lse_i[..., None]), mask)
             dv_t_j = jnp.einsum("bkgqd,bkgqs->bkds", d_out_i, probs.astype(d_out_i.dtype),
@@ -444,15 +447,27 @@ def _flash_backward(residuals, d_out):
             d_probs = jnp.einsum("bkgqd,bkds->bkgqs", d_out_i, v_t_blocks[j],
                                  preferred_element_type=acc_dtype)
             d_scores = (probs * (d_probs - delta_i[..., None])).astype(q_i.dtype)
-            dq_i = dq_i + jnp.einsum("bkgqs,bksd->bkgqd", d_scores, k_blocks[j],
-                                     preferred_element_type=acc_dtype)
+            dq_i = jnp.einsum("bkgqs,bksd->bkgqd", d_scores, k_blocks[j],
+                              preferred_element_type=acc_dtype)
             dk_t_j = jnp.einsum("bkgqd,bkgqs->bkds", q_i, d_scores,
                                 preferred_element_type=acc_dtype)
-            return dq_i, dk_t.at[j].add(dk_t_j), dv_t.at[j].add(dv_t_j)
+            return dq_i, dk_t_j, dv_t_j
+
+        zeros = (jnp.zeros(q_i.shape, acc_dtype),
+                 jnp.zeros(k_t_blocks.shape[1:], acc_dtype),
+                 jnp.zeros(k_t_blocks.shape[1:], acc_dtype))
+
+        def body(j, carry):
+            # The accumulators stay outside the switch, so that XLA updates them in
+            # place rather than copying both [T, K, hd] arrays through every tile.
+            dq_i, dk_t, dv_t = carry
+            tile_dq, tile_dk_t, tile_dv_t = _by_tile_kind(
+                kinds[i, j], lambda mask: tile_grads(j, mask), zeros,
+                lambda: _tile_mask(segment_blocks, i, j))
+            return dq_i + tile_dq, dk_t.at[j].add(tile_dk_t), dv_t.at[j].add(tile_dv_t)
 
         dk_t, dv_t = carry
-        dq_i, dk_t, dv_t = _visit_tiles(i, kinds, segment_blocks, step,
-                                        (jnp.zeros(q_i.shape, acc_dtype), dk_t, dv_t))
+        dq_i, dk_t, dv_t = _key_blocks_upto(i, body, (zeros[0], dk_t, dv_t))
         return (dk_t, dv_t), dq_i
 
     zeros = jnp.zeros(k_t_blocks.shape, acc_dtype)

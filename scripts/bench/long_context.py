@@ -47,7 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=2, help="timed calls per measurement")
     parser.add_argument("--attention", default="auto", help="agentjax model.attention")
     parser.add_argument("--remat", default="auto", help="agentjax model.remat")
-    parser.add_argument("--block", type=int, default=512, help="model.attention_block")
+    parser.add_argument("--block", type=int, default=256, help="model.attention_block")
     parser.add_argument("--chunk", type=int, default=1024, help="log-prob chunk")
     parser.add_argument("--sides", nargs="+", default=("agentjax", "torch"))
     parser.add_argument("--one", nargs=2, metavar=("SIDE", "T"),
@@ -149,8 +149,11 @@ def measure_one(side: str, length: int, args) -> dict:
         transformers.Qwen2ForCausalLM(hf_config()).save_pretrained(folder)
         build = agentjax_side if side == "agentjax" else torch_side
         train_step, logprobs, compile_seconds, version = build(folder, length, args)
-    runs = measure({"train": timed(train_step), "logprobs": timed(logprobs)}, args.iters)
-    return {"side": side, "length": length, "version": version, "loss": train_step(),
+    loss = train_step()  # the warm-ups: a 32k step takes minutes, none is wasted
+    logprobs()
+    runs = measure({"train": timed(train_step), "logprobs": timed(logprobs)}, args.iters,
+                   warmup=False)
+    return {"side": side, "length": length, "version": version, "loss": loss,
             "compile_s": compile_seconds, "train_s": runs["train"],
             "logprobs_s": runs["logprobs"],
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
