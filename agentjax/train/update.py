@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import chex
 import flax
 import jax
 import jax.numpy as jnp
@@ -128,6 +129,7 @@ def _combined_metrics(metrics: dict, ran: jax.Array) -> dict:
 def _token_micro_grads(grad_fn, params: Any, batch: dict, norm: Any, micro_tokens: int):
     """`accumulate_grads` over the minibatch's episodes packed into micro-batches of
     micro_tokens // T rows of its length T (module docstring)."""
+    chex.assert_rank([batch["segment_ids"], batch["loss_mask"]], 2)
     rows, length = batch["segment_ids"].shape
     if micro_tokens < length:
         raise ValueError(f"micro_tokens={micro_tokens} is less than the batch length "
