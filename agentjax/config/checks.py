@@ -24,6 +24,7 @@ def check_combinations(config) -> None:
     _check_model(config)
     _check_algo(config)
     _check_batches(config)
+    _check_micro_tokens(config)
     _check_sglang(config)
     if config.rollout.mode == "async":
         _check_async(config)
@@ -168,6 +169,26 @@ def _check_batches(config) -> None:
         reject("rollout.max_new_tokens", rollout.max_new_tokens,
                f"it must be < rollout.max_tokens={rollout.max_tokens} (the context "
                "holds the prompt too)")
+
+
+def _check_micro_tokens(config) -> None:
+    """Micro-batches by token budget: the RL update's alone, instead of rows, and big
+    enough for the longest episode (a packed episode is never split)."""
+    algo = config.algo
+    if not algo.micro_tokens:
+        return
+    if config.stage != "rl":
+        reject("algo.micro_tokens", algo.micro_tokens, f"only the RL update packs "
+               f"micro-batches by tokens; stage={config.stage!r} micro-batches by rows "
+               "(algo.microbatch_size): set it to 0")
+    if algo.microbatch_size:
+        reject("algo.micro_tokens", algo.micro_tokens, f"it replaces "
+               f"algo.microbatch_size={algo.microbatch_size} (micro-batches by rows): "
+               "set one of them to 0")
+    if algo.micro_tokens < config.rollout.max_tokens:
+        reject("algo.micro_tokens", algo.micro_tokens, f"an episode of up to "
+               f"rollout.max_tokens={config.rollout.max_tokens} tokens must fit one "
+               "micro-batch: it must be >= that")
 
 
 def _check_hosts(config) -> None:

@@ -6,8 +6,9 @@ reduction to a loss with global denominators), `policy_losses` (`policy_loss` an
 registry POLICY_LOSSES of its kinds), `losses` (value / KL / entropy losses and the
 trainer's objective `rl_objective`), `kl` (k1/k2/k3 estimators, entropy), `offpolicy`
 (importance weights of the decoupled PPO objective), `preference` (DPO / IPO / hinge on
-trajectory pairs), `logprobs` (chunked token log-probs from hidden states) and `shaping`
-(length penalties, DAPO filter).
+trajectory pairs), `logprobs` (chunked token log-probs from hidden states), `shaping`
+(length penalties, DAPO filter) and `token_packing` (a minibatch's episodes packed into
+micro-batches of a token budget, inside jit).
 From a model (an nnx graphdef): `objectives` (the update's loss functions: RL, value,
 SFT, DPO) and `prepare` (log-probs, KL and advantages of a rollout batch).
 Conventions: [B, T] arrays with a `mask` that is 1 on action tokens; mask-0 positions
@@ -25,6 +26,7 @@ from agentjax.rl import (
     preference,
     prepare,
     shaping,
+    token_packing,
 )
 from agentjax.rl.advantages import (
     ADVANTAGES,
@@ -92,6 +94,7 @@ __all__ = [
     "rloo",
     "sequence_logprobs",
     "shaping",
+    "token_packing",
     "token_logprobs",
     "token_logprobs_full",
     "turn_returns",

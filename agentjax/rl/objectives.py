@@ -7,7 +7,9 @@ Each builder closes over a graphdef (and the config section it reads) and return
 preference loss of `rl.preference` on [P, 2, T] pairs, whose global denominator is the
 pair count `pair_norm`). `norm` is the minibatch's global denominators (an
 `aggregation.LossNorm`, or `pair_norm`'s count), the same for every micro-batch, so
-micro-batch losses and gradients add up to the minibatch's.
+micro-batch losses and gradients add up to the minibatch's. The model runs through
+`token_packing.forward_rows`, so `rl_loss` and `value_loss_fn` also take a micro-batch
+of episodes packed by token budget (`train.update`, `algo.micro_tokens`).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from agentjax.rl import preference
+from agentjax.rl import preference, token_packing
 from agentjax.rl.aggregation import aggregate, masked_mean
 from agentjax.rl.logprobs import token_logprobs
 from agentjax.rl.losses import rl_objective, value_loss
@@ -36,13 +38,18 @@ def policy_logprobs(graphdef: nnx.GraphDef, params: Any, batch: dict, *, chunk_s
 
     Logits never materialize whole (`rl.logprobs.token_logprobs` chunks them); the
     temperature divides the hidden states (logits are linear in them), so a temperature
-    schedule does not recompile.
+    schedule does not recompile. A token micro-batch runs on its packed rows
+    (`token_packing.forward_rows`).
     """
-    model = nnx.merge(graphdef, params)
-    hidden, _ = model(batch["inputs"], batch["positions"], batch["segment_ids"])
-    hidden = hidden / jnp.asarray(temperature, hidden.dtype)
-    return token_logprobs(hidden, model.lm_head_weight(), batch["targets"],
-                          chunk_size=chunk_size)
+
+    def forward(rows):
+        model = nnx.merge(graphdef, params)
+        hidden, _ = model(rows["inputs"], rows["positions"], rows["segment_ids"])
+        hidden = hidden / jnp.asarray(temperature, hidden.dtype)
+        return token_logprobs(hidden, model.lm_head_weight(), rows["targets"],
+                              chunk_size=chunk_size)
+
+    return token_packing.forward_rows(forward, batch)
 
 
 def sft_loss(graphdef: nnx.GraphDef, *, chunk_size: int) -> LossFn:
@@ -86,7 +93,7 @@ def rl_loss(graphdef: nnx.GraphDef, algo: Any, *, chunk_size: int) -> LossFn:
     return loss_fn
 
 
-PAIR_KEYS = ("inputs", "positions", "segment_ids", "targets")
+PAIR_KEYS = token_packing.MODEL_KEYS
 
 
 def pair_logprobs(graphdef: nnx.GraphDef, params: Any, batch: dict, *,
@@ -131,7 +138,9 @@ def value_loss_fn(critic_graphdef: nnx.GraphDef, algo: Any) -> LossFn:
 
     def loss_fn(critic_params, batch, norm):
         critic = nnx.merge(critic_graphdef, critic_params)
-        values = critic(batch["inputs"], batch["positions"], batch["segment_ids"])
+        values = token_packing.forward_rows(
+            lambda rows: critic(rows["inputs"], rows["positions"], rows["segment_ids"]),
+            batch)
         return value_loss(values, batch["old_values"], batch["returns"], batch["loss_mask"],
                           clip=algo.value_clip or None, agg=algo.agg, norm=norm)
 

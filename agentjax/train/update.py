@@ -15,6 +15,16 @@ the RL objective, the critic's value loss, the SFT loss and DPO on pairs (whose 
 denominator is the pair count, `objectives.pair_norm`); only `loss_fn` (and `norm_fn`)
 differ.
 
+Micro-batches are either `micro_batches` equal row slices (`algo.microbatch_size`), or,
+with a token budget `micro_tokens` (`algo.micro_tokens`), the minibatch's episodes packed
+into micro-batches of micro_tokens // T rows of length T (`agentjax.rl.token_packing`:
+first-fit decreasing, several episodes per row as separate segments, each whole in one
+micro-batch), so short episodes stop paying for the longest one's padding. Their count
+is static (ceil(rows / (micro_tokens // T))); those left empty are skipped (`lax.cond`)
+and the `micro_batches` metric counts the others, `micro_fill` the fraction of their
+positions holding tokens. The loss stays exact: the model's outputs go back to the rows
+and the row losses run unchanged on the micro-batch's episodes, with the global norm.
+
 A batch is a dict of [B, T] / [B] arrays as `agentjax.core.trajectory.collate`
 makes them, plus what `agentjax.rl.prepare` adds (old_logp, ref_logp, advantages, ...).
 """
@@ -23,11 +33,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import chex
 import flax
 import jax
 import jax.numpy as jnp
 import optax
 
+from agentjax.rl import token_packing
 from agentjax.rl.aggregation import loss_norm
 from agentjax.rl.objectives import LossFn, NormFn
 
@@ -93,36 +105,92 @@ def _split(batch: dict, parts: int) -> dict:
     return {k: v.reshape(parts, v.shape[0] // parts, *v.shape[1:]) for k, v in batch.items()}
 
 
-def accumulate_grads(loss_fn: LossFn, params: Any, batch: dict, *, micro_batches: int,
-                     norm_constant: float | None = None, norm_fn: NormFn | None = None):
-    """Gradient of `batch`'s loss, summed over `micro_batches` equal row slices.
+def _summed_grads(micro_grad, params: Any, xs):
+    """Scans `micro_grad(x) -> ((loss, metrics), grads)` over xs: (loss, grads) summed,
+    metrics stacked."""
 
-    Every slice is normalized by the global norm of the whole `batch` (`norm_fn`; None:
-    the LossNorm of its loss_mask), so the result equals
-    `grad(loss_fn)(params, batch, norm)` up to float rounding.
+    def body(total, x):
+        (loss, metrics), grads = micro_grad(x)
+        return jax.tree.map(jnp.add, total, (loss, grads)), metrics
+
+    zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+    return jax.lax.scan(body, zeros, xs)
+
+
+def _combined_metrics(metrics: dict, ran: jax.Array) -> dict:
+    """Stacked micro-batch metrics as one: loss terms carry global denominators and add
+    up; the rest are means over the micro-batches that ran (`ran` [count] bool)."""
+    weights = ran.astype(jnp.float32)
+    runs = jnp.maximum(weights.sum(), 1.0)
+    return {k: v.sum() if k.endswith("loss") else (v * weights).sum() / runs
+            for k, v in metrics.items()}
+
+
+def _token_micro_grads(grad_fn, params: Any, batch: dict, norm: Any, micro_tokens: int):
+    """`accumulate_grads` over the minibatch's episodes packed into micro-batches of
+    micro_tokens // T rows of its length T (module docstring)."""
+    chex.assert_rank([batch["segment_ids"], batch["loss_mask"]], 2)
+    rows, length = batch["segment_ids"].shape
+    if micro_tokens < length:
+        raise ValueError(f"micro_tokens={micro_tokens} is less than the batch length "
+                         f"{length}: an episode must fit one micro-batch")
+    # More packed rows than the minibatch has would only add padding.
+    rows_per_micro = min(micro_tokens // length, rows)
+    count = -(-rows // rows_per_micro)
+    plan = token_packing.plan_packing(batch["segment_ids"])
+    packed = token_packing.pack(batch, plan, rows=count * rows_per_micro)
+    used = -(-plan.num_rows // rows_per_micro)
+
+    def micro(index):
+        return token_packing.micro_batch(batch, packed, plan, index, rows_per_micro)
+
+    skipped = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                           jax.eval_shape(grad_fn, params, micro(0), norm))
+
+    def micro_grad(index):
+        return jax.lax.cond(index < used, lambda: grad_fn(params, micro(index), norm),
+                            lambda: skipped)
+
+    (loss, grads), metrics = _summed_grads(micro_grad, params, jnp.arange(count))
+    metrics = _combined_metrics(metrics, jnp.arange(count) < used)
+    tokens = (batch["segment_ids"] != 0).sum()
+    metrics.update(micro_batches=used.astype(jnp.float32),
+                   micro_fill=tokens / jnp.maximum(used * rows_per_micro * length, 1))
+    return loss, grads, metrics
+
+
+def accumulate_grads(loss_fn: LossFn, params: Any, batch: dict, *, micro_batches: int,
+                     micro_tokens: int = 0, norm_constant: float | None = None,
+                     norm_fn: NormFn | None = None):
+    """Gradient of `batch`'s loss, summed over `micro_batches` equal row slices, or with
+    `micro_tokens` over micro-batches of its episodes packed by that token budget.
+
+    Every micro-batch is normalized by the global norm of the whole `batch` (`norm_fn`;
+    None: the LossNorm of its loss_mask), so the result equals
+    `grad(loss_fn)(params, batch, norm)` up to float rounding. Token micro-batches need a
+    `loss_fn` that runs its model through `token_packing.forward_rows` and reads it only
+    on `loss_mask` tokens (`objectives.rl_loss`, `objectives.value_loss_fn`), and a
+    loss_mask of 0 on padding.
 
     Returns:
       (loss, grads, metrics): summed loss and grads; metrics named "*loss" summed (they
-      are additive terms of the loss), the others averaged over slices.
+      are additive terms of the loss), the others averaged over micro-batches (token
+      micro-batches: those that ran), plus `micro_batches` and `micro_fill` with tokens.
     """
+    if micro_tokens and micro_batches != 1:
+        raise ValueError(f"micro-batches by tokens (micro_tokens={micro_tokens}) or by rows "
+                         f"(micro_batches={micro_batches}), not both")
     norm = (norm_fn(batch) if norm_fn is not None
             else loss_norm(batch["loss_mask"], constant=norm_constant))
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if micro_tokens:
+        return _token_micro_grads(grad_fn, params, batch, norm, micro_tokens)
     if micro_batches == 1:
         (loss, metrics), grads = grad_fn(params, batch, norm)
         return loss, grads, metrics
-
-    def body(carry, micro):
-        (loss, metrics), grads = grad_fn(params, micro, norm)
-        total_loss, total_grads = carry
-        return (total_loss + loss, jax.tree.map(jnp.add, total_grads, grads)), metrics
-
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    (loss, grads), metrics = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros),
-                                          _split(batch, micro_batches))
-    # Loss terms carry global denominators and add up; the rest are per-slice means.
-    return loss, grads, {k: v.sum() if k.endswith("loss") else v.mean()
-                         for k, v in metrics.items()}
+    (loss, grads), metrics = _summed_grads(lambda micro: grad_fn(params, micro, norm), params,
+                                           _split(batch, micro_batches))
+    return loss, grads, _combined_metrics(metrics, jnp.ones((micro_batches,), bool))
 
 
 def _global_norm(tree: Any) -> jax.Array:
@@ -163,9 +231,10 @@ def update_size_metrics(old: Any, new: Any, updates: Any) -> dict[str, jax.Array
 def epoch_minibatch_steps(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                           params: Any, opt_state: Any, batch: dict, rng: jax.Array, *,
                           epochs: int, minibatches: int, micro_batches: int,
-                          norm_constant: float | None = None, norm_fn: NormFn | None = None,
-                          shuffle: bool = True):
-    """Runs `epochs` passes over `batch` in `minibatches` optimizer steps each.
+                          micro_tokens: int = 0, norm_constant: float | None = None,
+                          norm_fn: NormFn | None = None, shuffle: bool = True):
+    """Runs `epochs` passes over `batch` in `minibatches` optimizer steps each, each
+    accumulated over micro-batches (`accumulate_grads`).
 
     Returns:
       (params, opt_state, metrics) with metrics averaged over all optimizer steps,
@@ -179,7 +248,7 @@ def epoch_minibatch_steps(loss_fn: LossFn, optimizer: optax.GradientTransformati
         params, opt_state = carry
         loss, grads, metrics = accumulate_grads(
             loss_fn, params, _rows(batch, index), micro_batches=micro_batches,
-            norm_constant=norm_constant, norm_fn=norm_fn)
+            micro_tokens=micro_tokens, norm_constant=norm_constant, norm_fn=norm_fn)
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         grad_norm = optax.tree.norm(grads)
@@ -205,7 +274,7 @@ def epoch_minibatch_steps(loss_fn: LossFn, optimizer: optax.GradientTransformati
 
 
 def build_update(policy_loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
-                 epochs: int, minibatches: int, micro_batches: int,
+                 epochs: int, minibatches: int, micro_batches: int, micro_tokens: int = 0,
                  norm_constant: float | None = None, critic_loss_fn: LossFn | None = None,
                  critic_optimizer: optax.GradientTransformation | None = None,
                  critic_warmup_steps: int = 0, norm_fn: NormFn | None = None,
@@ -213,7 +282,8 @@ def build_update(policy_loss_fn: LossFn, optimizer: optax.GradientTransformation
     """Returns the pure `update(state, batch) -> (state, metrics)` (jit it with shardings).
 
     `norm_fn` gives the policy loss's global denominators (default: the LossNorm of the
-    batch's loss_mask, with `norm_constant`).
+    batch's loss_mask, with `norm_constant`). Micro-batches: `micro_batches` row slices,
+    or with `micro_tokens` > 0 packed episodes of that token budget (`accumulate_grads`).
 
     With a critic, the critic is updated on the same minibatch schedule; during the
     first `critic_warmup_steps` updates only the critic learns (the policy is frozen).
@@ -221,8 +291,8 @@ def build_update(policy_loss_fn: LossFn, optimizer: optax.GradientTransformation
     `update/intended_rel_size`) and the critic's under `critic/`.
     """
     steps = functools.partial(epoch_minibatch_steps, epochs=epochs, minibatches=minibatches,
-                              micro_batches=micro_batches, norm_constant=norm_constant,
-                              shuffle=shuffle)
+                              micro_batches=micro_batches, micro_tokens=micro_tokens,
+                              norm_constant=norm_constant, shuffle=shuffle)
 
     def update(state: TrainState, batch: dict):
         rng, policy_key, critic_key = jax.random.split(state.rng, 3)

@@ -35,6 +35,11 @@ COMBINATIONS = [
     (_search(algo__minibatches=3), "algo.minibatches", "rollout batch"),
     (_search(algo__loss="gspo", algo__dual_clip=3.0), "algo.dual_clip", "algo.loss='ppo'"),
     (_search(algo__microbatch_size=3), "algo.microbatch_size", "minibatch size 4"),
+    (_search(algo__micro_tokens=768, algo__microbatch_size=2), "algo.micro_tokens",
+     "replaces algo.microbatch_size=2"),
+    (_search(algo__micro_tokens=256), "algo.micro_tokens", "rollout.max_tokens=384"),
+    (_search(stage="dpo", algo__micro_tokens=768), "algo.micro_tokens", "stage='dpo'"),
+    (_search(stage="sft", algo__micro_tokens=768), "algo.micro_tokens", "stage='sft'"),
     (_search(rollout__engine_lanes=3), "rollout.engine_lanes", "split evenly"),
     (_search(rollout__concurrency=9), "rollout.concurrency", "engine_slots=8"),
     (_search(rollout__max_new_tokens=384), "rollout.max_new_tokens", "max_tokens=384"),
@@ -126,6 +131,10 @@ def test_an_impossible_combination_is_an_error_naming_a_key_to_change(config, ke
     message = _error(config)
     assert message.startswith(f"config key {key!r}"), message
     assert phrase in message
+
+
+def test_micro_batches_by_tokens_fit_the_longest_episode():
+    config_lib.validate(_search(algo__micro_tokens=384))
 
 
 def test_a_loaded_model_may_leave_the_tiny_model_keys_inconsistent(tmp_path):

@@ -14,7 +14,8 @@ One step (train/fit.py runs the loop):
     batch = collate(groups)                           core/trajectory.py
     batch = prepare(params, ref, critic, batch)       log-probs, KL, advantages
     state, metrics = update(state, batch)             train/update.py: epochs x minibatches
-                                                      x micro-batches
+                                                      x micro-batches (rows, or episodes
+                                                      packed to algo.micro_tokens)
     source.push_weights(state.params, step + 2)       the engine samples with the update
     hooks: eval / log / checkpoint
 
@@ -116,8 +117,9 @@ def build_rl_update(config: ml_collections.ConfigDict, runtime: Runtime, graphde
     update, state = runtime.jit_update(step_lib.build_update(
         policy_loss, optimizer, epochs=algo.ppo_epochs, minibatches=algo.minibatches,
         micro_batches=micro_batches(rows // algo.minibatches, algo.microbatch_size),
-        norm_constant=algo.agg_constant or None, critic_loss_fn=critic_loss,
-        critic_optimizer=critic_optimizer, critic_warmup_steps=algo.critic_warmup_steps),
+        micro_tokens=algo.micro_tokens, norm_constant=algo.agg_constant or None,
+        critic_loss_fn=critic_loss, critic_optimizer=critic_optimizer,
+        critic_warmup_steps=algo.critic_warmup_steps),
         state)
     prepare = jax.jit(build_prepare(
         model_logprob_fn(graphdef, chunk_size=config.model.logprob_chunk), algo,
