@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentjax.rl import kl as kl_lib
+from agentjax.rl import token_packing
 from agentjax.rl.advantages import ADVANTAGES, needs_critic
 from agentjax.rl.aggregation import masked_mean
 from agentjax.rl.objectives import policy_logprobs
@@ -47,7 +48,8 @@ def critic_value_fn(critic_graphdef: nnx.GraphDef) -> ValueFn:
 
     def value_fn(critic_params, batch):
         critic = nnx.merge(critic_graphdef, critic_params)
-        return critic(batch["inputs"], batch["positions"], batch["segment_ids"])
+        return token_packing.forward_rows(
+            lambda rows: critic(rows["inputs"], rows["positions"], rows["segment_ids"]), batch)
 
     return value_fn
 
@@ -88,6 +90,16 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
     a critic; advantage_abs_mean over loss tokens.
     """
     estimator = ADVANTAGES.get(algo.advantage)
+    micro_tokens = algo.get("micro_tokens", 0)
+
+    def per_token(fn, batch):
+        """fn(batch) -> [B, T] outputs, within the update's token budget when it has one
+        (one 32k-token episode among a hundred short ones must not become a [101, 32k]
+        forward pass here either)."""
+        if not micro_tokens:
+            return fn(batch)
+        return token_packing.map_token_micro_batches(fn, batch, micro_tokens)
+
     critic = needs_critic(algo.advantage)
     if critic and value_fn is None:
         raise ValueError(f"advantage={algo.advantage!r} needs a critic: pass value_fn")
@@ -96,10 +108,11 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
     def prepare(params, ref_params, critic_params, batch):
         batch = dict(batch)
         mask = loss_mask(batch, loss_on_observations=loss_on_observations)
+        batch["loss_mask"] = mask
         action = batch["action_mask"]
         temperature = batch["temperature"][0]
         metrics = {}
-        current, _ = logprob_fn(params, batch, temperature)
+        current, _ = per_token(lambda b: logprob_fn(params, b, temperature), batch)
         current = jax.lax.stop_gradient(current)
         behavior = batch["behavior_logp"]
         # Off-policy gap between the engine's sampling and the trainer's numerics.
@@ -117,7 +130,7 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
         batch["old_logp"] = old
         token_rewards = batch["rewards"]
         if need_ref:
-            ref, _ = logprob_fn(ref_params, batch, temperature)
+            ref, _ = per_token(lambda b: logprob_fn(ref_params, b, temperature), batch)
             batch["ref_logp"] = jax.lax.stop_gradient(ref)
             kl_tokens = jnp.where(mask > 0, kl_lib.kl(old, batch["ref_logp"], algo.kl_kind), 0.)
             metrics["kl_ref"] = masked_mean(kl_tokens, mask)
@@ -125,7 +138,8 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
                 token_rewards = token_rewards - algo.kl_coef * kl_tokens
         values = None
         if critic:
-            values = jax.lax.stop_gradient(value_fn(critic_params, batch))
+            values = jax.lax.stop_gradient(
+                per_token(lambda b: value_fn(critic_params, b), batch))
             batch["old_values"] = values
             metrics["value_mean"] = masked_mean(values, mask)
         estimate = estimator(token_rewards, mask, batch["group_ids"], values,
@@ -133,7 +147,6 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
         batch["advantages"] = estimate.advantages
         if estimate.returns is not None:
             batch["returns"] = estimate.returns
-        batch["loss_mask"] = mask
         metrics["advantage_abs_mean"] = masked_mean(jnp.abs(batch["advantages"]), mask)
         return batch, metrics
 

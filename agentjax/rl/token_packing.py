@@ -163,6 +163,51 @@ def unpack(y: jax.Array, micro: PackedMicro) -> jax.Array:
     return jnp.where(micro.tokens, y[micro.rows[:, None], cols], 0)
 
 
+class TokenMicroBatches(NamedTuple):
+    """A minibatch's micro-batches by token budget: `micro(k)` for k < `count` (static),
+    of which the first `used` (traced) hold episodes."""
+
+    micro: Callable[[jax.Array], dict]
+    count: int
+    used: jax.Array
+    rows_per_micro: int
+
+
+def token_micro_batches(batch: dict, micro_tokens: int) -> TokenMicroBatches:
+    """Plans and packs `batch` [b, T] into micro-batches of micro_tokens // T packed rows
+    (module docstring). An episode must fit one micro-batch: micro_tokens >= T."""
+    _common.check_rank("segment_ids", batch["segment_ids"], 2)
+    rows, length = batch["segment_ids"].shape
+    if micro_tokens < length:
+        raise ValueError(f"micro_tokens={micro_tokens} is less than the batch length "
+                         f"{length}: an episode must fit one micro-batch")
+    # More packed rows than the minibatch has would only add padding.
+    rows_per_micro = min(micro_tokens // length, rows)
+    count = -(-rows // rows_per_micro)
+    plan = plan_packing(batch["segment_ids"])
+    packed = pack(batch, plan, rows=count * rows_per_micro)
+    return TokenMicroBatches(
+        micro=lambda index: micro_batch(batch, packed, plan, index, rows_per_micro),
+        count=count, used=-(-plan.num_rows // rows_per_micro), rows_per_micro=rows_per_micro)
+
+
+def map_token_micro_batches(fn: Callable[[dict], object], batch: dict, micro_tokens: int):
+    """fn(batch) -> per-token outputs [b, T] (a pytree), computed micro-batch by
+    micro-batch (`fn` must run its model through `forward_rows`, which leaves 0 outside
+    a micro-batch's episodes): the forward passes of `rl.prepare` (old and reference
+    log-probs, values) within the same token budget as the update."""
+    plan = token_micro_batches(batch, micro_tokens)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                         jax.eval_shape(fn, plan.micro(jnp.int32(0))))
+
+    def add(total, index):
+        out = lax.cond(index < plan.used, lambda: fn(plan.micro(index)), lambda: zeros)
+        return jax.tree.map(jnp.add, total, out), None
+
+    total, _ = lax.scan(add, zeros, jnp.arange(plan.count))
+    return total
+
+
 def forward_rows(forward: Callable[[dict], object], batch: dict):
     """`forward(model_inputs)` -> a pytree of per-token outputs [rows, T], in `batch`'s
     row layout: run on the packed rows when `batch` is a token micro-batch (it has

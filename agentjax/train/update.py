@@ -130,20 +130,8 @@ def _token_micro_grads(grad_fn, params: Any, batch: dict, norm: Any, micro_token
     """`accumulate_grads` over the minibatch's episodes packed into micro-batches of
     micro_tokens // T rows of its length T (module docstring)."""
     chex.assert_rank([batch["segment_ids"], batch["loss_mask"]], 2)
-    rows, length = batch["segment_ids"].shape
-    if micro_tokens < length:
-        raise ValueError(f"micro_tokens={micro_tokens} is less than the batch length "
-                         f"{length}: an episode must fit one micro-batch")
-    # More packed rows than the minibatch has would only add padding.
-    rows_per_micro = min(micro_tokens // length, rows)
-    count = -(-rows // rows_per_micro)
-    plan = token_packing.plan_packing(batch["segment_ids"])
-    packed = token_packing.pack(batch, plan, rows=count * rows_per_micro)
-    used = -(-plan.num_rows // rows_per_micro)
-
-    def micro(index):
-        return token_packing.micro_batch(batch, packed, plan, index, rows_per_micro)
-
+    plan = token_packing.token_micro_batches(batch, micro_tokens)
+    micro, count, used = plan.micro, plan.count, plan.used
     skipped = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                            jax.eval_shape(grad_fn, params, micro(0), norm))
 
@@ -154,8 +142,9 @@ def _token_micro_grads(grad_fn, params: Any, batch: dict, norm: Any, micro_token
     (loss, grads), metrics = _summed_grads(micro_grad, params, jnp.arange(count))
     metrics = _combined_metrics(metrics, jnp.arange(count) < used)
     tokens = (batch["segment_ids"] != 0).sum()
+    positions = used * plan.rows_per_micro * batch["segment_ids"].shape[1]
     metrics.update(micro_batches=used.astype(jnp.float32),
-                   micro_fill=tokens / jnp.maximum(used * rows_per_micro * length, 1))
+                   micro_fill=tokens / jnp.maximum(positions, 1))
     return loss, grads, metrics
 
 

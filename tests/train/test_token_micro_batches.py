@@ -274,3 +274,26 @@ def test_token_micro_batches_on_eight_devices_equal_one(eight_devices):
     np.testing.assert_allclose(sharded_metrics["loss"], single_metrics["loss"], rtol=1e-5)
     np.testing.assert_allclose(sharded_metrics["micro_batches"],
                                single_metrics["micro_batches"])
+
+
+def test_prepare_within_the_token_budget_equals_one_pass():
+    """prepare's forward passes (old and reference log-probs, the critic's values) run
+    micro-batch by micro-batch under algo.micro_tokens and give the one-pass arrays."""
+    from agentjax.rl.prepare import critic_value_fn
+
+    graphdef, params, batch = skewed()
+    critic_graphdef, critic_params = critic()
+    raw = {k: v for k, v in batch.items()
+           if k not in ("old_logp", "ref_logp", "advantages", "loss_mask", "is_weights")}
+    outputs = {}
+    for micro_tokens in (0, 2 * T):
+        algo = rl_algo()
+        algo.update(advantage="gae", kl_coef=0.1, micro_tokens=micro_tokens)
+        prepare = jax.jit(build_prepare(model_logprob_fn(graphdef, chunk_size=8), algo,
+                                        num_groups=2, value_fn=critic_value_fn(critic_graphdef)))
+        outputs[micro_tokens], _ = prepare(params, params, critic_params, raw)
+    real = np.asarray(batch["segment_ids"]) != 0
+    for key in ("old_logp", "ref_logp", "old_values", "advantages"):
+        np.testing.assert_allclose(np.where(real, outputs[2 * T][key], 0),
+                                   np.where(real, outputs[0][key], 0), rtol=1e-6, atol=1e-6,
+                                   err_msg=key)
