@@ -63,7 +63,7 @@ class Policy:
             with open(os.path.join(path, "config.json")) as f:
                 plan = memory_plan(config, ModelConfig.from_hf(json.load(f), **precision),
                                    runtime.mesh)
-            runtime.log(f"memory plan per device (before activations):\n{plan.table()}")
+            runtime.log(f"memory plan per device:\n{plan.table()}")
             plan.check()
         model, model_config = load_hf(path, mesh=runtime.mesh, rules=runtime.rules,
                                       **precision)
