@@ -13,7 +13,13 @@ A real model on a GPU box / TPU pod (a local HF folder; nothing is downloaded):
     python scripts/train.py --config configs/grpo_search.py:hf \
         --config.model.path=/data/Qwen2.5-3B --workdir=/ckpt/grpo-search
 
-Variants: cpu (default on CPU backends), hf (default elsewhere), test (seconds; CI).
+Long episodes (32 turns of 8 documents a search, up to 32,768 tokens; RL alone from the
+random-init model, 16 episodes a step; presets.py: long):
+
+    python scripts/train.py --config configs/grpo_search.py:long
+
+Variants: cpu (default on CPU backends), hf (default elsewhere), test (seconds; CI),
+long, long_test (long episodes, seconds; CI).
 Ablations: `python scripts/sweep.py --config configs/grpo_search.py --sweep NAME`
 with NAME in `SWEEPS`.
 """
@@ -21,10 +27,11 @@ from agentjax.config import presets
 
 
 def get_config(arg=None):
-    variant = presets.variant(arg)
+    variant = presets.variant(arg, long=True)
     # The search agent at this machine size (presets.search_agent): the world, the model,
     # pretraining and the SFT warm start, the RL budget (cpu: 40 steps of 16 questions x
-    # 8 episodes at lr 5e-4 cosine; hf: Search-R1's 1000 x 64 x 5 at lr 1e-6, KL 0.001).
+    # 8 episodes at lr 5e-4 cosine; hf: Search-R1's 1000 x 64 x 5 at lr 1e-6, KL 0.001),
+    # or a long form's episodes.
     config = presets.search_agent(variant)
     # The task: multi-hop questions answered by searching, rewarded by exact match.
     config.env.name = "search"

@@ -10,6 +10,17 @@ The variants (`configs/X.py:variant`):
         with the Search-R1 settings (instruction, lr 1e-6, group 5, KL 0.001 k3,
         temperature 1) on a synthetic world sized for its question counts.
   test  a few seconds of everything, for CI end-to-end tests.
+
+The long-episode forms of the RL search agent (`search_agent`, `search_config`;
+configs/grpo_search.py:long), each a size above with episodes of up to 32 turns of 8
+documents a search:
+  long       the cpu world and model, episodes of up to 32,768 tokens (32 turns of up to
+             512 tokens), micro-batches of 32,768 tokens, 16 episodes a step.
+  long_test  the test world and model, episodes of up to 2,048 tokens (12 turns of up to
+             128, 4 documents a search), for CI.
+Both train by RL alone, from the random-init model: pretraining and SFT pack rows of
+rollout.max_tokens, 32k-token rows that 2 cores cannot train in time (and a policy
+trained elsewhere would need max_position_embeddings >= 32768).
 """
 from __future__ import annotations
 
@@ -26,15 +37,17 @@ def default_variant() -> str:
     return "cpu" if jax.default_backend() == "cpu" else "hf"
 
 
-def variant(arg: str | None) -> str:
+def variant(arg: str | None, *, long: bool = False) -> str:
     """The variant a recipe's `get_config(arg)` builds; None: the backend's default.
+    `long`: the long-episode forms (LONG_VARIANTS) are variants too.
 
     Raises:
       ValueError: `arg` names no variant.
     """
     name = arg or default_variant()
-    if name not in VARIANTS:
-        raise ValueError(f"unknown variant {name!r}; choose one of {sorted(VARIANTS)}")
+    names = {**VARIANTS, **LONG_VARIANTS} if long else VARIANTS
+    if name not in names:
+        raise ValueError(f"unknown variant {name!r}; choose one of {sorted(names)}")
     return name
 
 
@@ -138,25 +151,61 @@ def _test(c):
 VARIANTS = {"cpu": _cpu, "hf": _hf, "test": _test}
 
 
+def _long(c, size: str):
+    """Long episodes (module docstring) over the `size` variant's settings."""
+    test = size == "test"
+    # More turns, more documents a search, and room for all of them: an observation of
+    # topk documents (about 50 tokens each) is never cut.
+    c.env.max_turns = 12 if test else 32
+    c.env.topk = 4 if test else 8
+    c.env.max_observation_words = 400
+    # Turns x (an action + an observation) fill the context: 32 x (512 + ~400) tokens.
+    c.rollout.max_tokens = 2048 if test else 32768
+    c.rollout.max_new_tokens = 128 if test else 512
+    c.model.remat = "auto"  # every layer recomputed from 4,096 tokens on
+    c.algo.micro_tokens = c.rollout.max_tokens  # one longest episode per forward-backward
+    c.pretrain.steps = c.sft.steps = 0
+    c.data.rl_excludes_demo_tasks = False  # no SFT: no question was demonstrated
+    if not test:
+        c.rollout.prompts_per_step, c.rollout.group_size = 4, 4
+        c.rollout.engine_slots = c.rollout.concurrency = 16
+        c.total_steps = 10
+        c.eval.every, c.eval.num_tasks, c.eval.samples = 0, 16, 1
+        c.checkpoint.every = 5
+
+
+# The long-episode forms: name -> the size they lengthen.
+LONG_VARIANTS = {"long": "cpu", "long_test": "test"}
+
+
+def _apply_variant(config: ml_collections.ConfigDict, name: str) -> None:
+    """A variant's settings: its size's, then a long form's episodes."""
+    size = LONG_VARIANTS.get(name, name)
+    VARIANTS[size](config)
+    if name in LONG_VARIANTS:
+        _long(config, size)
+
+
 def search_agent(variant_name: str) -> ml_collections.ConfigDict:
-    """The search agent at a variant's machine size, before any recipe: the synthetic
-    world, the model (tiny on cpu and test, an HF checkpoint on hf), pretraining and the
-    SFT warm start, the prompt and search settings, the RL budget (steps, batch, group
-    size, learning rate; on hf Search-R1's KL 0.001), evaluation and checkpoints."""
+    """The search agent at a variant's machine size (or a long form), before any recipe:
+    the synthetic world, the model (tiny on cpu and test, an HF checkpoint on hf),
+    pretraining and the SFT warm start, the prompt and search settings, the RL budget
+    (steps, batch, group size, learning rate; on hf Search-R1's KL 0.001), evaluation
+    and checkpoints."""
     config = default_config()
-    VARIANTS[variant(variant_name)](config)
+    _apply_variant(config, variant(variant_name, long=True))
     return config
 
 
 def search_config(algorithm: str, variant_name: str | None) -> ml_collections.ConfigDict:
     """The search agent trained by RL with `algorithm` (any of ALGORITHM_PRESETS, its
-    settings applied before the variant's): configs/grpo_search.py, dapo_search.py and
-    ppo_search.py for theirs."""
-    name = variant(variant_name)
+    settings applied before the variant's, a long form's too): configs/grpo_search.py,
+    dapo_search.py and ppo_search.py for theirs."""
+    name = variant(variant_name, long=True)
     config = apply_algorithm(default_config(), algorithm)
-    VARIANTS[name](config)
+    _apply_variant(config, name)
     if algorithm == "ppo":
-        config.algo.critic_warmup_steps = 0 if name == "test" else 5
+        config.algo.critic_warmup_steps = 0 if LONG_VARIANTS.get(name, name) == "test" else 5
     return config
 
 

@@ -1,12 +1,12 @@
-"""What a run keeps in device memory, per device, before its first step.
+"""What a run needs in device memory, per device, known before its first step.
 
     plan = memory_plan(config, model_config, mesh)
     print(plan.table())      # one row per resident buffer group, GiB per device
     plan.check()             # ValueError naming the knobs to lower when it cannot fit
 
-The rows are what the trainer holds for the whole RL stage (activations, gradients,
-compiled-program scratch and the logits chunks come on top and depend on batch shapes;
-they are not counted):
+The rows are what the trainer holds for the whole RL stage, then what one micro-batch
+of the RL update adds (compiled-program scratch beyond it is not counted; the SFT and
+offline stages' batches are not planned):
 
   policy params         float32 master weights (TrainState.params)
   initial params        float32, the loaded weights the run keeps
@@ -21,12 +21,47 @@ they are not counted):
                         the producer (agents/sources.py) until it swaps them in
   KV cache              engine_slots x max_tokens x layers x kv_heads x head_dim x 2
                         (keys and values) in the compute dtype (`init_layer_cache`)
+  activations           one micro-batch's forward kept for its backward (below)
+  gradients             float32 like the params; twice when micro-batches are summed
+                        (the running sum and the current micro-batch's, update.py:
+                        accumulate_grads)
+
+Activations of one micro-batch of N tokens (algo.micro_tokens, else micro-batch rows x
+rollout.max_tokens, the rows algo.microbatch_size or the whole minibatch) in rows of
+T = rollout.max_tokens, D hidden, F intermediate, H / K query / kv heads of width hd, V
+vocab, c bytes of the compute dtype, L layers:
+
+  activations = L x kept + max(layer backward, log-prob backward)
+
+  kept, one layer's forward its backward reads, under the remat policy of T tokens
+  (model.remat; "auto" is "none" below models.decoder.AUTO_REMAT_TOKENS, "full" from it):
+    none            N x c x (4D + 2H hd + 2K hd + 4F) + attention
+                    (layer input, attention-norm output, residual, MLP-norm output; q and
+                    the attention output; k, v; gate, up, silu(gate), their product)
+    dots            N x c x (3D + 2H hd + 2K hd + 2F) + attention scores (matmul outputs)
+    dots_no_batch   N x c x (3D + H hd + 2K hd + 2F)  (weight-matmul outputs)
+    full            N x c x D                         (the layer input alone)
+    attention: N x 4 x H float32 (the logsumexp of each head), or with
+    model.attention="dense" N x 4 x H x T x 2 (the T x T scores and probabilities)
+  layer backward: the "none" set of one layer once (its gradients), twice when the policy
+    recomputes it (the recomputed forward and its gradients)
+  log-prob backward: 2 x N / T x min(model.logprob_chunk, T) x V x 4 (a chunk's float32
+    logits and their gradient, rl/logprobs.py) + D x V x 4 (the lm-head gradient it
+    accumulates)
+
+The counts are what the backward reads, not what a compiler may keep besides, so `check`
+stops only runs that cannot fit. Against the scratch XLA:CPU assigns to a compiled
+float32 step (tests/train/test_memory.py): 1.4x this under "none" (it keeps every
+elementwise result unfused: six [N, F] buffers a layer where the plan counts four), 1.0x
+under "full", 1.2x with the dense attention ("dots" policies not measured). A bfloat16
+step on CPU keeps more (XLA:CPU computes bfloat16 elementwise work in float32).
 
 Per-device bytes come from the shardings the trainer gives each buffer: params and
 everything shaped like them by the config's logical-axis rules on the mesh (`embed` on
 fsdp, heads / mlp / vocab on tensor; axes that do not divide stay replicated), the KV
 cache by `LayerKVCache.logical_axes` under the default rules (as `JaxEngine` places it:
-rows over data x fsdp, kv heads over tensor). The device's memory is
+rows over data x fsdp, kv heads over tensor), activations by their logical axes
+("batch", "seq", "act_embed" / "heads" / "mlp" / "vocab"). The device's memory is
 `memory_stats()["bytes_limit"]` (GPU, TPU); CPU devices report none and are not checked.
 """
 from __future__ import annotations
@@ -36,18 +71,20 @@ import json
 import math
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from agentjax.core import parallel
 from agentjax.models.cache import LayerKVCache, init_layer_cache
 from agentjax.models.config import ModelConfig
-from agentjax.models.decoder import Decoder
+from agentjax.models.decoder import AUTO_REMAT_TOKENS, Decoder
 from agentjax.rl.advantages import needs_critic
 
 _GIB = 2 ** 30
 _FLOAT32 = 4
+_SHARD_PARAMS = "raise mesh.fsdp or mesh.tensor (shards every param)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,15 +147,122 @@ class MemoryPlan:
         hints = "; ".join(f"{row.name} {row.bytes / _GIB:.1f} GiB: {row.knobs}"
                           for row in largest)
         raise ValueError(
-            f"the run does not fit: {self.total / _GIB:.1f} GiB per device before "
-            f"activations, one {self.device} has {self.device_bytes / _GIB:.1f} GiB. "
-            f"Largest: {hints}.\n{self.table()}")
+            f"the run does not fit: {self.total / _GIB:.1f} GiB per device with one "
+            f"micro-batch's activations, one {self.device} has "
+            f"{self.device_bytes / _GIB:.1f} GiB. Largest: {hints}.\n{self.table()}")
 
 
 def _param_bytes(shapes, shardings, itemsize: int) -> int:
     """Bytes on one device of every leaf of `shapes` under `shardings`."""
     return sum(math.prod(sharding.shard_shape(shape.shape)) * itemsize
                for shape, sharding in zip(jax.tree.leaves(shapes), jax.tree.leaves(shardings)))
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatch:
+    """The shape of one forward-backward of the RL update.
+
+    Attributes:
+      tokens: tokens of one micro-batch (algo.micro_tokens, else its rows x seq).
+      seq: the longest sequence, rollout.max_tokens: the remat policy and the log-prob
+        chunks follow it.
+      count: micro-batches of a minibatch (at most, with algo.micro_tokens: episodes
+        shorter than seq pack tighter); their gradients are summed when > 1.
+    """
+
+    tokens: int
+    seq: int
+    count: int
+
+    @classmethod
+    def of(cls, config: ml_collections.ConfigDict) -> "MicroBatch":
+        r, algo = config.rollout, config.algo
+        rows = r.prompts_per_step * r.group_size // algo.minibatches
+        if algo.micro_tokens:
+            return cls(algo.micro_tokens, r.max_tokens,
+                       -(-rows * r.max_tokens // algo.micro_tokens))
+        micro_rows = algo.microbatch_size or rows
+        return cls(micro_rows * r.max_tokens, r.max_tokens, rows // micro_rows)
+
+
+def remat_name(remat: str, seq: int) -> str:
+    """The remat policy `model.remat` gives sequences of `seq` tokens ("auto" resolved
+    as models.decoder.remat_policy resolves it)."""
+    if remat == "auto":
+        return "none" if seq < AUTO_REMAT_TOKENS else "full"
+    return remat
+
+
+class _Activations:
+    """Per-device bytes of [tokens, ...] activations of a micro-batch laid out in rows of
+    `seq` tokens, sharded by their logical axes (module docstring)."""
+
+    def __init__(self, micro: MicroBatch, mesh: Mesh, rules):
+        self.micro, self.mesh, self.rules = micro, mesh, rules
+
+    def bytes(self, tokens: float, seq: int, inner: tuple[int, ...], axes: tuple,
+              itemsize: int) -> int:
+        """`tokens` tokens (in rows of `seq`) of an activation of per-token shape
+        `inner` with logical axes ("batch", "seq", *axes)."""
+        shape = (max(1, round(tokens) // seq), seq, *inner)
+        spec = parallel.logical_to_spec(("batch", "seq", *axes), self.rules, self.mesh, shape)
+        kept = math.prod(NamedSharding(self.mesh, spec).shard_shape(shape)) / math.prod(shape)
+        return round(tokens * math.prod(inner) * itemsize * kept)
+
+    def layer(self, cfg: ModelConfig, policy: str) -> int:
+        """What one layer keeps for its backward under `policy` (module docstring)."""
+        n, t, c = self.micro.tokens, self.micro.seq, jnp.dtype(cfg.dtype).itemsize
+        hidden, heads, kv_heads, mlp = (
+            self.bytes(n, t, shape, axes, c) for shape, axes in (
+                ((cfg.hidden_size,), ("act_embed",)),
+                ((cfg.num_heads, cfg.head_dim), ("heads", "head_dim")),
+                ((cfg.num_kv_heads, cfg.head_dim), ("kv_heads", "head_dim")),
+                ((cfg.intermediate_size,), ("mlp",))))
+        if cfg.attention == "dense":  # the T x T scores (and probabilities), float32
+            attention = self.bytes(n, t, (cfg.num_heads, t), ("heads", None), _FLOAT32)
+        else:  # blockwise: one float32 logsumexp per head and token
+            attention = self.bytes(n, t, (cfg.num_heads,), ("heads",), _FLOAT32)
+        return {
+            "none": 4 * hidden + 2 * heads + 2 * kv_heads + 4 * mlp
+            + attention * (2 if cfg.attention == "dense" else 1),
+            "dots": 3 * hidden + 2 * heads + 2 * kv_heads + 2 * mlp + attention,
+            "dots_no_batch": 3 * hidden + heads + 2 * kv_heads + 2 * mlp,
+            "full": hidden,
+        }[policy]
+
+    def logprobs(self, cfg: ModelConfig, chunk: int) -> int:
+        """The log-prob backward: a chunk's float32 logits and their gradient, and the
+        float32 [D, V] lm-head gradient accumulated over the chunks."""
+        chunk = min(chunk, self.micro.seq)
+        logits = self.bytes(self.micro.tokens * chunk / self.micro.seq, chunk,
+                            (cfg.vocab_size,), ("vocab",), _FLOAT32)
+        head = (cfg.hidden_size, cfg.vocab_size)
+        head_spec = parallel.logical_to_spec(("embed", "vocab"), self.rules, self.mesh, head)
+        return 2 * logits + math.prod(
+            NamedSharding(self.mesh, head_spec).shard_shape(head)) * _FLOAT32
+
+
+def activation_rows(config: ml_collections.ConfigDict, model_config: ModelConfig,
+                    mesh: Mesh, rules: parallel.Rules, params_bytes: int) -> list[MemoryRow]:
+    """The rows of one micro-batch of the RL update: its activations and the float32
+    gradients, `params_bytes` a copy (module docstring)."""
+    micro = MicroBatch.of(config)
+    activations = _Activations(micro, mesh, rules)
+    policy = remat_name(model_config.remat, micro.seq)
+    layer_backward = activations.layer(model_config, "none") * (1 if policy == "none" else 2)
+    total = (model_config.num_layers * activations.layer(model_config, policy)
+             + max(layer_backward, activations.logprobs(model_config,
+                                                        config.model.logprob_chunk)))
+    lower = ("lower algo.micro_tokens" if config.algo.micro_tokens
+             else "lower algo.microbatch_size (or set algo.micro_tokens)")
+    remat = "" if policy == "full" else ", model.remat='full'"
+    shown = policy if policy == model_config.remat else f"{model_config.remat}: {policy}"
+    summed = micro.count > 1
+    return [
+        MemoryRow(f"activations (one micro-batch: {micro.tokens} tokens, remat {shown})",
+                  total, f"{lower}{remat}, or lower model.logprob_chunk"),
+        MemoryRow(f"gradients (float32{', summed over micro-batches' if summed else ''})",
+                  (2 if summed else 1) * params_bytes, _SHARD_PARAMS)]
 
 
 def device_memory(device: jax.Device) -> int | None:
@@ -145,31 +289,30 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
     shardings = jax.tree.map(lambda p: p.get_value(), shardings,
                              is_leaf=lambda x: isinstance(x, nnx.Variable))
     master = _param_bytes(shapes, shardings, _FLOAT32)
-    compute = _param_bytes(shapes, shardings, jax.numpy.dtype(model_config.dtype).itemsize)
+    compute = _param_bytes(shapes, shardings, jnp.dtype(model_config.dtype).itemsize)
 
     r, algo = config.rollout, config.algo
-    shard_params = "raise mesh.fsdp or mesh.tensor (shards every param)"
-    rows = [MemoryRow("policy params (float32)", master, shard_params),
-            MemoryRow("initial params (float32)", master, shard_params),
-            MemoryRow("Adam moments (2 x float32)", 2 * master, shard_params)]
+    rows = [MemoryRow("policy params (float32)", master, _SHARD_PARAMS),
+            MemoryRow("initial params (float32)", master, _SHARD_PARAMS),
+            MemoryRow("Adam moments (2 x float32)", 2 * master, _SHARD_PARAMS)]
     if config.stage == "dpo":  # the frozen starting policy of the preference loss
-        rows.append(MemoryRow("DPO reference (float32)", master, shard_params))
+        rows.append(MemoryRow("DPO reference (float32)", master, _SHARD_PARAMS))
     elif algo.kl_coef > 0:
         rows.append(MemoryRow("KL reference (float32)", master,
-                              f"algo.kl_coef=0 drops it, or {shard_params}"))
+                              f"algo.kl_coef=0 drops it, or {_SHARD_PARAMS}"))
     if needs_critic(algo.advantage):
         head = (model_config.hidden_size + 1) * _FLOAT32
         rows.append(MemoryRow("critic + Adam (3 x float32)", 3 * (master + head),
-                              shard_params))
+                              _SHARD_PARAMS))
     lane_slots = r.engine_slots // r.engine_lanes
-    lane_weights = f"model.dtype='bfloat16' halves it, or {shard_params}"
+    lane_weights = f"model.dtype='bfloat16' halves it, or {_SHARD_PARAMS}"
     rows.append(MemoryRow(f"engine weights ({model_config.dtype}, {r.engine_lanes} lane(s))",
                           r.engine_lanes * compute,
                           f"lower rollout.engine_lanes; {lane_weights}"))
     rows.append(MemoryRow("engine weight swap (one lane)", compute, lane_weights))
     if r.mode == "async":
         rows.append(MemoryRow("staged weights (float32, async)", master,
-                              f"rollout.mode='sync' drops it, or {shard_params}"))
+                              f"rollout.mode='sync' drops it, or {_SHARD_PARAMS}"))
     cache = jax.eval_shape(lambda: init_layer_cache(model_config, lane_slots, r.max_tokens))
     # JaxEngine places its cache by the default rules, whatever config.rules says.
     cache_shardings = parallel.tree_shardings(
@@ -182,6 +325,7 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
         r.engine_lanes * cache_bytes,
         "lower rollout.engine_slots (with rollout.concurrency) or rollout.max_tokens, or "
         "spread the slots over more data-parallel devices (mesh.data, mesh.fsdp)"))
+    rows += activation_rows(config, model_config, mesh, rules, master)
     # A device of this process: memory_stats of another host's device is not readable.
     device = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
     if device_bytes is None:

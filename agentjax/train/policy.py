@@ -19,6 +19,7 @@ import jax
 import ml_collections
 from flax import nnx
 
+from agentjax.config.errors import reject
 from agentjax.models import Decoder, ModelConfig, load_hf, save_hf
 from agentjax.models.tokenizer import AGENT_TAGS, build_tokenizer, load_tokenizer
 from agentjax.train.memory import memory_plan
@@ -52,18 +53,20 @@ class Policy:
              texts: Callable[[], Sequence[str]], plan_memory: bool = True) -> "Policy":
         """Loads the configured policy onto the runtime's mesh. Params load as float32
         (the master weights; exact for a bfloat16 checkpoint), the model computes in
-        config.model.dtype. The training run's memory plan is logged and checked before
-        any weight is read (`plan_memory`; a tool that only reads weights skips it)."""
+        config.model.dtype. Before any weight is read, the context is checked
+        (`check_context`) and the training run's memory plan logged and checked
+        (`plan_memory`; a tool that only reads weights skips it)."""
         path = model_folder(config, runtime.workdir)
         if path == os.path.join(runtime.workdir, TINY_MODEL_DIR) and not os.path.exists(
                 os.path.join(path, "config.json")):
             build_tiny_model(config, path, texts())
         precision = model_precision(config)
+        with open(os.path.join(path, "config.json")) as f:
+            folder_config = ModelConfig.from_hf(json.load(f), **precision)
+        check_context(config, folder_config, path)
         if plan_memory:
-            with open(os.path.join(path, "config.json")) as f:
-                plan = memory_plan(config, ModelConfig.from_hf(json.load(f), **precision),
-                                   runtime.mesh)
-            runtime.log(f"memory plan per device (before activations):\n{plan.table()}")
+            plan = memory_plan(config, folder_config, runtime.mesh)
+            runtime.log(f"memory plan per device:\n{plan.table()}")
             plan.check()
         model, model_config = load_hf(path, mesh=runtime.mesh, rules=runtime.rules,
                                       **precision)
@@ -81,6 +84,17 @@ class Policy:
         training masters."""
         save_hf(nnx.merge(self.graphdef, params), self.model_config, folder,
                 dtype=self.model_config.dtype, tokenizer=self.tokenizer)
+
+
+def check_context(config: ml_collections.ConfigDict, model_config: ModelConfig,
+                  path: str) -> None:
+    """A ConfigError when an episode may be longer than the model's positions
+    (rollout.max_tokens beyond the max_position_embeddings of the model at `path`)."""
+    limit = model_config.max_position_embeddings
+    if config.rollout.max_tokens > limit:
+        reject("rollout.max_tokens", config.rollout.max_tokens,
+               f"episodes that long exceed the model's max_position_embeddings={limit} "
+               f"({os.path.join(path, 'config.json')}): lower it to at most {limit}")
 
 
 def model_folder(config: ml_collections.ConfigDict, workdir: str) -> str:

@@ -138,12 +138,8 @@ class Rollouts:
 
 def check_token_budget(rollout: ml_collections.ConfigDict, policy: Policy, suite: TaskSuite,
                        log: Callable[[str], None]) -> None:
-    """Setup errors for token budgets a run could never meet: a context longer than the
-    model's positions, a prompt that leaves no room to generate."""
-    if rollout.max_tokens > policy.model_config.max_position_embeddings:
-        raise ConfigError(
-            f"config key 'rollout.max_tokens' is {rollout.max_tokens}, beyond the model's "
-            f"max_position_embeddings={policy.model_config.max_position_embeddings}; lower it")
+    """Setup errors for token budgets a run could never meet: a prompt that leaves no
+    room to generate (a context beyond the model's positions stopped `Policy.load`)."""
     env, lengths = suite.make_env(), {}
     for task in list(suite.train_tasks) + list(suite.test_tasks):
         messages = env.reset(task)

@@ -39,6 +39,16 @@ def test_every_other_variant_of_every_config_file_is_valid(name, variant):
     config_lib.validate(recipe(name).get_config(variant))
 
 
+@pytest.mark.parametrize("variant", sorted(presets.LONG_VARIANTS))
+def test_the_long_forms_of_the_grpo_search_recipe_are_valid_and_its_alone(variant):
+    config = recipe("grpo_search.py").get_config(variant)
+    config_lib.validate(config)
+    assert config.to_dict() == presets.search_config("grpo", variant).to_dict()
+    with pytest.raises(ValueError, match=rf"unknown variant {variant!r}; choose one of "
+                                         r"\['cpu', 'hf', 'test'\]"):
+        recipe("dapo_search.py").get_config(variant)
+
+
 @pytest.mark.parametrize("name", CONFIG_FILES)
 def test_no_variant_is_the_backends_and_an_unknown_one_is_refused(name):
     module = recipe(name)
@@ -117,6 +127,15 @@ PINNED = {
     ("grpo_search.py", "test"): {
         "total_steps": 2, "model.hidden_size": 32, "rollout.group_size": 2,
         "log.tensorboard": False},
+    ("grpo_search.py", "long"): {
+        "rollout.max_tokens": 32768, "rollout.max_new_tokens": 512, "env.max_turns": 32,
+        "env.topk": 8, "env.max_observation_words": 400, "algo.micro_tokens": 32768,
+        "model.remat": "auto", "sft.steps": 0, "pretrain.steps": 0,
+        "rollout.prompts_per_step": 4, "rollout.group_size": 4, "data.num_people": 360},
+    ("grpo_search.py", "long_test"): {
+        "rollout.max_tokens": 2048, "rollout.max_new_tokens": 128, "env.max_turns": 12,
+        "env.topk": 4, "algo.micro_tokens": 2048, "model.hidden_size": 32,
+        "total_steps": 2},
     ("dapo_search.py", "cpu"): {
         "algo.name": "dapo", "algo.clip_high": 0.28, "algo.dynamic_sampling": True,
         "algo.overlong_buffer": 64, "algo.agg": "token-mean", "algo.kl_coef": 0.0},

@@ -8,7 +8,8 @@ import pytest
 
 from agentjax.agents import sources
 from agentjax.agents.pool import RolloutPool
-from agentjax.config import presets
+from agentjax.config import ConfigError, presets
+from agentjax.train import policy as policy_lib
 from agentjax.train import run as run_lib
 from agentjax.train.checkpoint import Checkpointer
 from agentjax.train.episodes import EpisodesFailed
@@ -108,14 +109,21 @@ def test_a_prompt_longer_than_the_token_budget_is_a_setup_error(tmp_path):
         set_up(_config(rollout__max_tokens=64), str(tmp_path))
 
 
-def test_a_token_budget_beyond_the_model_positions_is_a_setup_error(tmp_path):
+def test_a_token_budget_beyond_the_model_positions_is_a_setup_error(tmp_path, monkeypatch):
     set_up(_config(), str(tmp_path))[3].close()
     model_config = tmp_path / "init_model" / "config.json"
     fields = json.loads(model_config.read_text())
     fields["max_position_embeddings"] = 256
     model_config.write_text(json.dumps(fields))
-    with pytest.raises(ValueError, match=r"'rollout.max_tokens' is 384, beyond the model's "
-                                         r"max_position_embeddings=256"):
+
+    def load_hf(*args, **kwargs):
+        raise AssertionError("the weights were read before the context was checked")
+
+    monkeypatch.setattr(policy_lib, "load_hf", load_hf)
+    with pytest.raises(ConfigError, match=(
+            r"^config key 'rollout.max_tokens' is 384; episodes that long exceed the model's "
+            r"max_position_embeddings=256 \(.*init_model/config.json\): lower it to at "
+            r"most 256$")):
         set_up(_config(), str(tmp_path))
 
 
