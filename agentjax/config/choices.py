@@ -15,8 +15,9 @@ OUTCOMES = {"search": {"em": "exact_match", "f1": "f1", "judge": "judge"},
             "python": {"em": "math_match"}}
 # models/config.py (`_ARCHS`: the HF architectures entry of each) and models/decoder.py.
 ARCHS = ("llama", "qwen2", "qwen3")
-# models/decoder.py: remat_policy ("auto": none for short sequences, full for long ones).
-REMAT_POLICIES = ("auto", "none", "full", "dots", "dots_no_batch")
+# models/decoder.py: remat_policy ("auto": none for short sequences,
+# full_save_attention for long ones).
+REMAT_POLICIES = ("auto", "none", "full", "full_save_attention", "dots", "dots_no_batch")
 # models/attention.py: segment_attention's implementations ("auto" picks by backend and
 # length).
 ATTENTION_IMPLS = ("auto", "dense", "blockwise", "cudnn", "splash")

@@ -136,7 +136,8 @@ MODEL = Section(
         "so lr 1e-6 would train nothing)"),
     Key("remat", "auto", Choice(REMAT_POLICIES), "what the backward pass recomputes "
         "rather than stores (models/decoder.py: remat_policy); 'auto': nothing below "
-        "4,096 tokens, each layer's activations but its input and attention output above"),
+        "4,096 tokens, 'full_save_attention' (every layer recomputed from its input, the "
+        "blockwise attention's output and logsumexp kept) from there"),
     Key("attention", "auto", Choice(ATTENTION_IMPLS), "the full-sequence attention "
         "(models/attention.py): 'auto' is cuDNN flash on GPU, splash on TPU, blockwise "
         "elsewhere, and the dense T x T product for short sequences"),

@@ -98,27 +98,37 @@ def _init(kind: str, key: jax.Array, shape: tuple[int, ...], dtype: str) -> jax.
     return (jnp.ones if kind == "ones" else jnp.zeros)(shape, dtype)
 
 
-# "auto" remat recomputes the layers of sequences at least this long: below it the saved
-# activations are small and recomputing them would cost a third more time.
+# "auto" remat recomputes the layers of sequences at least this long
+# ("full_save_attention"): below it the saved activations are small and recomputing them
+# would cost a third more time.
 AUTO_REMAT_TOKENS = 4096
+
+
+def resolve_remat(name: str, seq_len: int) -> str:
+    """The remat name `name` means for sequences of `seq_len` tokens ("auto" resolved)."""
+    if name == "auto":
+        return "none" if seq_len < AUTO_REMAT_TOKENS else "full_save_attention"
+    return name
 
 
 def remat_policy(name: str, seq_len: int):
     """The `jax.checkpoint` policy of a `ModelConfig.remat` name for sequences of
     `seq_len` tokens (None: no remat).
 
-    "full" saves only the blockwise attention's output and log-sum-exp (the layer is
-    recomputed from its input, but the backward does not run the attention's forward
-    loop again: a 8k-token step took half the time), "dots" saves every matmul output,
+    "full" saves nothing (recompute the whole layer); "full_save_attention" saves only
+    the blockwise attention's output and log-sum-exp, O(T x heads x head_dim) a layer (the
+    layer is recomputed from its input, but the backward does not run the attention's
+    forward loop again: a 8k-token step took half the time); "dots" saves every matmul
+    output,
     "dots_no_batch" saves weight matmuls but recomputes attention scores; "auto" is
-    "none" below AUTO_REMAT_TOKENS and "full" from there.
+    "none" below AUTO_REMAT_TOKENS and "full_save_attention" from there.
     """
-    if name == "auto":
-        name = "none" if seq_len < AUTO_REMAT_TOKENS else "full"
+    name = resolve_remat(name, seq_len)
     policies = jax.checkpoint_policies
     return {
         "none": None,
-        "full": policies.save_only_these_names(ATTENTION_RESIDUALS),
+        "full": policies.nothing_saveable,
+        "full_save_attention": policies.save_only_these_names(ATTENTION_RESIDUALS),
         "dots": policies.checkpoint_dots,
         "dots_no_batch": policies.dots_with_no_batch_dims_saveable,
     }[name]

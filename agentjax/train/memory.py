@@ -34,15 +34,18 @@ vocab, c bytes of the compute dtype, L layers:
   activations = L x kept + max(layer backward, log-prob backward)
 
   kept, one layer's forward its backward reads, under the remat policy of T tokens
-  (model.remat; "auto" is "none" below models.decoder.AUTO_REMAT_TOKENS, "full" from it):
+  (model.remat; "auto" is "none" below models.decoder.AUTO_REMAT_TOKENS, "full_save_attention" from it):
     none            N x c x (4D + 2H hd + 2K hd + 4F) + attention
                     (layer input, attention-norm output, residual, MLP-norm output; q and
                     the attention output; k, v; gate, up, silu(gate), their product)
     dots            N x c x (3D + 2H hd + 2K hd + 2F) + attention scores (matmul outputs)
     dots_no_batch   N x c x (3D + H hd + 2K hd + 2F)  (weight-matmul outputs)
     full            N x c x D                         (the layer input alone)
-    attention: N x 4 x H float32 (the logsumexp of each head), or with
-    model.attention="dense" N x 4 x H x T x 2 (the T x T scores and probabilities)
+    full_save_attention  N x c x D + N x c x H hd + attention, not dense (the layer
+                    input, the blockwise attention's output and logsumexp)
+    attention: N x 4 x H float32 (the logsumexp of each head), or where the attention is
+    dense (model.attention="dense", or "auto" up to models.attention.DENSE_MAX_TOKENS)
+    N x 4 x H x T x 2 (the T x T scores and probabilities)
   layer backward: the "none" set of one layer once (its gradients), twice when the policy
     recomputes it (the recomputed forward and its gradients)
   log-prob backward: 2 x N / T x min(model.logprob_chunk, T) x V x 4 (a chunk's float32
@@ -79,7 +82,8 @@ from jax.sharding import Mesh, NamedSharding
 from agentjax.core import parallel
 from agentjax.models.cache import LayerKVCache, init_layer_cache
 from agentjax.models.config import ModelConfig
-from agentjax.models.decoder import AUTO_REMAT_TOKENS, Decoder
+from agentjax.models.attention import choose_impl
+from agentjax.models.decoder import Decoder, resolve_remat
 from agentjax.rl.advantages import needs_critic
 
 _GIB = 2 ** 30
@@ -185,14 +189,6 @@ class MicroBatch:
         return cls(micro_rows * r.max_tokens, r.max_tokens, rows // micro_rows)
 
 
-def remat_name(remat: str, seq: int) -> str:
-    """The remat policy `model.remat` gives sequences of `seq` tokens ("auto" resolved
-    as models.decoder.remat_policy resolves it)."""
-    if remat == "auto":
-        return "none" if seq < AUTO_REMAT_TOKENS else "full"
-    return remat
-
-
 class _Activations:
     """Per-device bytes of [tokens, ...] activations of a micro-batch laid out in rows of
     `seq` tokens, sharded by their logical axes (module docstring)."""
@@ -218,16 +214,20 @@ class _Activations:
                 ((cfg.num_heads, cfg.head_dim), ("heads", "head_dim")),
                 ((cfg.num_kv_heads, cfg.head_dim), ("kv_heads", "head_dim")),
                 ((cfg.intermediate_size,), ("mlp",))))
-        if cfg.attention == "dense":  # the T x T scores (and probabilities), float32
+        dense = choose_impl(cfg.attention, seq_len=t, dtype=cfg.dtype, head_dim=cfg.head_dim,
+                            backend=self.mesh.devices.flat[0].platform) == "dense"
+        if dense:  # the T x T scores (and probabilities), float32
             attention = self.bytes(n, t, (cfg.num_heads, t), ("heads", None), _FLOAT32)
-        else:  # blockwise: one float32 logsumexp per head and token
+        else:  # blockwise / kernels: one float32 logsumexp per head and token
             attention = self.bytes(n, t, (cfg.num_heads,), ("heads",), _FLOAT32)
         return {
             "none": 4 * hidden + 2 * heads + 2 * kv_heads + 4 * mlp
-            + attention * (2 if cfg.attention == "dense" else 1),
+            + attention * (2 if dense else 1),
             "dots": 3 * hidden + 2 * heads + 2 * kv_heads + 2 * mlp + attention,
             "dots_no_batch": 3 * hidden + heads + 2 * kv_heads + 2 * mlp,
             "full": hidden,
+            # and the blockwise attention's output and logsumexp (remat_policy names them)
+            "full_save_attention": hidden + (0 if dense else heads + attention),
         }[policy]
 
     def logprobs(self, cfg: ModelConfig, chunk: int) -> int:
@@ -248,7 +248,7 @@ def activation_rows(config: ml_collections.ConfigDict, model_config: ModelConfig
     gradients, `params_bytes` a copy (module docstring)."""
     micro = MicroBatch.of(config)
     activations = _Activations(micro, mesh, rules)
-    policy = remat_name(model_config.remat, micro.seq)
+    policy = resolve_remat(model_config.remat, micro.seq)
     layer_backward = activations.layer(model_config, "none") * (1 if policy == "none" else 2)
     total = (model_config.num_layers * activations.layer(model_config, policy)
              + max(layer_backward, activations.logprobs(model_config,

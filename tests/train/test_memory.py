@@ -1,7 +1,6 @@
 """The memory plan against a hand count of Qwen2.5-3B under the hf preset, and its
 activation estimate against the scratch XLA assigns to compiled training steps."""
 import dataclasses
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +10,6 @@ from flax import nnx
 from agentjax.config import default_config
 from agentjax.core import parallel
 from agentjax.models import Decoder, ModelConfig
-from agentjax.models import decoder as decoder_lib
 from agentjax.rl.logprobs import token_logprobs
 from agentjax.train.memory import memory_plan
 from agentjax.config.presets import search_config
@@ -189,21 +187,12 @@ ROWS, CHUNK = 2, 128
 AGREEMENT = (0.9, 1.6)
 
 
-def _linear_attention(q, k, v, mask):
-    """A stand-in with the memory of a blockwise attention, linear in T: the backward
-    keeps q, k, v and one [B, T, H, hd] state, never a T x T product (the values do not
-    matter here, so `mask` is unused)."""
-    state = jnp.cumsum(k * v, axis=2).transpose(0, 2, 1, 3)  # [B, T, K, hd]
-    return q * jnp.repeat(state, q.shape[2] // k.shape[1], axis=2)
-
-
 @pytest.fixture
-def blockwise(monkeypatch):
-    """TINY with attention='blockwise': models/attention.py's once it lands (issue 26),
-    until then the decoder's dense attention replaced by the linear stand-in."""
-    if importlib.util.find_spec("agentjax.models.attention") is None:
-        monkeypatch.setattr(decoder_lib, "attention", _linear_attention)
-    return dataclasses.replace(TINY, attention="blockwise")
+def blockwise():
+    """TINY with the blockwise attention, in blocks small enough that a tile's scratch
+    (rows x heads x block^2 float32, not counted per token) stays small beside the
+    activations."""
+    return dataclasses.replace(TINY, attention="blockwise", attention_block=32)
 
 
 def _compiled_scratch(model_config: ModelConfig, seq: int) -> int:
@@ -235,7 +224,7 @@ def _planned(model_config: ModelConfig, seq: int) -> int:
     return _rows(memory_plan(config, model_config, mesh))["activations"]
 
 
-@pytest.mark.parametrize("remat", ["none", "full"])
+@pytest.mark.parametrize("remat", ["none", "full", "full_save_attention"])
 def test_activations_agree_with_compiled_steps_and_grow_linearly(remat, blockwise):
     model_config = dataclasses.replace(blockwise, remat=remat)
     compiled = [_compiled_scratch(model_config, seq) for seq in (256, 512)]
