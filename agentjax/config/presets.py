@@ -12,8 +12,8 @@ The variants (`configs/X.py:variant`):
   test  a few seconds of everything, for CI end-to-end tests.
 
 The long-episode forms of the RL search agent (`search_agent`, `search_config`;
-configs/grpo_search.py:long), each a size above with episodes of up to 32 turns of 8
-documents a search:
+configs/grpo_search.py:long), each a size above with more turns, more documents a search
+and a longer context:
   long       the cpu world and model, episodes of up to 32,768 tokens (32 turns of up to
              512 tokens), micro-batches of 32,768 tokens, 16 episodes a step.
   long_test  the test world and model, episodes of up to 2,048 tokens (12 turns of up to
@@ -178,12 +178,14 @@ def _long(c, size: str):
 LONG_VARIANTS = {"long": "cpu", "long_test": "test"}
 
 
-def _apply_variant(config: ml_collections.ConfigDict, name: str) -> None:
-    """A variant's settings: its size's, then a long form's episodes."""
+def _apply_variant(config: ml_collections.ConfigDict, name: str) -> str:
+    """Sets a variant: its size's settings, then a long form's episodes. Returns the
+    size."""
     size = LONG_VARIANTS.get(name, name)
     VARIANTS[size](config)
     if name in LONG_VARIANTS:
         _long(config, size)
+    return size
 
 
 def search_agent(variant_name: str) -> ml_collections.ConfigDict:
@@ -201,11 +203,10 @@ def search_config(algorithm: str, variant_name: str | None) -> ml_collections.Co
     """The search agent trained by RL with `algorithm` (any of ALGORITHM_PRESETS, its
     settings applied before the variant's, a long form's too): configs/grpo_search.py,
     dapo_search.py and ppo_search.py for theirs."""
-    name = variant(variant_name, long=True)
     config = apply_algorithm(default_config(), algorithm)
-    _apply_variant(config, name)
+    size = _apply_variant(config, variant(variant_name, long=True))
     if algorithm == "ppo":
-        config.algo.critic_warmup_steps = 0 if LONG_VARIANTS.get(name, name) == "test" else 5
+        config.algo.critic_warmup_steps = 0 if size == "test" else 5
     return config
 
 

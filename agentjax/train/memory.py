@@ -250,17 +250,20 @@ def activation_rows(config: ml_collections.ConfigDict, model_config: ModelConfig
     activations = _Activations(micro, mesh, rules)
     policy = remat_name(model_config.remat, micro.seq)
     layer_backward = activations.layer(model_config, "none") * (1 if policy == "none" else 2)
+    logprob_backward = activations.logprobs(model_config, config.model.logprob_chunk)
     total = (model_config.num_layers * activations.layer(model_config, policy)
-             + max(layer_backward, activations.logprobs(model_config,
-                                                        config.model.logprob_chunk)))
-    lower = ("lower algo.micro_tokens" if config.algo.micro_tokens
-             else "lower algo.microbatch_size (or set algo.micro_tokens)")
-    remat = "" if policy == "full" else ", model.remat='full'"
+             + max(layer_backward, logprob_backward))
+    knobs = ["lower algo.micro_tokens" if config.algo.micro_tokens
+             else "lower algo.microbatch_size (or set algo.micro_tokens)"]
+    if policy != "full":
+        knobs.append("model.remat='full'")
+    if logprob_backward > layer_backward:
+        knobs.append("lower model.logprob_chunk")
     shown = policy if policy == model_config.remat else f"{model_config.remat}: {policy}"
     summed = micro.count > 1
     return [
         MemoryRow(f"activations (one micro-batch: {micro.tokens} tokens, remat {shown})",
-                  total, f"{lower}{remat}, or lower model.logprob_chunk"),
+                  total, ", ".join(knobs)),
         MemoryRow(f"gradients (float32{', summed over micro-batches' if summed else ''})",
                   (2 if summed else 1) * params_bytes, _SHARD_PARAMS)]
 
