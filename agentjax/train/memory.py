@@ -185,7 +185,7 @@ class MicroBatch:
         return cls(micro_rows * r.max_tokens, r.max_tokens, rows // micro_rows)
 
 
-def remat_name(remat: str, seq: int) -> str:
+def _remat_name(remat: str, seq: int) -> str:
     """The remat policy `model.remat` gives sequences of `seq` tokens ("auto" resolved
     as models.decoder.remat_policy resolves it)."""
     if remat == "auto":
@@ -242,13 +242,13 @@ class _Activations:
             NamedSharding(self.mesh, head_spec).shard_shape(head)) * _FLOAT32
 
 
-def activation_rows(config: ml_collections.ConfigDict, model_config: ModelConfig,
+def _activation_rows(config: ml_collections.ConfigDict, model_config: ModelConfig,
                     mesh: Mesh, rules: parallel.Rules, params_bytes: int) -> list[MemoryRow]:
     """The rows of one micro-batch of the RL update: its activations and the float32
     gradients, `params_bytes` a copy (module docstring)."""
     micro = MicroBatch.of(config)
     activations = _Activations(micro, mesh, rules)
-    policy = remat_name(model_config.remat, micro.seq)
+    policy = _remat_name(model_config.remat, micro.seq)
     layer_backward = activations.layer(model_config, "none") * (1 if policy == "none" else 2)
     logprob_backward = activations.logprobs(model_config, config.model.logprob_chunk)
     total = (model_config.num_layers * activations.layer(model_config, policy)
@@ -328,7 +328,7 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
         r.engine_lanes * cache_bytes,
         "lower rollout.engine_slots (with rollout.concurrency) or rollout.max_tokens, or "
         "spread the slots over more data-parallel devices (mesh.data, mesh.fsdp)"))
-    rows += activation_rows(config, model_config, mesh, rules, master)
+    rows += _activation_rows(config, model_config, mesh, rules, master)
     # A device of this process: memory_stats of another host's device is not readable.
     device = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
     if device_bytes is None:
