@@ -12,10 +12,10 @@ The variants (`configs/X.py:variant`):
   test  a few seconds of everything, for CI end-to-end tests.
 
 The long-episode forms of the RL search agent (`search_agent`, `search_config`;
-configs/grpo_search.py:long), each a size above with episodes of up to 32 turns of 8
-documents a search:
+configs/grpo_search.py:long), each a size above with more turns, more documents a search
+and a longer context:
   long       the cpu world and model, episodes of up to 32,768 tokens (32 turns of up to
-             512 tokens), micro-batches of 32,768 tokens, 16 episodes a step.
+             512 tokens), micro-batches of 32,768 tokens, 8 episodes a step.
   long_test  the test world and model, episodes of up to 2,048 tokens (12 turns of up to
              128, 4 documents a search), for CI.
 Both train by RL alone, from the random-init model: pretraining and SFT pack rows of
@@ -167,10 +167,13 @@ def _long(c, size: str):
     c.pretrain.steps = c.sft.steps = 0
     c.data.rl_excludes_demo_tasks = False  # no SFT: no question was demonstrated
     if not test:
-        c.rollout.prompts_per_step, c.rollout.group_size = 4, 4
-        c.rollout.engine_slots = c.rollout.concurrency = 16
+        c.rollout.prompts_per_step, c.rollout.group_size = 2, 4
+        c.rollout.engine_slots = c.rollout.concurrency = 8
+        # 2 cores decode these 8 episodes at 50-300 tokens/s in all: a 32k-token
+        # episode takes most of an hour.
+        c.rollout.episode_timeout_s = 7200.0
         c.total_steps = 10
-        c.eval.every, c.eval.num_tasks, c.eval.samples = 0, 16, 1
+        c.eval.every, c.eval.num_tasks, c.eval.samples = 0, 8, 1
         c.checkpoint.every = 5
 
 
@@ -178,12 +181,14 @@ def _long(c, size: str):
 LONG_VARIANTS = {"long": "cpu", "long_test": "test"}
 
 
-def _apply_variant(config: ml_collections.ConfigDict, name: str) -> None:
-    """A variant's settings: its size's, then a long form's episodes."""
+def _apply_variant(config: ml_collections.ConfigDict, name: str) -> str:
+    """Sets a variant: its size's settings, then a long form's episodes. Returns the
+    size."""
     size = LONG_VARIANTS.get(name, name)
     VARIANTS[size](config)
     if name in LONG_VARIANTS:
         _long(config, size)
+    return size
 
 
 def search_agent(variant_name: str) -> ml_collections.ConfigDict:
@@ -201,11 +206,10 @@ def search_config(algorithm: str, variant_name: str | None) -> ml_collections.Co
     """The search agent trained by RL with `algorithm` (any of ALGORITHM_PRESETS, its
     settings applied before the variant's, a long form's too): configs/grpo_search.py,
     dapo_search.py and ppo_search.py for theirs."""
-    name = variant(variant_name, long=True)
     config = apply_algorithm(default_config(), algorithm)
-    _apply_variant(config, name)
+    size = _apply_variant(config, variant(variant_name, long=True))
     if algorithm == "ppo":
-        config.algo.critic_warmup_steps = 0 if LONG_VARIANTS.get(name, name) == "test" else 5
+        config.algo.critic_warmup_steps = 0 if size == "test" else 5
     return config
 
 

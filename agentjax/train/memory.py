@@ -242,7 +242,7 @@ class _Activations:
             NamedSharding(self.mesh, head_spec).shard_shape(head)) * _FLOAT32
 
 
-def activation_rows(config: ml_collections.ConfigDict, model_config: ModelConfig,
+def _activation_rows(config: ml_collections.ConfigDict, model_config: ModelConfig,
                     mesh: Mesh, rules: parallel.Rules, params_bytes: int) -> list[MemoryRow]:
     """The rows of one micro-batch of the RL update: its activations and the float32
     gradients, `params_bytes` a copy (module docstring)."""
@@ -250,17 +250,20 @@ def activation_rows(config: ml_collections.ConfigDict, model_config: ModelConfig
     activations = _Activations(micro, mesh, rules)
     policy = resolve_remat(model_config.remat, micro.seq)
     layer_backward = activations.layer(model_config, "none") * (1 if policy == "none" else 2)
+    logprob_backward = activations.logprobs(model_config, config.model.logprob_chunk)
     total = (model_config.num_layers * activations.layer(model_config, policy)
-             + max(layer_backward, activations.logprobs(model_config,
-                                                        config.model.logprob_chunk)))
-    lower = ("lower algo.micro_tokens" if config.algo.micro_tokens
-             else "lower algo.microbatch_size (or set algo.micro_tokens)")
-    remat = "" if policy == "full" else ", model.remat='full'"
+             + max(layer_backward, logprob_backward))
+    knobs = ["lower algo.micro_tokens" if config.algo.micro_tokens
+             else "lower algo.microbatch_size (or set algo.micro_tokens)"]
+    if policy not in ("full", "full_save_attention"):
+        knobs.append("model.remat='full'")
+    if logprob_backward > layer_backward:
+        knobs.append("lower model.logprob_chunk")
     shown = policy if policy == model_config.remat else f"{model_config.remat}: {policy}"
     summed = micro.count > 1
     return [
         MemoryRow(f"activations (one micro-batch: {micro.tokens} tokens, remat {shown})",
-                  total, f"{lower}{remat}, or lower model.logprob_chunk"),
+                  total, ", ".join(knobs)),
         MemoryRow(f"gradients (float32{', summed over micro-batches' if summed else ''})",
                   (2 if summed else 1) * params_bytes, _SHARD_PARAMS)]
 
@@ -325,7 +328,7 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
         r.engine_lanes * cache_bytes,
         "lower rollout.engine_slots (with rollout.concurrency) or rollout.max_tokens, or "
         "spread the slots over more data-parallel devices (mesh.data, mesh.fsdp)"))
-    rows += activation_rows(config, model_config, mesh, rules, master)
+    rows += _activation_rows(config, model_config, mesh, rules, master)
     # A device of this process: memory_stats of another host's device is not readable.
     device = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
     if device_bytes is None:

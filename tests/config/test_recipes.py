@@ -131,7 +131,7 @@ PINNED = {
         "rollout.max_tokens": 32768, "rollout.max_new_tokens": 512, "env.max_turns": 32,
         "env.topk": 8, "env.max_observation_words": 400, "algo.micro_tokens": 32768,
         "model.remat": "auto", "sft.steps": 0, "pretrain.steps": 0,
-        "rollout.prompts_per_step": 4, "rollout.group_size": 4, "data.num_people": 360},
+        "rollout.prompts_per_step": 2, "rollout.group_size": 4, "data.num_people": 360},
     ("grpo_search.py", "long_test"): {
         "rollout.max_tokens": 2048, "rollout.max_new_tokens": 128, "env.max_turns": 12,
         "env.topk": 4, "algo.micro_tokens": 2048, "model.hidden_size": 32,

@@ -144,7 +144,7 @@ def test_a_micro_batch_that_cannot_fit_stops_the_run_naming_its_knobs():
         plan.check()
     assert ("activations (one micro-batch: 327680 tokens, remat full) "
             f"{_rows(plan)['activations'] / GIB:.1f} GiB: lower algo.microbatch_size (or "
-            "set algo.micro_tokens), or lower model.logprob_chunk") in str(error.value)
+            "set algo.micro_tokens);") in str(error.value)
     # The gradients of the one micro-batch are not summed: a single float32 copy.
     assert _rows(plan)["gradients"] == 4 * PARAMS
     config.model.remat = "none"
@@ -157,18 +157,24 @@ def test_a_micro_batch_that_cannot_fit_stops_the_run_naming_its_knobs():
 def test_token_micro_batches_and_the_remat_policy_of_their_length():
     config = search_config("grpo", "hf")
     config.model.remat, config.algo.microbatch_size = "auto", 0
-    config.algo.micro_tokens = 16384
+    config.algo.micro_tokens = 32768
     mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
     rows = {row.name: row for row in memory_plan(config, _qwen25_3b(config), mesh,
                                                  device_bytes=None).rows}
     # rollout.max_tokens=4096 is where "auto" turns to recomputing each layer.
-    assert rows["activations (one micro-batch: 16384 tokens, remat auto: full)"].knobs == \
-        "lower algo.micro_tokens, or lower model.logprob_chunk"
+    assert rows["activations (one micro-batch: 32768 tokens, remat auto: full)"].knobs == \
+        "lower algo.micro_tokens"
     assert "gradients (float32, summed over micro-batches)" in rows
+    # Chunks of 4096 positions: the logits of the log-prob backward are the peak.
+    config.model.logprob_chunk = 4096
+    [row] = [row for row in memory_plan(config, _qwen25_3b(config), mesh,
+                                        device_bytes=None).rows
+             if row.name.startswith("activations")]
+    assert row.knobs == "lower algo.micro_tokens, lower model.logprob_chunk"
     config.rollout.max_tokens = 2048
     names = [row.name for row in memory_plan(config, _qwen25_3b(config), mesh,
                                              device_bytes=None).rows]
-    assert "activations (one micro-batch: 16384 tokens, remat auto: none)" in names
+    assert "activations (one micro-batch: 32768 tokens, remat auto: none)" in names
 
 
 # The tiny decoder of the comparisons with XLA: float32 (XLA:CPU computes bfloat16
