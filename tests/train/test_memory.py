@@ -162,7 +162,7 @@ def test_token_micro_batches_and_the_remat_policy_of_their_length():
     rows = {row.name: row for row in memory_plan(config, _qwen25_3b(config), mesh,
                                                  device_bytes=None).rows}
     # rollout.max_tokens=4096 is where "auto" turns to recomputing each layer.
-    assert rows["activations (one micro-batch: 32768 tokens, remat auto: full)"].knobs == \
+    assert rows["activations (one micro-batch: 32768 tokens, remat auto: full_save_attention)"].knobs == \
         "lower algo.micro_tokens"
     assert "gradients (float32, summed over micro-batches)" in rows
     # Chunks of 4096 positions: the logits of the log-prob backward are the peak.
