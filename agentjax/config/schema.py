@@ -140,7 +140,7 @@ MODEL = Section(
         "blockwise attention's output and logsumexp kept) from there"),
     Key("attention", "auto", Choice(ATTENTION_IMPLS), "the full-sequence attention "
         "(models/attention.py): 'auto' is cuDNN flash on GPU, splash on TPU, blockwise "
-        "elsewhere, and the dense T x T product for short sequences"),
+        "elsewhere, and the dense T x T product up to 512 tokens"),
     Key("attention_block", 256, POSITIVE, "query / key block length of the blockwise "
         "attention (sequences are padded to a multiple inside)"),
     Key("logprob_chunk", 1024, POSITIVE, "tokens whose logits are computed at once for "

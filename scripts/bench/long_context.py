@@ -8,7 +8,7 @@ checkpointing), same weights, same CPU, measured in the same run.
 
 Model: Qwen2-style, 4 layers, d=256, 8 query heads x 32 (2 kv heads), SwiGLU 1024,
 vocab 1024, float32; batch 1 x T, one episode filling the row, loss on every other
-token. agentjax runs its defaults (`model.attention="auto"`: dense up to 1,024 tokens,
+token. agentjax runs its defaults (`model.attention="auto"`: dense up to 512 tokens,
 blockwise above on CPU; `model.remat="auto"`: every layer recomputed from 4,096 tokens)
 unless told otherwise; torch recomputes every layer too (`gradient_checkpointing_enable`).
 
