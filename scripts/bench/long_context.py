@@ -33,7 +33,6 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 from timing import Ratio, Runs, measure, timed  # scripts/bench/timing.py
@@ -102,40 +101,16 @@ def torch_side(folder: str, length: int, args):
 def agentjax_side(folder: str, length: int, args):
     import jax
     import jax.numpy as jnp
-    from flax import nnx
+    from model import jax_side  # scripts/bench/model.py: the same jitted step and pass
 
     from agentjax.models.hf import load_hf
-    from agentjax.rl.logprobs import token_logprobs
 
     model, _ = load_hf(folder, remat=args.remat, attention=args.attention,
                        attention_block=args.block)
-    graphdef, params = nnx.split(model)
-    tokens, positions, targets, loss_mask = (jnp.asarray(x, jnp.int32)
-                                             for x in make_batch(length))
-    segment_ids = jnp.ones_like(tokens)
-
-    def logp_fn(params):
-        model = nnx.merge(graphdef, params)
-        hidden, _ = model(tokens, positions, segment_ids)
-        return token_logprobs(hidden, model.lm_head_weight(), targets,
-                              chunk_size=args.chunk)[0]
-
-    def loss_fn(params):
-        return -(logp_fn(params) * loss_mask).sum() / loss_mask.sum()
-
-    start = time.perf_counter()
-    grad_step = jax.jit(jax.value_and_grad(loss_fn)).lower(params).compile()
-    logp_step = jax.jit(logp_fn).lower(params).compile()
-    compile_seconds = time.perf_counter() - start
-
-    def train_step():
-        loss, grads = grad_step(params)
-        jax.block_until_ready(grads)
-        return float(loss)
-
-    def logprobs():
-        return jax.block_until_ready(logp_step(params))
-
+    tokens, positions, targets, loss_mask = make_batch(length)
+    # model.py's batch: (tokens, segment ids, positions, targets, loss mask).
+    batch = (tokens, jnp.ones_like(jnp.asarray(tokens)), positions, targets, loss_mask)
+    train_step, logprobs, compile_seconds = jax_side(model, batch, args.chunk)
     return train_step, logprobs, compile_seconds, (
         f"jax {jax.__version__} attention={args.attention} remat={args.remat}")
 
