@@ -11,10 +11,9 @@ from agentjax.engine.jax.engine import JaxEngine
 from tests.agents.fakes import CORPUS
 
 # Shapes of the shared engine; tests that need the model's context length use these.
-# attention_spans=(32,) gives two attention spans (32 and 96), so rows crossing from
-# one span to the other are checked against full forwards too.
+# page_size=16: rows cross pages while they prefill and decode (up to 6 pages a row).
 ENGINE_KWARGS = dict(max_slots=4, max_len=96, prefill_chunks=(32,), batch_buckets=(1,),
-                     decode_steps=4, attention_spans=(32,), batch_wait_s=0.01)
+                     decode_steps=4, page_size=16, batch_wait_s=0.01)
 
 
 @pytest.fixture(scope="session")

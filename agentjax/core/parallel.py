@@ -17,8 +17,8 @@ propagates shardings through the program.
 
 Logical names: `batch`, `seq`, `embed` (parameter D), `act_embed` (activation D; kept
 whole by default so FSDP all-gathers weights rather than activations), `mlp`, `heads`,
-`kv_heads`, `head_dim`, `vocab`, `layers` (the stacked-layer axis) and `cache_seq` (KV
-cache slots). A dimension whose size the mapped mesh axes do not divide (e.g. 2 KV heads
+`kv_heads`, `head_dim`, `vocab`, `layers` (the stacked-layer axis), `cache_seq` (KV
+cache slots), `cache_pages` and `page` (the engine's page pool and a page's slots). A dimension whose size the mapped mesh axes do not divide (e.g. 2 KV heads
 on a tensor axis of 4) is replicated along the axes that do not fit instead of failing.
 
 Multi-host: `make_mesh({"distributed": True, ...})` calls `jax.distributed.initialize()`
@@ -51,6 +51,9 @@ DEFAULT_RULES: dict[str, Any] = {
     "vocab": "tensor",
     "layers": None,
     "cache_seq": None,
+    # Pages are shared by every sequence, whichever data shard runs it: replicated.
+    "cache_pages": None,
+    "page": None,
 }
 
 LogicalAxes = Sequence[str | None]

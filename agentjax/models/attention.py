@@ -88,33 +88,6 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     return out.reshape(b, t, h, hd)
 
 
-def layer_cache_attention(q: jax.Array, k_t: jax.Array, v: jax.Array,
-                          mask: jax.Array) -> jax.Array:
-    """`attention` over one layer of a `LayerKVCache` (keys stored transposed).
-
-    Both products are batched over (row, kv head) with the queries of a group as the
-    matrix rows and no transposed operand or output: XLA:CPU ran `attention`'s
-    [B, T, K, G, hd]-ordered output as tiny strided matmuls, 2.5x slower on a decode
-    step at 576 slots.
-
-    Args:
-      q: [B, T, H, hd] queries.
-      k_t: [B, K, hd, S] keys.
-      v: [B, K, S, hd] values.
-      mask: [B, T, S] bool, True where query t may attend key s.
-
-    Returns:
-      [B, T, H, hd] in q's dtype; scores and softmax are float32.
-    """
-    b, t, h, hd = q.shape
-    q = _grouped_queries(q, k_t.shape[1]).transpose(0, 2, 3, 1, 4)        # [B, K, G, T, hd]
-    scores = jnp.einsum("bkgtd,bkds->bkgts", q, k_t.astype(q.dtype),
-                        preferred_element_type=accumulation_dtype(q.dtype))
-    probs = _masked_softmax(scores, mask).astype(q.dtype)
-    out = jnp.einsum("bkgts,bksd->bkgtd", probs, v.astype(q.dtype))
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
-
-
 def _grouped_queries(q: jax.Array, kv_heads: int) -> jax.Array:
     """Scaled queries [B, T, K, G, hd] grouped by the kv head they read."""
     b, t, h, hd = q.shape

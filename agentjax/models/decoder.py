@@ -16,12 +16,12 @@ With a `KVCache` (see cache.py) the same call prefills, decodes one token, or ap
 chunk to rows at different lengths, and returns the updated cache.
 
 Inference engines use `model.layerwise_weights()` instead: the same computation with the
-layers unrolled over per-layer weights and a per-layer `LayerKVCache` (on CPU, each
-layer's slice of a stacked array inside a scan is a copy, which on a single-token step
-costs about as much as the layer's matmuls):
+layers unrolled over per-layer weights and a paged KV cache (`models/paged.py`; on CPU,
+each layer's slice of a stacked array inside a scan is a copy, which on a single-token
+step costs about as much as the layer's matmuls):
 
     weights = model.layerwise_weights()                    # under jit: a copy per layer
-    hidden, cache = weights.forward(tokens, positions, segment_ids, layer_cache)
+    hidden, pages = weights.forward(tokens, slots, write, pages, items)
     logits = weights.logits(hidden)
 
 Pure-functional idiom for jit / optax / sharding — the trainer keeps `params` (an
@@ -54,10 +54,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from agentjax.models.attention import (ATTENTION_RESIDUALS, accumulation_dtype, attention, cache_mask,
-                                       layer_cache_attention, segment_attention)
-from agentjax.models.cache import KVCache, LayerKVCache, write_slots
+from agentjax.models.attention import (ATTENTION_RESIDUALS, accumulation_dtype, attention,
+                                       cache_mask, segment_attention)
+from agentjax.models.cache import KVCache, write_slots
 from agentjax.models.config import ModelConfig
+from agentjax.models.paged import (AttentionItems, PagedKVCache, paged_attention,
+                                   write_pages)
 from agentjax.core.parallel import LogicalSharding, constrain
 
 _INIT_STD = 0.02  # HF `initializer_range` default for these families
@@ -328,43 +330,43 @@ class LayerwiseWeights:
         w = self.embed.T if self.lm_head is None else self.lm_head
         return _logits(hidden, w, self.activation_sharding)
 
-    def forward(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array,
-                cache: LayerKVCache) -> tuple[jax.Array, LayerKVCache]:
-        """Appends a chunk to the cache rows and runs the decoder over it.
+    def forward(self, tokens: jax.Array, slots: jax.Array, write: jax.Array,
+                cache: PagedKVCache, items: AttentionItems) -> tuple[jax.Array, PagedKVCache]:
+        """Writes a chunk of new tokens into the page pool and runs the decoder over it
+        (`models/paged.py`: the index arrays and the work list).
 
         Args:
-          tokens: [B, T] int32 token ids.
-          positions: [B, T] int32 RoPE positions (`cache_positions(cache.lengths, ...)`).
-          segment_ids: [B, T] int32, nonzero = real token of the row's sequence, 0 =
-            padding (neither written nor counted).
-          cache: LayerKVCache with `batch == B`.
+          tokens: [R, T] int32 token ids.
+          slots: [R, T] int32 position of each token in its sequence (its RoPE position);
+            -1 for padding.
+          write: [R, T] int32 flat pool index of each token's key / value; -1 for padding.
+          cache: the page pool.
+          items: the attention work list of the call.
 
         Returns:
-          (hidden [B, T, D] in the compute dtype after the final norm, updated cache).
+          (hidden [R, T, D] in the compute dtype after the final norm, updated pool).
         """
-        chex.assert_rank([tokens, positions, segment_ids], 2)
-        chex.assert_equal_shape([tokens, positions, segment_ids])
-        chex.assert_type([tokens, positions, segment_ids], int)
-        chex.assert_shape(cache.lengths, (tokens.shape[0],))
+        chex.assert_rank([tokens, slots, write], 2)
+        chex.assert_equal_shape([tokens, slots, write])
+        chex.assert_type([tokens, slots, write], int)
         if len(cache.k) != len(self.layers):
             raise ValueError(f"cache has {len(cache.k)} layers, the model {len(self.layers)}")
         cfg, shard = self.config, self.activation_sharding
-        _check_concrete_inputs(tokens, cfg.vocab_size, segment_ids, cache)
+        _check_concrete_inputs(tokens, cfg.vocab_size, slots, None)
 
         x = _embed(cfg, self.embed, tokens, shard)
-        cos, sin = rope_tables(positions, cfg.rope.inv_freq(cfg.head_dim))
-        mask, scatter_slots, new_lengths = _cache_write_plan(cache, segment_ids)
+        cos, sin = rope_tables(jnp.maximum(slots, 0), cfg.rope.inv_freq(cfg.head_dim))
         keys, values = [], []
-        for p, old_k, old_v in zip(self.layers, cache.k, cache.v):
-            def attend(q, k, v, old_k=old_k, old_v=old_v):
-                new_k, new_v = _write_layer_cache(old_k, old_v, k, v, scatter_slots)
-                return layer_cache_attention(q, new_k, new_v, mask), (new_k, new_v)
+        for p, k_pool, v_pool in zip(self.layers, cache.k, cache.v):
+            def attend(q, k, v, k_pool=k_pool, v_pool=v_pool):
+                k_pool, v_pool = write_pages(k_pool, v_pool, k, v, write)
+                return paged_attention(q, k_pool, v_pool, slots, items), (k_pool, v_pool)
 
-            x, (new_k, new_v) = _layer(cfg, p, x, cos, sin, attend, shard)
-            keys.append(new_k)
-            values.append(new_v)
+            x, (k_pool, v_pool) = _layer(cfg, p, x, cos, sin, attend, shard)
+            keys.append(k_pool)
+            values.append(v_pool)
         hidden = rms_norm(x, self.final_norm, cfg.rms_norm_eps)
-        return hidden, LayerKVCache(k=tuple(keys), v=tuple(values), lengths=new_lengths)
+        return hidden, PagedKVCache(k=tuple(keys), v=tuple(values))
 
 
 def _embed(cfg: ModelConfig, embed: jax.Array, tokens: jax.Array,
@@ -396,7 +398,7 @@ def _layer(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: jax.Arr
     return constrain(x, ("batch", "seq", "act_embed"), shard), kv
 
 
-def _cache_write_plan(cache: KVCache | LayerKVCache, segment_ids: jax.Array):
+def _cache_write_plan(cache: KVCache, segment_ids: jax.Array):
     """(attention mask [B, T, max_len], slot of each new token with padding redirected
     out of bounds so the scatter drops it, new lengths) of appending a chunk."""
     slots, new_lengths = write_slots(cache.lengths, segment_ids)
@@ -439,17 +441,6 @@ def _write_and_read_cache(kv: tuple[jax.Array, jax.Array], index: jax.Array, k: 
     layer_k = jax.lax.dynamic_index_in_dim(cache_k, index, keepdims=False).astype(k.dtype)
     layer_v = jax.lax.dynamic_index_in_dim(cache_v, index, keepdims=False).astype(v.dtype)
     return (cache_k, cache_v), layer_k, layer_v
-
-
-def _write_layer_cache(layer_k: jax.Array, layer_v: jax.Array, k: jax.Array, v: jax.Array,
-                       slots: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Scatters new k/v [B,T,K,hd] into one LayerKVCache layer (keys [B,K,hd,S], values
-    [B,K,S,hd]) at `slots` [B,T] (out-of-range slots are dropped)."""
-    rows = jnp.arange(k.shape[0])[:, None]
-    # Indices split by slices: each update is indexed [B, T, K, hd], k's own layout.
-    layer_k = layer_k.at[rows, :, :, slots].set(k.astype(layer_k.dtype), mode="drop")
-    layer_v = layer_v.at[rows, :, slots].set(v.astype(layer_v.dtype), mode="drop")
-    return layer_k, layer_v
 
 
 def _is_concrete_local(x) -> bool:

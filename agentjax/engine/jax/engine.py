@@ -1,68 +1,83 @@
-"""JaxEngine: the in-process rollout engine (continuous batching over a fixed KV cache).
+"""JaxEngine: the in-process rollout engine (continuous batching over a paged KV cache).
 
     engine = JaxEngine.from_model(model, tokenizer=tok, max_slots=32, max_len=1024)
     [[completion]] = await engine.generate([GenerateRequest(ids, SamplingParams(...))])
     engine.update_weights(new_params, version=3)     # in place, no recompilation
 
 The scheduler is one thread's state machine (intake, admission, prefill and decode
-rounds, finishing). What it drives lives beside it: the device programs and the KV cache
-in `engine/jax/programs.py`, the shape of each call (rows gathered, chunk width,
-attention span) in `engine/jax/shapes.py`, the rows and sessions in
-`engine/jax/slots.py`.
+rounds, finishing). What it drives lives beside it: the device programs and the page
+pool in `engine/jax/programs.py` (attention in `models/paged.py`), the shape of each
+call in `engine/jax/shapes.py`, the pages, sessions and shared prompts in
+`engine/jax/pages.py`.
 
 Design:
-- Prefill: each admitted sequence's next tokens go into a right-padded [P, C] chunk, C
-  picked per sequence from its own remaining tokens; the sequences of a round are
-  grouped by C, one call per group.
+- KV pages: a pool of `kv_pages` pages of `page_size` slots, allocated as tokens arrive
+  and freed when a sequence ends; max_len caps a request, it reserves nothing. Every
+  call attends only the pages its rows hold (a work list of (row, page) items), so cost
+  follows the tokens in flight, not max_len nor the longest row. When pages run out,
+  shared prompts and then (unless deterministic) parked sessions are dropped, then
+  requests wait; a request that can never fit is aborted with the reason.
+- Prefill: each admitted sequence's context but its last token goes into right-padded
+  [R, C] chunks, C picked per sequence from its own remaining tokens; the sequences of a
+  round are grouped by C, one call per group. The last context token is fed by the
+  first decode step, which samples the first token.
+- Shared prompts: a fresh sequence whose ids equal another's prefills nothing: it
+  shares that sequence's pages (copy-on-write), so a GRPO group's prompt is prefilled
+  once (`engine/jax/pages.py`).
 - Decode: one program call runs `decode_steps` tokens over the decoding rows. Stop
   strings are checked on the host by decoding a window of each row's newest tokens;
-  tokens sampled after a stop string are discarded and the row's cache length rolled
+  tokens sampled after a stop string are discarded and the sequence's length rolled
   back.
-- Compilations: one decode program per (batch bucket, span) and one prefill program per
-  (batch bucket, chunk), compiled when first used; `warmup()` compiles them all upfront.
-- Continuous batching: a scheduler thread admits waiting requests into free rows
-  between decode rounds; when idle it waits `batch_wait_s` after the first arrival to
-  gather concurrent callers. Sequences finish independently.
-- Sessions (`GenerateRequest.session_id`): after a turn the row stays parked with its
-  cache and the session's next request prefills only past their common prefix
-  (`engine/jax/slots.py`). `update_weights` drops every parked session (their caches
-  hold old-policy keys).
+- Compilations: one decode program per (rows, attention items) and one prefill program
+  per (rows, chunk, attention items), compiled when first used; `warmup()` compiles
+  them all upfront.
+- Continuous batching: a scheduler thread admits waiting requests (up to max_slots in
+  flight) between decode rounds; when idle it waits `batch_wait_s` after the first
+  arrival to gather concurrent callers. Sequences finish independently.
+- Sessions (`GenerateRequest.session_id`): after a turn the session keeps its pages and
+  its next request prefills only past their common prefix.
 - Sampling and log-probs: `engine/jax/sampling.py` (temperature, then top-k, then top-p,
   renormalized; the returned log-prob is that of the distribution sampled from; greedy
   reports the untempered log-prob). Each sequence's key is `fold_in(PRNGKey(seed),
   sample_index)` (or drawn from the engine's stream when `seed` is None), and the token
   sampled for absolute position t uses `fold_in(key, t)`: a seeded request draws the
-  same noise whatever shares its batch or which row it lands in, and the turns of a
-  seeded episode (later positions) get fresh randomness.
+  same noise whatever shares its batch, and the turns of a seeded episode (later
+  positions) get fresh randomness.
 - Weights: `update_weights` copies the new params into the engine (same structure,
   shapes, dtypes and shardings as before — checked), cast to the model's compute dtype
   (`config.dtype`: float32 master weights become a bfloat16 copy), so nothing
   recompiles and the trainer may donate its own buffers afterwards. The swap happens
-  between rounds, also while sequences are in flight: each output token's weight
-  version is reported (`meta["token_versions"]`), so a turn that straddles a swap
-  says which tokens which weights sampled.
-- Sharding: params may live on a mesh (e.g. `parallel.shard_model`); the cache is then
-  placed on it by `LayerKVCache.logical_axes` and the rules the model was sharded with
+  between rounds, also while sequences are in flight; every page written by the old
+  weights is dropped then: parked sessions and shared prompts end, and a sequence in
+  flight prefills its context so far again with the new weights before it samples on
+  (`meta["recomputed"]`), so no old-policy key is ever attended after a swap. Each
+  output token's weight version is reported (`meta["token_versions"]`).
+- Sharding: params may live on a mesh (e.g. `parallel.shard_model`); the pool is then
+  placed on it by `PagedKVCache.logical_axes` and the rules the model was sharded with
   (`programs.new_cache`), and jit propagates the rest.
+- Host time: `stats["host_gap_s"]` sums the scheduler's time between the end of one
+  device call and the start of the next while it has work (`scripts/bench/engine.py`
+  prints it per decode round).
 
 Batch invariance (`deterministic=True`). Same noise is not same tokens: XLA:CPU's matmul
 result for a row depends on the program's row count (a row of `x[:k] @ w` differs from
-the same row of `x @ w` by ~1e-5), and the default scheduler picks program shapes
-(batch bucket, chunk width, span) from whatever happens to be in flight, so a near-tie
-between two tokens can resolve differently from run to run. For a fixed program shape
-a row's result does not depend on its row index or on the other rows' contents, so in
-deterministic mode every program a sequence passes through has a shape that does not
-depend on the other sequences: decode always runs all rows at span max_len; prefill
-always gathers `deterministic_prefill_rows` rows; chunk boundaries depend only on the
-sequence's own tokens (`ProgramShapes.chunk_width`, from the cached prefix its session
-holds). A seeded request's output ids and log-probs are then bitwise identical whatever else runs,
-in whatever order requests arrive (same engine settings, same machine and XLA build).
-A parked session is never evicted (re-prefilling its history would compute its keys in
-another program than the decode steps that wrote them): the caller keeps sessions in
-flight within max_slots (`end_session` when an episode ends); a request that finds every
-row held by a parked session is aborted with that error rather than left waiting.
-Weight swaps change outputs, as they should; the caller makes them at the same points.
-The price: decode pays for every row at full span (the benchmark prints it).
+the same row of `x @ w` by ~1e-5), and the default scheduler picks row counts from
+whatever happens to be in flight, so a near-tie between two tokens can resolve
+differently from run to run. For a fixed row count a row's result does not depend on
+its row index or on the other rows' contents, and the paged attention of a row does not
+depend on the other rows' items (`models/paged.py`), so in deterministic mode every
+call a sequence passes through has a row count that does not depend on the other
+sequences: decode always runs max_slots rows, prefill `deterministic_prefill_rows`;
+chunk boundaries depend only on the sequence's own tokens (`ProgramShapes.chunk_width`,
+from the cached prefix its session holds). A seeded request's output ids and log-probs
+are then bitwise identical whatever else runs, in whatever order requests arrive (same
+engine settings, same machine and XLA build), while each call still pays only for the
+tokens its rows hold. A parked session is never evicted (re-prefilling its history
+would compute its keys in another program than the decode steps that wrote them): the
+caller keeps sessions within the page pool (`end_session` when an episode ends); a
+request that finds the pool held by parked sessions is aborted with that error rather
+than left waiting. Weight swaps change outputs, as they should; the caller makes them at
+the same points.
 
 Compilations of the device programs are counted process-wide (`compile_counts`). Weights
 and cache are committed to their devices at construction, and `update_weights` places new
@@ -87,13 +102,14 @@ import numpy as np
 from flax import nnx
 
 from agentjax.models.decoder import LayerwiseWeights
-from agentjax.engine.jax.programs import (COMPILE_COUNTS, decode, engine_weights,
-                                              new_cache, prefill)
+from agentjax.models.paged import AttentionItems, build_items, items_needed, page_bytes
+from agentjax.engine.jax.programs import (COMPILE_COUNTS, copy_pages, decode,
+                                          engine_weights, new_cache, prefill)
 from agentjax.engine.protocol import (Completion, GenerateRequest, SamplingParams,
                                      check_request, reported_distribution)
 from agentjax.engine.jax.shapes import ProgramShapes
 from agentjax.engine.jax.sampling import fold_in_data, prng_key_data
-from agentjax.engine.jax.slots import SlotTable
+from agentjax.engine.jax.pages import PageTable
 
 
 class _StopStrings:
@@ -131,8 +147,8 @@ class _Sequence:
     stop_strings: _StopStrings
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
-    slot: int | None = None
-    prefilled: int = 0
+    pages: list[int] = dataclasses.field(default_factory=list)
+    length: int = 0  # slots of `pages` filled: the context ids but the last
     outputs: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)  # weight version per output
@@ -140,8 +156,18 @@ class _Sequence:
     cancelled: bool = False
 
     @property
+    def context_length(self) -> int:
+        """Input and output ids so far."""
+        return len(self.input_ids) + len(self.outputs)
+
+    def context(self, start: int, stop: int) -> tuple[int, ...]:
+        """Context ids [start, stop) (input then outputs)."""
+        return (self.input_ids + tuple(self.outputs))[start:stop]
+
+    @property
     def decoding(self) -> bool:
-        return self.prefilled == len(self.input_ids)
+        """Every context id but the last is cached: the next decode step feeds it."""
+        return self.length == self.context_length - 1
 
 
 class JaxEngine:
@@ -152,18 +178,18 @@ class JaxEngine:
       params: the model's params (`nnx.split(model)`), possibly sharded on a mesh.
       tokenizer: needed for stop strings (and supplies the default eos ids).
       max_slots: sequences in flight at once (the decode batch).
-      max_len: cache slots per sequence: prompt + output must fit.
+      max_len: the most context ids (prompt + output) of one sequence; a cap, not a
+        reservation.
       prefill_chunks: chunk lengths for prefill programs (a sequence's tokens are
         prefilled in rounds of these widths, see `ProgramShapes.chunk_width`).
-      batch_buckets: batch sizes of gathered-row programs: a prefill or decode call
-        touching n rows gathers them into the smallest bucket >= n (padding rows are
-        inert) and computes only that many rows; more rows than the largest bucket run
-        over every row. Default: 1, 4, 16, 64, ... below max_slots.
+      batch_buckets: row counts of calls: a prefill or decode call over n sequences runs
+        the smallest bucket >= n rows (padding rows are inert), more than the largest
+        run max_slots rows. Default: 1, 4, 16, 64, ... below max_slots.
       decode_steps: tokens per decode program call (host round trip).
-      attention_spans: attention spans of the decode programs: each call attends only to
-        the smallest span holding every active row (one compilation per span used).
-        Default: powers of two from 128 up to max_len / 2 (a span is copied out of the
-        cache once per call: a span near max_len costs more than it saves), plus max_len.
+      page_size: slots per KV page.
+      kv_pages: pages in the pool (default: enough for max_slots sequences of max_len,
+        so nothing ever waits for pages; set it to the tokens a workload really holds,
+        `rollout.kv_tokens`, to use less memory).
       batch_wait_s: when idle, how long to wait after a request for concurrent ones.
       eos_token_ids: ids that always end generation (default: the model config's eos
         ids — `models.hf.load_hf` adds generation_config.json's — plus, with a
@@ -173,18 +199,18 @@ class JaxEngine:
       seed: seed of the engine's stream for requests without a seed.
       deterministic: batch-invariant mode (module docstring): a seeded request's output
         ids and log-probs are bitwise identical whatever else is in flight. Every decode
-        call runs all rows at span max_len (`batch_buckets` and `attention_spans` are
-        unused), every prefill call `deterministic_prefill_rows` rows; parked sessions
-        are never evicted, so the caller must keep its sessions (and other requests in
-        flight) within max_slots: a request that finds every row held by a parked session
-        comes back with finish_reason "abort".
+        call runs max_slots rows (`batch_buckets` is unused), every prefill call
+        `deterministic_prefill_rows` rows; parked sessions are never evicted, so the
+        caller must end finished sessions: a request that finds the pool held by parked
+        sessions comes back with finish_reason "abort".
       deterministic_prefill_rows: rows of every prefill call in deterministic mode.
 
     Attributes:
       weight_version: version of the params in use (see `update_weights`).
       deterministic: whether the engine runs in batch-invariant mode.
       stats: counters: {prefill,decode}_{calls,tokens,s}, max_{prefill,decode}_batch,
-        evictions.
+        host_gap_s, evictions, shared_prefixes, preemptions, peak_kv_pages (and
+        kv_page_bytes: bytes of one page).
     """
 
     def __init__(
@@ -198,7 +224,8 @@ class JaxEngine:
         prefill_chunks: Sequence[int] = (16, 64, 256),
         batch_buckets: Sequence[int] | None = None,
         decode_steps: int = 8,
-        attention_spans: Sequence[int] | None = None,
+        page_size: int = 64,
+        kv_pages: int | None = None,
         batch_wait_s: float = 0.002,
         eos_token_ids: Sequence[int] | None = None,
         max_stop_ids: int = 8,
@@ -207,11 +234,12 @@ class JaxEngine:
         deterministic: bool = False,
         deterministic_prefill_rows: int = 4,
     ):
-        if max_slots < 1 or max_len < 2 or decode_steps < 1 or deterministic_prefill_rows < 1:
+        if (max_slots < 1 or max_len < 2 or decode_steps < 1 or deterministic_prefill_rows < 1
+                or page_size < 1):
             raise ValueError(
-                f"need max_slots >= 1, max_len >= 2, decode_steps >= 1, "
+                f"need max_slots >= 1, max_len >= 2, decode_steps >= 1, page_size >= 1, "
                 f"deterministic_prefill_rows >= 1; got {max_slots}, {max_len}, {decode_steps}, "
-                f"{deterministic_prefill_rows}")
+                f"{page_size}, {deterministic_prefill_rows}")
         if not prefill_chunks or min(prefill_chunks) < 1:
             raise ValueError(f"prefill_chunks must be positive lengths, got {prefill_chunks!r}")
         self._graphdef = graphdef
@@ -228,21 +256,31 @@ class JaxEngine:
         self.deterministic_prefill_rows = deterministic_prefill_rows
         self.decode_steps = decode_steps
         self._shapes = ProgramShapes(
-            max_slots, max_len, prefill_chunks=prefill_chunks, batch_buckets=batch_buckets,
-            attention_spans=attention_spans, deterministic=deterministic,
+            max_slots, max_len, page_size, prefill_chunks=prefill_chunks,
+            batch_buckets=batch_buckets, deterministic=deterministic,
             deterministic_prefill_rows=deterministic_prefill_rows)
+        self.page_size = page_size
+        self.kv_pages = max_slots * self._shapes.pages_per_row if kv_pages is None else kv_pages
+        if self.kv_pages < 1:
+            raise ValueError(f"kv_pages must be positive, got {kv_pages}")
         self.batch_wait_s = batch_wait_s
         self.max_stop_ids = max_stop_ids
         if eos_token_ids is None:
             eos_token_ids = _default_eos_ids(tokenizer, self.config)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
-        self._cache = new_cache(self._weights, self.config, max_slots, max_len, cache_dtype)
+        self._cache_dtype = self.config.dtype if cache_dtype is None else cache_dtype
+        self._cache = new_cache(self._weights, self.config, self.kv_pages, page_size,
+                                self._cache_dtype)
         self.stats = collections.Counter()
-        self._table = SlotTable(max_slots, evict_parked=not deterministic, stats=self.stats)
+        self.stats["kv_page_bytes"] = page_bytes(self.config, page_size, self._cache_dtype)
+        self._table = PageTable(self.kv_pages, page_size, evict_parked=not deterministic,
+                                stats=self.stats)
+        self._in_flight: list[_Sequence] = []
         self._waiting: collections.deque[_Sequence] = collections.deque()
         self._inbox: queue.Queue = queue.Queue()
         self._base_key = prng_key_data(seed)
         self._unseeded = itertools.count()
+        self._device_done: float | None = None  # when the last device call returned
         self.weight_version = 0
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="jax-engine", daemon=True)
@@ -295,7 +333,8 @@ class JaxEngine:
 
     def update_weights(self, weights: Any, *, version: int | None = None) -> None:
         """Swaps in new params (same tree, shapes, dtypes; copied onto the current
-        shardings) between decode rounds; parked sessions are dropped. No recompilation.
+        shardings) between decode rounds; every page written by the old weights is
+        dropped (module docstring). No recompilation.
 
         Args:
           weights: params with the structure of `nnx.split(model)[1]`.
@@ -319,7 +358,7 @@ class JaxEngine:
         return not self._closed and self._thread.is_alive()
 
     def end_session(self, session_id: str) -> None:
-        """Frees the session's cache row (asynchronously, in the scheduler thread)."""
+        """Frees the session's pages (asynchronously, in the scheduler thread)."""
         self._inbox.put(("end_session", session_id))
 
     # ---------------------------------------------------------------- public extras
@@ -394,20 +433,23 @@ class JaxEngine:
                     break
                 self._drop_cancelled()
                 self._admit()
-                self._prefill_round()
-                self._decode_round()
+                progressed = self._prefill_round()
+                progressed = self._decode_round() or progressed
+                if self._in_flight and not progressed:
+                    self._resolve_starvation()
             except Exception as error:  # noqa: BLE001 - never let the thread die
                 self._abort_all(f"engine error: {type(error).__name__}: {error}",
                                 traceback.format_exc())
         self._abort_all("engine closed", None)
 
     def _busy(self) -> bool:
-        return bool(self._waiting) or bool(self._table.in_flight())
+        return bool(self._waiting) or bool(self._in_flight)
 
     def _receive(self) -> bool:
         """Handles inbox messages (blocking while idle); False once asked to stop."""
         messages = []
         if not self._busy():
+            self._device_done = None  # idle time is no host gap
             messages.append(self._inbox.get())
             deadline = time.perf_counter() + self.batch_wait_s
             while messages[-1][0] == "sequence" and (left := deadline - time.perf_counter()) > 0:
@@ -439,22 +481,31 @@ class JaxEngine:
             else:
                 self._weights, version = payload
                 self.weight_version = self.weight_version + 1 if version is None else version
-                self._table.end_idle_sessions()
+                self._drop_old_pages()
         except Exception as error:  # noqa: BLE001 - handed to the waiting caller
             outcome["error"] = error
         finally:
             done.set()
 
+    def _drop_old_pages(self) -> None:
+        """After a weight swap: no page written by the old weights is attended again.
+        Parked sessions and shared prompts end; sequences in flight prefill their
+        context again."""
+        self._table.drop_cached()
+        for seq in self._in_flight:
+            if seq.length:
+                seq.meta["recomputed"] = seq.meta.get("recomputed", 0) + 1
+            self._table.truncate(seq, 0)
+
     def _warmup(self) -> None:
-        """Runs every program once on inert rows (all padding / inactive: no cache row
+        """Runs every program once on inert rows (all padding / inactive: no page
         changes)."""
-        for kind, gathered, size in self._shapes.programs():
-            if gathered is None:
-                cache_rows = self._shapes.all_rows()
+        for kind, rows, width, items in self._shapes.programs():
+            if kind == "prefill":
+                self._run_prefill([], rows, width, items)
             else:
-                cache_rows = np.full(gathered, self._shapes.padding_row, np.int32)
-            run = self._run_prefill if kind == "prefill" else self._run_decode
-            run([], gathered is not None, cache_rows, [], size)
+                self._run_decode([], [], rows, items)
+        self._copy_pages([])
         jax.block_until_ready(self._cache)
 
     def _enqueue(self, seq: _Sequence) -> None:
@@ -462,116 +513,220 @@ class JaxEngine:
             self._finish(seq, "abort", None, error=(
                 f"input of {len(seq.input_ids)} tokens does not fit max_len={self.max_len}"))
             return
+        need = self._table.pages_for(len(seq.input_ids) - 1 + self.decode_steps)
+        if need > self.kv_pages:
+            self._finish(seq, "abort", None, error=(
+                f"input of {len(seq.input_ids)} tokens needs {need} KV pages, the pool has "
+                f"kv_pages={self.kv_pages} of {self.page_size} slots"))
+            return
         seq.meta["weight_version_start"] = self.weight_version
         self._waiting.append(seq)
 
     def _drop_cancelled(self) -> None:
         self._waiting = collections.deque(s for s in self._waiting if not s.cancelled)
-        for seq in [s for s in self._table.in_flight() if s.cancelled]:
-            self._table.release(seq)
+        for seq in [s for s in self._in_flight if s.cancelled]:
+            self._release(seq)
+
+    def _release(self, seq: _Sequence, park: bool = True) -> None:
+        self._in_flight.remove(seq)
+        self._table.release(seq, park=park)
 
     def _admit(self) -> None:
-        """Moves waiting sequences into cache rows (`SlotTable.admit`)."""
-        still_waiting = self._table.admit(self._waiting)
-        if self.deterministic and still_waiting and not self._table.in_flight():
-            # Every row holds a parked session and none may be evicted: nothing will free
-            # a row until the caller ends sessions, so waiting would hang the caller.
+        """Moves waiting sequences in flight (those whose session holds pages first),
+        while rows and pages allow (`PageTable.admit`)."""
+        sessions = self._table.sessions
+        ordered = sorted(self._waiting, key=lambda s: not (
+            s.session_id in sessions and bool(sessions[s.session_id].pages)))
+        still_waiting = collections.deque()
+        for seq in ordered:
+            if (len(self._in_flight) < self.max_slots
+                    and self._table.admit(seq, self.decode_steps)):
+                self._in_flight.append(seq)
+            else:
+                still_waiting.append(seq)
+        if still_waiting and not self._in_flight:
+            # Nothing in flight will free pages: the pool is held by parked sessions that
+            # may not be evicted (deterministic mode). Waiting would hang the caller.
             for seq in still_waiting:
                 self._finish(seq, "abort", None, error=(
-                    f"deterministic JaxEngine: all max_slots={self.max_slots} rows hold "
-                    f"parked sessions (evicting one would change its later outputs); keep "
-                    f"sessions in flight <= max_slots and end_session() finished ones"))
+                    f"JaxEngine: the KV pool ({self.kv_pages} pages of {self.page_size} "
+                    f"slots) is held by {len(sessions)} parked sessions, which "
+                    f"deterministic mode never evicts; end_session() finished ones or "
+                    f"raise kv_pages"))
             still_waiting.clear()
         self._waiting = still_waiting
 
-    def _sampling_arrays(self, seqs: Sequence[_Sequence], rows: Sequence[int], size: int):
+    def _writable(self, seq: _Sequence, end: int, copies: list) -> bool:
+        """Pages for slots [seq.length, end) are the sequence's own (copies queued)."""
+        planned = self._table.prepare_writes(seq, end)
+        if planned is None:
+            return False
+        copies.extend(planned)
+        return True
+
+    def _copy_pages(self, copies: Sequence[tuple[int, int]]) -> None:
+        """Runs the queued copy-on-write page copies (one program: max_slots copies,
+        the rest padding)."""
+        for start in range(0, max(len(copies), 1), self.max_slots):
+            part = copies[start:start + self.max_slots]
+            src = np.zeros(self.max_slots, np.int32)
+            dst = np.full(self.max_slots, self.kv_pages, np.int32)  # out of range: skipped
+            for i, (a, b) in enumerate(part):
+                src[i], dst[i] = a, b
+            self._cache = copy_pages(self._cache, src, dst)
+
+    def _items(self, seqs: Sequence[_Sequence], spans: Sequence[int], rows: int,
+               size: int) -> AttentionItems:
+        pages = [s.pages for s in seqs] + [[]] * (rows - len(seqs))
+        spans = list(spans) + [0] * (rows - len(seqs))
+        host = build_items(pages, spans, rows, self.page_size, size)
+        return AttentionItems(row=host.row, page=host.page, first_slot=host.first_slot)
+
+    def _flat_slot(self, seq: _Sequence, slot: int) -> int:
+        return seq.pages[slot // self.page_size] * self.page_size + slot % self.page_size
+
+    def _sampling_arrays(self, seqs: Sequence[_Sequence], size: int):
         keys = np.zeros((size, 2), np.uint32)
         steps = np.zeros(size, np.int32)
         temperature = np.ones(size, np.float32)
         top_k = np.full(size, -1, np.int32)
         top_p = np.ones(size, np.float32)
-        for seq, row in zip(seqs, rows):
+        for row, seq in enumerate(seqs):
             keys[row] = seq.key
-            steps[row] = len(seq.input_ids) + len(seq.outputs)
+            steps[row] = seq.context_length
             temperature[row] = seq.sampling.temperature
             top_k[row] = seq.sampling.top_k
             top_p[row] = seq.sampling.top_p
         return keys, steps, temperature, top_k, top_p
 
-    def _prefill_round(self) -> None:
-        """One prefill call per chunk width in use (per `deterministic_prefill_rows`
-        sequences when deterministic)."""
-        shapes, by_width = self._shapes, collections.defaultdict(list)
-        for seq in self._table.in_flight():
+    def _prefill_round(self) -> bool:
+        """One prefill call per chunk width in use (per `prefill_rows_per_call`
+        sequences). Returns whether any sequence prefilled."""
+        shapes, by_width, copies = self._shapes, collections.defaultdict(list), []
+        for seq in self._in_flight:
             if not seq.decoding:
-                by_width[shapes.chunk_width(len(seq.input_ids) - seq.prefilled)].append(seq)
+                remaining = seq.context_length - 1 - seq.length
+                width = shapes.chunk_width(remaining)
+                if self._writable(seq, seq.length + min(width, remaining), copies):
+                    by_width[width].append(seq)
+        if copies:
+            self._copy_pages(copies)
         per_call = shapes.prefill_rows_per_call
         for width, seqs in sorted(by_width.items()):
             for start in range(0, len(seqs), per_call):
                 batch = seqs[start:start + per_call]
-                layout = shapes.layout([s.slot for s in batch], "prefill")
-                self._run_prefill(batch, *layout, width)
+                rows = shapes.rows(len(batch), "prefill")
+                spans = [s.length + min(width, s.context_length - 1 - s.length)
+                         for s in batch]
+                size = shapes.items(items_needed(spans, self.page_size), rows)
+                self._run_prefill(batch, rows, width, size)
+        return bool(by_width)
 
-    def _run_prefill(self, seqs: Sequence[_Sequence], gather: bool, cache_rows: np.ndarray,
-                     rows: Sequence[int], width: int) -> None:
-        """Prefills the next `width` tokens of each sequence (program row `rows[i]`)."""
-        size = len(cache_rows)
-        tokens = np.zeros((size, width), np.int32)
-        segments = np.zeros((size, width), np.int32)
-        chunks = []
-        for seq, row in zip(seqs, rows):
-            chunk = seq.input_ids[seq.prefilled:seq.prefilled + width]
+    def _run_prefill(self, seqs: Sequence[_Sequence], rows: int, width: int,
+                     size: int) -> None:
+        """Prefills the next (up to) `width` context ids of each sequence (row i)."""
+        tokens = np.zeros((rows, width), np.int32)
+        slots = np.full((rows, width), -1, np.int32)
+        write = np.full((rows, width), -1, np.int32)
+        counts = []
+        for row, seq in enumerate(seqs):
+            chunk = seq.context(seq.length, min(seq.length + width, seq.context_length - 1))
             tokens[row, :len(chunk)] = chunk
-            segments[row, :len(chunk)] = 1
-            chunks.append(len(chunk))
-        start = time.perf_counter()
-        self._cache, new_tokens, logprobs = prefill(
-            self._weights, self._cache, self._table.lengths, cache_rows, tokens, segments,
-            *self._sampling_arrays(seqs, rows, size), gather=gather)
-        new_tokens, logprobs = np.asarray(new_tokens), np.asarray(logprobs)
+            for i in range(len(chunk)):
+                slots[row, i] = seq.length + i
+                write[row, i] = self._flat_slot(seq, seq.length + i)
+            counts.append(len(chunk))
+        items = self._items(seqs, [s.length + n for s, n in zip(seqs, counts)], rows, size)
+        start = self._device_call()
+        self._cache = prefill(self._weights, self._cache, tokens, slots, write, items)
+        jax.block_until_ready(self._cache)
         if seqs:
-            self._count("prefill", start, len(seqs), sum(chunks))
-        for seq, row, count in zip(seqs, rows, chunks):
-            self._table.lengths[seq.slot] += count
-            seq.prefilled += count
+            self._count("prefill", start, len(seqs), sum(counts))
+        self._device_done = time.perf_counter()
+        for seq, count in zip(seqs, counts):
+            seq.length += count
             if seq.decoding:
-                self._append(seq, int(new_tokens[row]), float(logprobs[row]))
+                self._table.prefilled(seq)
 
-    def _decode_round(self) -> None:
-        seqs = [s for s in self._table.in_flight() if s.decoding]
+    def _decode_round(self) -> bool:
+        """One decode call over every decoding sequence that has pages for its steps.
+        Returns whether any decoded."""
+        seqs, steps, copies = [], [], []
+        for seq in self._in_flight:
+            if not seq.decoding:
+                continue
+            budget = min(seq.sampling.max_new_tokens - len(seq.outputs),
+                         self.max_len - seq.length, self.decode_steps)
+            if self._writable(seq, seq.length + budget, copies):
+                seqs.append(seq)
+                steps.append(budget)
+        if copies:
+            self._copy_pages(copies)
         if seqs:
-            needed = max(int(self._table.lengths[s.slot]) for s in seqs) + self.decode_steps
-            layout = self._shapes.layout([s.slot for s in seqs], "decode")
-            self._run_decode(seqs, *layout, self._shapes.span(needed))
+            rows = self._shapes.rows(len(seqs), "decode")
+            spans = [s.length + n for s, n in zip(seqs, steps)]
+            size = self._shapes.items(items_needed(spans, self.page_size), rows)
+            self._run_decode(seqs, steps, rows, size)
+        return bool(seqs)
 
-    def _run_decode(self, seqs: Sequence[_Sequence], gather: bool, cache_rows: np.ndarray,
-                    rows: Sequence[int], span: int) -> None:
-        """`decode_steps` tokens for each sequence (program row `rows[i]`)."""
-        size = len(cache_rows)
-        last = np.zeros(size, np.int32)
-        active = np.zeros(size, bool)
-        budget = np.zeros(size, np.int32)
-        stop_ids = np.full((size, self.max_stop_ids), -1, np.int32)
-        for seq, row in zip(seqs, rows):
-            last[row] = seq.outputs[-1]
+    def _run_decode(self, seqs: Sequence[_Sequence], steps: Sequence[int], rows: int,
+                    size: int) -> None:
+        """Up to `steps[i]` tokens for sequence i (row i)."""
+        lengths = np.zeros(rows, np.int32)
+        last = np.zeros(rows, np.int32)
+        active = np.zeros(rows, bool)
+        budget = np.zeros(rows, np.int32)
+        write = np.full((rows, self.decode_steps), -1, np.int32)
+        stop_ids = np.full((rows, self.max_stop_ids), -1, np.int32)
+        for row, (seq, n) in enumerate(zip(seqs, steps)):
+            lengths[row] = seq.length
+            last[row] = seq.context(seq.length, seq.length + 1)[0]
             active[row] = True
-            budget[row] = seq.sampling.max_new_tokens - len(seq.outputs)
+            budget[row] = n
+            for i in range(n):
+                write[row, i] = self._flat_slot(seq, seq.length + i)
             ids = sorted(seq.stop_ids)
             stop_ids[row, :len(ids)] = ids
-        keys, steps, temperature, top_k, top_p = self._sampling_arrays(seqs, rows, size)
-        start = time.perf_counter()
+        items = self._items(seqs, [s.length + n for s, n in zip(seqs, steps)], rows, size)
+        keys, positions, temperature, top_k, top_p = self._sampling_arrays(seqs, rows)
+        start = self._device_call()
         self._cache, tokens, logprobs, emitted = decode(
-            self._weights, self._cache, self._table.lengths, cache_rows, last, active, keys,
-            steps, budget, stop_ids, temperature, top_k, top_p, gather=gather,
-            num_steps=self.decode_steps, span=span)
+            self._weights, self._cache, lengths, last, active, write, items, keys, positions,
+            budget, stop_ids, temperature, top_k, top_p, num_steps=self.decode_steps)
         tokens, logprobs, emitted = (np.asarray(a) for a in (tokens, logprobs, emitted))
         if seqs:
             self._count("decode", start, len(seqs), int(emitted.sum()))
-        for seq, row in zip(seqs, rows):
-            self._table.lengths[seq.slot] += int(emitted[row].sum())
+        self._device_done = time.perf_counter()
+        for row, seq in enumerate(seqs):
             for step in np.flatnonzero(emitted[row]):
+                seq.length += 1  # the fed token is cached now
                 if self._append(seq, int(tokens[row, step]), float(logprobs[row, step])):
                     break
+
+    def _resolve_starvation(self) -> None:
+        """No sequence in flight could get pages for its next round: free some. Default
+        mode preempts the most recent sequence (it prefills its context again when
+        pages free up); deterministic mode aborts it (a recomputed context would change
+        its later outputs)."""
+        seq = self._in_flight[-1]
+        if self.deterministic:
+            self._finish(seq, "abort", None, error=(
+                f"JaxEngine: the KV pool ({self.kv_pages} pages of {self.page_size} slots) "
+                f"ran out with {len(self._in_flight)} sequences in flight; raise kv_pages "
+                f"or lower max_slots"))
+            return
+        self.stats["preemptions"] += 1
+        seq.meta["preempted"] = seq.meta.get("preempted", 0) + 1
+        self._table.truncate(seq, 0)
+        self._release(seq)
+        self._waiting.appendleft(seq)
+
+    def _device_call(self) -> float:
+        """The start of a device call; adds the host time since the previous one."""
+        now = time.perf_counter()
+        if self._device_done is not None:
+            self.stats["host_gap_s"] += now - self._device_done
+        return now
 
     def _count(self, program: str, start: float, batch: int, tokens: int) -> None:
         """Accumulates per-program statistics (calls, seconds, tokens, largest batch)."""
@@ -579,6 +734,7 @@ class JaxEngine:
         self.stats[f"{program}_calls"] += 1
         self.stats[f"{program}_tokens"] += tokens
         self.stats[f"max_{program}_batch"] = max(self.stats[f"max_{program}_batch"], batch)
+        self.stats["peak_kv_pages"] = self._table.peak_in_use
 
     def _append(self, seq: _Sequence, token: int, logprob: float) -> bool:
         """Records a sampled token; finishes the sequence when it ends. True if ended."""
@@ -592,15 +748,13 @@ class JaxEngine:
             return self._finish(seq, "stop", matched)
         if len(seq.outputs) >= seq.sampling.max_new_tokens:
             return self._finish(seq, "length", None)
-        if len(seq.input_ids) + len(seq.outputs) > self.max_len:
+        if seq.context_length > self.max_len:
             return self._finish(seq, "length", None)
         return False
 
     def _finish(self, seq: _Sequence, reason: str, matched, error: str | None = None) -> bool:
-        if seq.slot is not None:
-            # The cache holds the input and every output but the last (never fed).
-            self._table.lengths[seq.slot] = len(seq.input_ids) + len(seq.outputs) - 1
-            self._table.release(seq)
+        if seq in self._in_flight:
+            self._release(seq)
         meta = dict(seq.meta, prompt_tokens=len(seq.input_ids),
                     completion_tokens=len(seq.outputs), weight_version=self.weight_version,
                     logprob_distribution=reported_distribution("sampling", seq.sampling),
@@ -611,16 +765,17 @@ class JaxEngine:
         return True
 
     def _abort_all(self, message: str, details: str | None) -> None:
-        seqs = list(self._waiting) + self._table.in_flight()
+        seqs = list(self._waiting) + self._in_flight
         self._waiting.clear()
+        self._in_flight = []
         self._table.clear()
         for seq in seqs:
-            seq.slot = None
+            seq.pages, seq.length = [], 0
             seq.meta["traceback"] = details
             self._finish(seq, "abort", None, error=message)
         if details is not None:  # buffers may have been donated to the failed call
-            self._cache = new_cache(self._weights, self.config, self.max_slots, self.max_len,
-                                    self._cache.v[0].dtype)
+            self._cache = new_cache(self._weights, self.config, self.kv_pages, self.page_size,
+                                    self._cache_dtype)
 
 
 def _mark_cancelled(seq: _Sequence, future: asyncio.Future) -> None:

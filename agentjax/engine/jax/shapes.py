@@ -1,95 +1,84 @@
-"""The shape of each program call the JaxEngine makes: rows gathered, prefill chunk width,
-decode attention span — and so the finite set of programs it compiles.
+"""The shape of each program call the JaxEngine makes — rows, prefill chunk width,
+attention items — and so the finite set of programs it compiles.
 
-- Rows: a call touching n rows gathers them into the smallest batch bucket >= n (padding
-  rows point past the last row: they read zeros and their writes are dropped); a call
-  touching more rows than the largest bucket runs over every row without gathering.
+- Rows: a call over n sequences runs the smallest batch bucket >= n (else max_slots
+  rows); padding rows are inert.
 - Chunk width: picked per sequence from its own remaining tokens (`chunk_width`).
-- Span: a decode call attends over the smallest attention span holding its longest row.
+- Attention items: one per (row, page) the call attends (`models/paged.py`), padded to
+  the next power of two: the attention costs the tokens the rows hold.
 
-Deterministic (batch-invariant) mode fixes every shape independently of what else is in
-flight: prefill always gathers `deterministic_prefill_rows` rows, decode always runs all
-rows at span max_len, and chunk widths already depend on the sequence alone.
+Deterministic (batch-invariant) mode fixes the rows independently of what else is in
+flight: prefill always runs `deterministic_prefill_rows` rows, decode always max_slots,
+and chunk widths depend on the sequence alone. The item count still follows what is in
+flight: a row's result does not depend on it (the items of a row are merged in order
+and padding items belong to no row).
 
-Pure Python (numpy row arrays): tests/engine/jax/test_shapes.py.
+Pure Python: tests/engine/jax/test_shapes.py.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
+# The fewest attention items of a call (smaller lists round up to it).
+MIN_ITEMS = 8
+
+
+def _powers_of_two(low: int, high: int) -> list[int]:
+    """Powers of two from the first >= low up to the first >= high (high included)."""
+    sizes, size = [], 1 << max(low - 1, 0).bit_length()
+    while True:
+        sizes.append(size)
+        if size >= high:
+            return sizes
+        size *= 2
 
 
 class ProgramShapes:
     """Program shapes of one engine (module docstring).
 
     Args:
-      max_slots: cache rows.
-      max_len: cache slots per row.
+      max_slots: sequences in flight at once (the most rows of a call).
+      max_len: slots per sequence at most.
+      page_size: slots per KV page.
       prefill_chunks: prefill chunk widths.
-      batch_buckets: gathered batch sizes (those outside (0, max_slots) are dropped);
+      batch_buckets: row counts of calls (those outside (0, max_slots) are dropped);
         None: 1, 4, 16, 64, ... below max_slots.
-      attention_spans: decode spans (max_len is always one); None: powers of two from 128
-        up to max_len / 2.
-      deterministic: fixed shapes whatever else is in flight.
+      deterministic: fixed row counts whatever else is in flight.
       deterministic_prefill_rows: rows of every prefill call when deterministic.
     """
 
-    def __init__(self, max_slots: int, max_len: int, *, prefill_chunks: Sequence[int],
-                 batch_buckets: Sequence[int] | None, attention_spans: Sequence[int] | None,
+    def __init__(self, max_slots: int, max_len: int, page_size: int, *,
+                 prefill_chunks: Sequence[int], batch_buckets: Sequence[int] | None,
                  deterministic: bool, deterministic_prefill_rows: int):
-        self.max_slots, self.max_len = max_slots, max_len
+        self.max_slots, self.max_len, self.page_size = max_slots, max_len, page_size
         self.deterministic = deterministic
         self.deterministic_prefill_rows = deterministic_prefill_rows
-        # Padding rows of a gathered program point past the last row: they read zeros
-        # and their writes are dropped.
-        self.padding_row = max_slots
+        self.pages_per_row = -(-max_len // page_size)
         self.chunks = tuple(sorted(set(int(c) for c in prefill_chunks)))
         if batch_buckets is None:
             batch_buckets = [4 ** i for i in range(8) if 4 ** i < max_slots]
         self.batch_buckets = tuple(sorted({int(b) for b in batch_buckets
                                            if 0 < b < max_slots}))
-        if attention_spans is None:
-            # A call copies its span out of the cache: about as much traffic as two
-            # decode steps' attention, worth it only well below max_len.
-            attention_spans = [2 ** i for i in range(7, max_len.bit_length())
-                               if 2 ** i <= max_len // 2]
-        self.spans = tuple(sorted({int(w) for w in attention_spans if 0 < w < max_len}
-                                  | {max_len}))
 
     @property
     def prefill_rows_per_call(self) -> int:
         """Most sequences one prefill call takes."""
         return self.deterministic_prefill_rows if self.deterministic else self.max_slots
 
-    def layout(self, slots: Sequence[int], kind: str) -> tuple[bool, np.ndarray, list[int]]:
-        """How a `kind` ("prefill" / "decode") call covers the cache rows `slots`:
-        gathered into a batch of fixed size, or run over all rows.
-
-        Returns (gather, cache row of each program row, program row of each slot)."""
+    def rows(self, count: int, kind: str) -> int:
+        """Rows of a `kind` ("prefill" / "decode") call over `count` sequences."""
         if self.deterministic:
-            size = self.deterministic_prefill_rows if kind == "prefill" else None
-        elif self.batch_buckets and len(slots) <= self.batch_buckets[-1]:
-            size = next(b for b in self.batch_buckets if b >= len(slots))
-        else:
-            size = None
-        if size is None:
-            return False, self.all_rows(), list(slots)
-        assert len(slots) <= size, (len(slots), size)
-        cache_rows = np.full(size, self.padding_row, np.int32)
-        cache_rows[:len(slots)] = slots
-        return True, cache_rows, list(range(len(slots)))
+            return self.deterministic_prefill_rows if kind == "prefill" else self.max_slots
+        return next((b for b in self.batch_buckets if b >= count), self.max_slots)
 
-    def all_rows(self) -> np.ndarray:
-        """The cache rows of a call that does not gather: every row, in order."""
-        return np.arange(self.max_slots, dtype=np.int32)
+    def item_sizes(self, rows: int) -> list[int]:
+        """The attention item counts of calls with `rows` rows: powers of two from
+        MIN_ITEMS up to what `rows` full rows need."""
+        return _powers_of_two(MIN_ITEMS, rows * self.pages_per_row)
 
-    def span(self, needed: int) -> int:
-        """The smallest attention span holding `needed` slots (max_len when
-        deterministic: the span is a shape shared by the whole batch)."""
-        if self.deterministic:
-            return self.max_len
-        return next((w for w in self.spans if w >= needed), self.max_len)
+    def items(self, needed: int, rows: int) -> int:
+        """The item count of a call whose rows attend `needed` pages."""
+        return next(s for s in self.item_sizes(rows) if s >= needed)
 
     def chunk_width(self, remaining: int) -> int:
         """Prefill chunk width for a sequence with `remaining` tokens left to prefill: the
@@ -104,12 +93,13 @@ class ProgramShapes:
             return holding
         return max((c for c in self.chunks if c <= remaining), default=self.chunks[0])
 
-    def programs(self) -> list[tuple[str, int | None, int]]:
-        """Every program the engine may call: (kind, rows gathered — None: all rows —,
-        prefill chunk width or decode span)."""
+    def programs(self) -> list[tuple[str, int, int, int]]:
+        """Every program the engine may call: (kind, rows, prefill chunk width or decode
+        steps — 0 —, attention items)."""
         if self.deterministic:
-            return ([("prefill", self.deterministic_prefill_rows, w) for w in self.chunks]
-                    + [("decode", None, self.max_len)])
-        layouts = list(self.batch_buckets) + [None]
-        return ([("prefill", rows, w) for rows in layouts for w in self.chunks]
-                + [("decode", rows, span) for rows in layouts for span in self.spans])
+            prefill_rows, decode_rows = [self.deterministic_prefill_rows], [self.max_slots]
+        else:
+            prefill_rows = decode_rows = list(self.batch_buckets) + [self.max_slots]
+        return ([("prefill", r, w, n) for r in prefill_rows for w in self.chunks
+                 for n in self.item_sizes(r)]
+                + [("decode", r, 0, n) for r in decode_rows for n in self.item_sizes(r)])

@@ -114,8 +114,11 @@ def test_stop_strings_and_stop_ids_keep_the_stop(engine, tokenizer):
     assert stop in tokenizer.decode(by_text.output_ids)
 
 
-def test_concurrent_callers_share_one_batch(engine, tokenizer):
-    prompts = _prompts(tokenizer)
+def test_concurrent_callers_share_one_batch_and_each_prompt_is_prefilled_once(engine,
+                                                                              tokenizer):
+    # Prompts no other test sent (a shared prompt outlives its requests).
+    prompts = [tokenizer.encode(t, add_special_tokens=False)
+               for t in ("A fresh question about Rome?", "Another one about Oslo?")]
     before = dict(engine.stats)
 
     async def callers():
@@ -124,8 +127,15 @@ def test_concurrent_callers_share_one_batch(engine, tokenizer):
 
     results = asyncio.run(callers())
     assert len(results) == 4
-    assert engine.stats["prefill_calls"] - before.get("prefill_calls", 0) == 1
-    assert engine.stats["max_prefill_batch"] >= 4 and engine.stats["max_decode_batch"] >= 4
+    delta = {k: engine.stats[k] - before.get(k, 0) for k in engine.stats}
+    # One call prefills the two distinct prompts (all ids but the last); the two callers
+    # that repeat one share its pages.
+    assert delta["prefill_calls"] == 1
+    assert delta["prefill_tokens"] == sum(len(p) - 1 for p in prompts)
+    assert delta["shared_prefixes"] == 2
+    assert engine.stats["max_decode_batch"] >= 4
+    assert [r[0][0].meta.get("shared_prefix", False) for r in results] == [
+        False, False, True, True]
     # Same prompt, greedy: identical outputs whatever row they used.
     assert results[0][0][0].output_ids == results[2][0][0].output_ids
 
@@ -157,17 +167,23 @@ def test_sessions_reuse_the_cache_and_match_reprefilling(engine, tiny_model, tok
     assert mismatch.meta["cached_tokens"] == 3 and mismatch.meta["prefix_mismatch"]
     assert mismatch.output_ids == turn(edited + cached.output_ids, None).output_ids
 
-    # More sessions than rows: the least recently used is evicted, then re-prefilled.
-    for i in range(ENGINE_KWARGS["max_slots"]):
-        turn(prompt, f"s-{i}")
-    evictions = engine.stats["evictions"]
+    # Parked sessions hold pages, not rows: more sessions than max_slots stay cached
+    # until the pool runs out; then the least recently used is evicted, and re-prefilled
+    # when it returns. Each long session holds 6 of the pool's 24 pages.
+    pool = engine.kv_pages
+    long_prompts = [[5 + i] + (prompt * 16)[:79] for i in range(pool // 6 + 1)]
+    for i in range(ENGINE_KWARGS["max_slots"] + 1):
+        turn(prompt[:-1] + [7 + i], f"s-{i}")
+    assert engine.stats["evictions"] == 0
+    for i, ids in enumerate(long_prompts):
+        turn(ids, f"long-{i}")
+    assert engine.stats["evictions"] >= 1
     again = turn(context, "s-main")
-    assert engine.stats["evictions"] == evictions + 1  # s-0 made room for s-main
     assert again.meta["reprefilled"] and again.meta["cached_tokens"] == 0
     assert again.output_ids == fresh.output_ids
-    for i in range(ENGINE_KWARGS["max_slots"]):
-        engine.end_session(f"s-{i}")
-    engine.end_session("s-main")
+    for session in ([f"s-{i}" for i in range(ENGINE_KWARGS["max_slots"] + 1)]
+                    + [f"long-{i}" for i in range(len(long_prompts))] + ["s-main"]):
+        engine.end_session(session)
 
 
 def test_update_weights_changes_outputs_without_recompiling(engine, tiny_model, tokenizer):
@@ -224,13 +240,15 @@ def test_a_swap_during_decoding_is_reported_per_token(engine, tiny_model, tokeni
 
 
 def test_warmup_compiled_every_program(engine, tokenizer):
-    """The fixture ran `warmup`: a workload touching every batch layout, chunk and span
-    compiles nothing new, and warming up again is free."""
+    """The fixture ran `warmup`: a workload touching every row count, chunk and item
+    count compiles nothing new, and warming up again is free."""
     compiles = engine.compile_counts
     programs = engine.warmup()
-    assert programs == 2 * (1 + 2)  # (gather-1, all rows) x (1 chunk + 2 spans)
+    # Rows 1 (bucket) and 4 (max_slots) x (prefill at the 1 chunk + decode); one row
+    # needs at most 6 pages (8 items), four rows 24 (8, 16 or 32 items).
+    assert programs == (1 + 3) * 2
     prompts = _prompts(tokenizer)
-    long_prompt = (prompts[0] * 4)[:70]  # > one 32-token chunk, decodes at span 96
+    long_prompt = (prompts[0] * 4)[:70]  # > one 32-token chunk, 5 pages
     _generate(engine, GenerateRequest(prompts[1], GREEDY))                       # gathered
     _generate(engine, *[GenerateRequest(p, GREEDY) for p in prompts],
               GenerateRequest(long_prompt, SamplingParams(max_new_tokens=12)))  # all rows

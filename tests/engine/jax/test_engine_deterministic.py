@@ -23,7 +23,8 @@ OBSERVATION = "<information>Paris is the capital of France</information>"
 @pytest.fixture(scope="module")
 def det_engine(tiny_model, tokenizer):
     engine = JaxEngine.from_model(tiny_model, tokenizer=tokenizer, **DETERMINISTIC_KWARGS)
-    assert engine.warmup() == 3  # prefill x {8, 32} at 2 rows, decode at all rows
+    # Prefill at 2 rows x {8, 32} x {8, 16} items, decode at all 4 rows x {8, 16, 32}.
+    assert engine.warmup() == 7
     yield engine
     engine.close()
 
@@ -148,14 +149,16 @@ def test_prefilled_with_another_session_equals_prefilled_alone(det_engine, token
 
 
 def test_parked_sessions_are_never_evicted(det_engine, tokenizer):
-    """More parked sessions than rows: the request that finds no row is aborted with the
-    reason; ending a session frees its row."""
+    """Parked sessions that hold the whole pool: the request that finds no page is
+    aborted with the reason; ending a session frees its pages."""
     prompt = _encode(tokenizer, "The quick brown fox")
     sampling = SamplingParams(temperature=1.0, max_new_tokens=3, seed=1)
     evictions = det_engine.stats["evictions"]
-    sessions = [f"parked-{i}" for i in range(DETERMINISTIC_KWARGS["max_slots"])]
-    for session_id in sessions:
-        det_engine.generate_sync([GenerateRequest(prompt, sampling, session_id=session_id)])
+    # Distinct 80-token prompts of 6 pages each (with their outputs): 4 fill the 24.
+    sessions = [f"parked-{i}" for i in range(det_engine.kv_pages // 6)]
+    for i, session_id in enumerate(sessions):
+        ids = [5 + i] + (prompt * 20)[:79]
+        det_engine.generate_sync([GenerateRequest(ids, sampling, session_id=session_id)])
     [[refused]] = det_engine.generate_sync([GenerateRequest(prompt, sampling,
                                                             session_id="one-too-many")])
     assert refused.finish_reason == "abort" and "parked sessions" in refused.meta["error"]
@@ -169,8 +172,8 @@ def test_parked_sessions_are_never_evicted(det_engine, tokenizer):
 
 
 def test_default_mode_guarantees_closeness_only(engine, tokenizer):
-    """deterministic=False: program shapes follow what is in flight (here a gathered
-    1-row program alone, all rows in the crowd), so a row's log-probs may differ in the
+    """deterministic=False: program shapes follow what is in flight (here a 1-row
+    program alone, all rows in the crowd), so a row's log-probs may differ in the
     last bits (measured up to ~1e-5 on XLA:CPU) and a near-tie may flip a token; only
     closeness to the engine's 1e-4 guarantee is asserted."""
     plain, *_ = _workload(tokenizer)

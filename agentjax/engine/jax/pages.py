@@ -1,0 +1,289 @@
+"""The JaxEngine's host-side page table: which KV pages each sequence, parked session and
+shared prompt holds, with reference counts and copy-on-write.
+
+A sequence's cache is a list of pages (slot s at page s // page_size); `length` slots
+are filled. Pages are allocated as tokens arrive and released when a sequence ends, so
+the pool in use follows the tokens held; max_len is only a cap per request.
+
+- Sessions (`GenerateRequest.session_id`): after a turn the session keeps its pages
+  (not a batch row); its next request is checked token by token against the ids cached
+  there and prefills only past the common prefix (`meta["cached_tokens"]`).
+- Shared prompts: a sequence that prefilled its context from scratch registers it (all
+  ids but the last, which its first decode step feeds); a later fresh sequence with the
+  same ids shares those pages and prefills nothing (`meta["shared_prefix"]`). The G
+  samples of a GRPO group thus prefill their prompt once; a sibling that arrives while
+  the first is still prefilling waits for it. The shared pages hold exactly what the
+  sibling would have computed (the same ids, prefilled from slot 0 in the same chunks),
+  so sharing never changes a result, in deterministic mode too.
+- Copy-on-write: a page referenced twice is copied before a sequence writes into it
+  (`prepare_writes` returns the copies for the engine to run on device).
+- Reclaiming: when pages run out, shared prompts (least recently used first) are
+  dropped, then (when eviction is allowed) parked sessions; an evicted session that
+  returns is prefilled from scratch (`meta["reprefilled"]`).
+
+Pure Python and numpy: tests/engine/jax/test_pages.py.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+
+class Occupant(Protocol):
+    """What the table reads and writes on a sequence (the engine's `_Sequence`)."""
+
+    input_ids: tuple[int, ...]
+    outputs: list[int]
+    session_id: str | None
+    pages: list[int]
+    length: int
+    meta: dict[str, Any]
+
+
+@dataclasses.dataclass(eq=False)
+class Session:
+    """A multi-turn session: its pages and the ids cached in them.
+
+    busy: a request of the session is in flight; ended: `end_session` arrived while busy;
+    last_used: when it was last parked (release order), for eviction.
+    """
+
+    pages: list[int]
+    cached_ids: list[int]
+    last_used: int
+    busy: bool = False
+    ended: bool = False
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids `a` and `b` share."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class PageTable:
+    """Pages, their reference counts, sessions and shared prompts (module docstring).
+
+    Args:
+      num_pages: pages in the device pool.
+      page_size: slots per page.
+      evict_parked: whether a parked session's pages may be reclaimed.
+      stats: a counter that records "evictions", "shared_prefixes".
+      max_shared_prompts: shared prompts kept at most.
+    """
+
+    def __init__(self, num_pages: int, page_size: int, *, evict_parked: bool,
+                 stats: collections.Counter, max_shared_prompts: int = 64):
+        self.page_size = page_size
+        self.evict_parked = evict_parked
+        self.stats = stats
+        self.max_shared_prompts = max_shared_prompts
+        self.refs = np.zeros(num_pages, np.int32)
+        self._free = list(range(num_pages - 1, -1, -1))  # a stack: lowest ids first
+        self.peak_in_use = 0
+        self.sessions: dict[str, Session] = {}
+        # Shared prompt ids -> its pages (held by the table), most recently used last.
+        self.prompts: collections.OrderedDict[tuple[int, ...], list[int]] = (
+            collections.OrderedDict())
+        self.prefilling: dict[tuple[int, ...], Occupant] = {}  # prompts being prefilled
+        self._release_order = itertools.count(1)
+
+    # ------------------------------------------------------------------ pages
+
+    @property
+    def in_use(self) -> int:
+        return len(self.refs) - len(self._free)
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def pages_for(self, slots: int) -> int:
+        return -(-slots // self.page_size)
+
+    def _allocate(self) -> int:
+        page = self._free.pop()
+        self.refs[page] = 1
+        self.peak_in_use = max(self.peak_in_use, self.in_use)
+        return page
+
+    def _retain(self, pages: Sequence[int]) -> None:
+        for page in pages:
+            self.refs[page] += 1
+
+    def _release(self, pages: Sequence[int]) -> None:
+        for page in pages:
+            self.refs[page] -= 1
+            assert self.refs[page] >= 0, page
+            if self.refs[page] == 0:
+                self._free.append(page)
+
+    def writes_need(self, seq: Occupant, end: int) -> int:
+        """Pages `prepare_writes(seq, end)` would allocate (new ones and copies)."""
+        first, last = seq.length // self.page_size, self.pages_for(end)
+        held = len(seq.pages)
+        copies = sum(self.refs[seq.pages[j]] > 1 for j in range(first, min(last, held)))
+        return copies + max(0, last - held)
+
+    def prepare_writes(self, seq: Occupant, end: int) -> list[tuple[int, int]] | None:
+        """Makes the pages of slots [seq.length, end) the sequence's own: allocates the
+        missing ones and replaces shared ones by copies (reclaiming if needed). Returns
+        the (source, destination) page copies to run on device, or None (nothing
+        changed) when the pool cannot hold them."""
+        if not self.reclaim(self.writes_need(seq, end)):
+            return None
+        copies = []
+        for j in range(seq.length // self.page_size, self.pages_for(end)):
+            if j == len(seq.pages):
+                seq.pages.append(self._allocate())
+            elif self.refs[seq.pages[j]] > 1:
+                new = self._allocate()
+                copies.append((seq.pages[j], new))
+                self._release([seq.pages[j]])
+                seq.pages[j] = new
+        return copies
+
+    def truncate(self, seq: Occupant, length: int) -> None:
+        """Keeps the pages of the first `length` slots; sets seq.length."""
+        keep = self.pages_for(length)
+        self._release(seq.pages[keep:])
+        del seq.pages[keep:]
+        seq.length = length
+
+    def reclaim(self, needed: int) -> bool:
+        """Frees pages until `needed` are free: shared prompts first (least recently used),
+        then parked sessions when eviction is allowed. False if it cannot."""
+        while self.free < needed and self.prompts:
+            _, pages = self.prompts.popitem(last=False)
+            self._release(pages)
+        if self.free < needed and self.evict_parked:
+            parked = sorted((s.last_used, sid) for sid, s in self.sessions.items()
+                            if not s.busy and s.pages)
+            for _, sid in parked:
+                if self.free >= needed:
+                    break
+                session = self.sessions[sid]
+                self._release(session.pages)
+                session.pages, session.cached_ids = [], []
+                self.stats["evictions"] += 1
+        return self.free >= needed
+
+    # ------------------------------------------------------------------ sequences
+
+    def admit(self, seq: Occupant, decode_steps: int) -> bool:
+        """Gives a waiting sequence its cached prefix (its session's pages, or a shared
+        prompt) and the pages to prefill the rest and run one decode round. False (and
+        nothing changed) if its session is busy, its prompt is being prefilled by another
+        sequence, or the pool cannot hold it."""
+        session = self.sessions.get(seq.session_id) if seq.session_id else None
+        if session is not None and session.busy:
+            return False  # one request per session at a time
+        # A preempted sequence comes back with outputs: its context is input + outputs.
+        ids = tuple(seq.input_ids) + tuple(seq.outputs)
+        context = len(ids) - 1  # slots prefill fills; the last id is decoded
+        key = ids[:-1]
+        cached = session is not None and bool(session.pages)
+        if cached:
+            reuse = min(common_prefix(session.cached_ids, ids), context)
+            seq.meta["prefix_mismatch"] = reuse < len(session.cached_ids)
+            # The session's references pass to the sequence (so reclaiming cannot take them).
+            seq.pages, session.pages = session.pages, []
+        elif key in self.prefilling:
+            return False  # a sibling prefills it: share its pages once it is done
+        elif key in self.prompts:
+            self.prompts.move_to_end(key)
+            reuse, seq.pages = context, list(self.prompts[key])
+            self._retain(seq.pages)
+        else:
+            reuse, seq.pages = 0, []
+        self.truncate(seq, reuse)
+        if not self.reclaim(self.writes_need(seq, context + decode_steps)):
+            if cached:  # the session keeps what it shares with this request
+                session.pages, session.cached_ids = seq.pages, session.cached_ids[:reuse]
+            else:
+                self._release(seq.pages)
+            seq.pages, seq.length = [], 0
+            return False
+        if not cached and reuse:
+            seq.meta["shared_prefix"] = True
+            self.stats["shared_prefixes"] += 1
+        if session is not None and not cached:
+            seq.meta["reprefilled"] = True
+        if seq.session_id is not None:
+            self.sessions[seq.session_id] = Session(pages=[], cached_ids=[], last_used=0,
+                                                    busy=True)
+        seq.meta["cached_tokens"] = reuse
+        if reuse == 0 and context > 0:
+            self.prefilling.setdefault(key, seq)
+        return True
+
+    def prefilled(self, seq: Occupant) -> None:
+        """Called when a sequence has prefilled its whole context: shares it if it
+        registered it (the shared prompt holds its own references)."""
+        key = self._registered(seq)
+        if key is None:
+            return
+        del self.prefilling[key]
+        pages = seq.pages[:self.pages_for(len(key))]
+        self._retain(pages)
+        self.prompts[key] = pages
+        while len(self.prompts) > self.max_shared_prompts:
+            self._release(self.prompts.popitem(last=False)[1])
+
+    def release(self, seq: Occupant, *, park: bool = True) -> None:
+        """Frees the sequence's pages, or parks them in its session (which then caches
+        the first `seq.length` ids of input then outputs)."""
+        key = self._registered(seq)
+        if key is not None:
+            del self.prefilling[key]
+        session = self.sessions.get(seq.session_id) if seq.session_id else None
+        if session is None or session.ended or not park:
+            if session is not None:
+                del self.sessions[seq.session_id]
+            self._release(seq.pages)
+        else:
+            self.truncate(seq, seq.length)
+            session.pages, session.busy = list(seq.pages), False
+            session.cached_ids = list((seq.input_ids + tuple(seq.outputs))[:seq.length])
+            session.last_used = next(self._release_order)
+        seq.pages, seq.length = [], 0
+
+    def _registered(self, seq: Occupant) -> tuple[int, ...] | None:
+        """The prompt `seq` prefills for sharing, if any."""
+        return next((k for k, v in self.prefilling.items() if v is seq), None)
+
+    def end_session(self, session_id: str) -> None:
+        """Frees a parked session's pages; a session with a request in flight ends when
+        that request is released."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            return
+        if session.busy:
+            session.ended = True
+            return
+        del self.sessions[session_id]
+        self._release(session.pages)
+
+    def drop_cached(self) -> None:
+        """Ends every idle session and drops every shared prompt (their pages hold keys
+        of old weights)."""
+        for session_id in [k for k, v in self.sessions.items() if not v.busy]:
+            self.end_session(session_id)
+        while self.prompts:
+            self._release(self.prompts.popitem()[1])
+        self.prefilling.clear()
+
+    def clear(self) -> None:
+        """Forgets everything: every page is free."""
+        self.sessions.clear()
+        self.prompts.clear()
+        self.prefilling.clear()
+        self.refs[:] = 0
+        self._free = list(range(len(self.refs) - 1, -1, -1))

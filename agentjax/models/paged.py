@@ -1,0 +1,207 @@
+"""A paged KV cache and ragged paged attention over it, in pure JAX.
+
+    cache = init_paged_cache(config, num_pages=512, page_size=64)
+    hidden, cache = weights.forward(tokens, slots, write, cache, items)   # prefill/decode
+
+The cache is a pool of fixed-size pages shared by every sequence (the block-table layout
+of vLLM's PagedAttention, arXiv 2309.06180): slot s of a sequence lives at offset
+s % page_size of the sequence's page s // page_size. Which pages a sequence holds is
+host-side bookkeeping (the engine's page table); a device call gets only index arrays:
+
+- `write` [R, T]: the flat pool index (page * page_size + offset) each new token's key
+  and value go to; -1 for padding (never written).
+- `slots` [R, T]: each new token's position in its sequence (its RoPE position); -1 for
+  padding. A query at slot s attends the keys at slots <= s of its own row.
+- `AttentionItems`: the work list. One item is (row, page, first slot of the page): the
+  attention of that row's queries over that one page. A row with n cached slots has
+  ceil(n / page_size) items, so a call costs the sum of its rows' contexts, not rows x
+  the longest context or x max_len (the ragged paged attention of tpu-inference / vLLM).
+
+Each item yields a partial softmax (max, sum, weighted values) and a row's partials are
+merged with `segment_max` / `segment_sum` in item order. The item list is padded to a
+bucketed length; padding items belong to no row. On CPU a scatter-add runs its updates in
+order, and a batched matmul's result for one batch element does not depend on how many
+others there are (both tested), so a row's output is bitwise independent of the other
+rows and of the padding: the property the engine's deterministic mode needs.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from agentjax.models.attention import MASKED, accumulation_dtype
+from agentjax.models.config import ModelConfig
+
+# Logical axes of one layer's pages (for `parallel.tree_shardings`).
+_K_AXES = ("cache_pages", "kv_heads", "head_dim", "page")
+_V_AXES = ("cache_pages", "kv_heads", "page", "head_dim")
+
+
+@struct.dataclass
+class PagedKVCache:
+    """The page pool: per layer, keys [num_pages, K, hd, page_size] (slots last, so a
+    page's score product is a plain [G*T, hd] x [hd, page] matmul) and values
+    [num_pages, K, page_size, hd]."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+
+    @property
+    def num_pages(self) -> int:
+        return self.v[0].shape[0]
+
+    @property
+    def page_size(self) -> int:
+        return self.v[0].shape[2]
+
+    @staticmethod
+    def logical_axes(num_layers: int) -> "PagedKVCache":
+        return PagedKVCache(k=(_K_AXES,) * num_layers, v=(_V_AXES,) * num_layers)
+
+    def copy_pages(self, src: jax.Array, dst: jax.Array) -> "PagedKVCache":
+        """Copies pages src[i] -> dst[i] in every layer (copy-on-write of a shared page);
+        entries with dst out of range are dropped."""
+        copy = lambda x: x.at[dst].set(x[src], mode="drop")
+        return PagedKVCache(k=tuple(map(copy, self.k)), v=tuple(map(copy, self.v)))
+
+
+def init_paged_cache(config: ModelConfig, num_pages: int, page_size: int,
+                     dtype=None) -> PagedKVCache:
+    """An empty pool of `num_pages` pages of `page_size` slots (default dtype: the model's
+    compute dtype)."""
+    if num_pages <= 0 or page_size <= 0:
+        raise ValueError(f"num_pages and page_size must be positive, got {num_pages}, "
+                         f"{page_size}")
+    dtype = config.dtype if dtype is None else dtype
+    kh, hd = config.num_kv_heads, config.head_dim
+    return PagedKVCache(
+        k=tuple(jnp.zeros((num_pages, kh, hd, page_size), dtype)
+                for _ in range(config.num_layers)),
+        v=tuple(jnp.zeros((num_pages, kh, page_size, hd), dtype)
+                for _ in range(config.num_layers)))
+
+
+def page_bytes(config: ModelConfig, page_size: int, dtype=None) -> int:
+    """Bytes of one page over every layer (keys and values)."""
+    itemsize = jnp.dtype(config.dtype if dtype is None else dtype).itemsize
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * page_size * itemsize
+
+
+@struct.dataclass
+class AttentionItems:
+    """The work list of one call (module docstring), each [W] int32.
+
+    row: the program row the item belongs to (padding items: the row count, no row).
+    page: the pool page it reads (padding items: any page; they are masked).
+    first_slot: the sequence position of the page's first slot.
+    """
+
+    row: jax.Array
+    page: jax.Array
+    first_slot: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class HostItems:
+    """An `AttentionItems` built on the host (numpy), before it is sent."""
+
+    row: np.ndarray
+    page: np.ndarray
+    first_slot: np.ndarray
+
+    @property
+    def count(self) -> int:
+        return int(self.row.shape[0])
+
+
+def build_items(pages: list[list[int]], spans: list[int], rows: int, page_size: int,
+                size: int) -> HostItems:
+    """The work list of a call whose program row r attends slots [0, spans[r]) held in
+    pages[r] (padding rows: span 0), padded to `size` items.
+
+    Raises ValueError when the rows need more than `size` items (the caller picks size
+    from `items_needed`)."""
+    row, page, first = [], [], []
+    for r, (held, span) in enumerate(zip(pages, spans)):
+        n = -(-span // page_size)
+        if n > len(held):
+            raise ValueError(f"row {r} attends {span} slots but holds {len(held)} pages")
+        row += [r] * n
+        page += held[:n]
+        first += [j * page_size for j in range(n)]
+    if len(row) > size:
+        raise ValueError(f"{len(row)} attention items do not fit {size}")
+    pad = size - len(row)
+    return HostItems(row=np.asarray(row + [rows] * pad, np.int32),
+                     page=np.asarray(page + [0] * pad, np.int32),
+                     first_slot=np.asarray(first + [0] * pad, np.int32))
+
+
+def items_needed(spans: list[int], page_size: int) -> int:
+    """Attention items of rows attending `spans` slots."""
+    return sum(-(-s // page_size) for s in spans)
+
+
+def write_pages(k_pool: jax.Array, v_pool: jax.Array, k: jax.Array, v: jax.Array,
+                write: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Scatters new keys / values [R, T, K, hd] into one layer's pages at the flat
+    indices `write` [R, T] (-1: dropped)."""
+    chex.assert_rank([k, v, write], [4, 4, 2])
+    page_size = v_pool.shape[2]
+    page = jnp.where(write < 0, v_pool.shape[0], write // page_size)
+    offset = write % page_size
+    # Indices split by slices: each update is indexed [R, T, K, hd], k's own layout.
+    k_pool = k_pool.at[page, :, :, offset].set(k.astype(k_pool.dtype), mode="drop")
+    v_pool = v_pool.at[page, :, offset].set(v.astype(v_pool.dtype), mode="drop")
+    return k_pool, v_pool
+
+
+def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, slots: jax.Array,
+                    items: AttentionItems) -> jax.Array:
+    """Grouped-query causal attention of new queries over their rows' pages.
+
+    Args:
+      q: [R, T, H, hd] queries of the new tokens.
+      k_pool: [P, K, hd, page] keys of one layer (the new tokens already written).
+      v_pool: [P, K, page, hd] values.
+      slots: [R, T] int32 position of each query in its row (-1: padding query).
+      items: the work list covering every slot <= the row's largest query slot.
+
+    Returns:
+      [R, T, H, hd] in q's dtype (zeros for padding queries); softmax in float32.
+    """
+    chex.assert_rank([q, k_pool, v_pool, slots], [4, 4, 4, 2])
+    chex.assert_rank([items.row, items.page, items.first_slot], 1)
+    r, t, h, hd = q.shape
+    kh, page_size = k_pool.shape[1], k_pool.shape[3]
+    acc = accumulation_dtype(q.dtype)
+    q = q.reshape(r, t, kh, h // kh, hd) * jnp.asarray(hd ** -0.5, q.dtype)
+    q = q.transpose(0, 2, 3, 1, 4)                                          # [R, K, G, T, hd]
+    take_row = lambda x, fill: jnp.take(x, items.row, axis=0, mode="fill", fill_value=fill)
+    item_q = take_row(q, 0)                                                 # [W, K, G, T, hd]
+    item_slots = take_row(slots, -1)                                        # [W, T]
+    keys = jnp.take(k_pool, items.page, axis=0).astype(q.dtype)             # [W, K, hd, p]
+    values = jnp.take(v_pool, items.page, axis=0).astype(q.dtype)           # [W, K, p, hd]
+    scores = jnp.einsum("wkgtd,wkds->wkgts", item_q, keys, preferred_element_type=acc)
+    key_slots = items.first_slot[:, None] + jnp.arange(page_size, dtype=jnp.int32)[None]
+    visible = key_slots[:, None, :] <= item_slots[:, :, None]               # [W, T, p]
+    visible = visible[:, None, None]
+    scores = jnp.where(visible, scores, MASKED)
+    item_max = jnp.max(scores, axis=-1)                                     # [W, K, G, T]
+    probs = jnp.where(visible, jnp.exp(scores - item_max[..., None]), 0.0)
+    item_sum = jnp.sum(probs, axis=-1)
+    item_out = jnp.einsum("wkgts,wksd->wkgtd", probs.astype(q.dtype), values,
+                          preferred_element_type=acc)
+    # Merge the items of each row: rescale to the row's max, then sum in item order.
+    row_max = jax.ops.segment_max(item_max, items.row, num_segments=r)
+    scale = jnp.exp(item_max - jnp.take(row_max, items.row, axis=0, mode="fill",
+                                        fill_value=0.0))                    # [W, K, G, T]
+    total = jax.ops.segment_sum(item_sum * scale, items.row, num_segments=r)
+    out = jax.ops.segment_sum(item_out * scale[..., None], items.row, num_segments=r)
+    out = out / jnp.where(total > 0, total, 1.0)[..., None]                # [R, K, G, T, hd]
+    return out.transpose(0, 3, 1, 2, 4).reshape(r, t, h, hd).astype(q.dtype)

@@ -1,0 +1,143 @@
+"""Paged KV pool and ragged paged attention against a float64 reference."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentjax.models.config import ModelConfig
+from agentjax.models.paged import (AttentionItems, build_items, init_paged_cache,
+                                   items_needed, page_bytes, paged_attention, write_pages)
+
+PAGE, K, G, HD = 4, 2, 3, 8
+
+
+def _reference(q, keys, values, lengths, q_slots):
+    """float64 causal GQA attention of row r's queries over its first lengths[r] keys.
+    q [R, T, H, hd]; keys / values per row [S_r, K, hd]."""
+    r, t, h, hd = q.shape
+    out = np.zeros((r, t, h, hd))
+    for row in range(r):
+        for i in range(t):
+            s = q_slots[row, i]
+            if s < 0:
+                continue
+            for head in range(h):
+                kv = head // (h // K)
+                scores = keys[row][:s + 1, kv] @ q[row, i, head] / np.sqrt(hd)
+                p = np.exp(scores - scores.max())
+                out[row, i, head] = (p / p.sum()) @ values[row][:s + 1, kv]
+    return out
+
+
+def _scene(seed, lengths, new):
+    """A pool holding rows of `lengths` cached slots in shuffled pages, plus `new` tokens
+    per row to append (right-padded: row r appends new[r])."""
+    rng = np.random.default_rng(seed)
+    rows, t = len(lengths), max(new)
+    need = [-(-(length + n) // PAGE) for length, n in zip(lengths, new)]
+    pages = rng.permutation(sum(need) + 3).tolist()
+    held, at = [], 0
+    for n in need:
+        held.append(pages[at:at + n])
+        at += n
+    total = [length + n for length, n in zip(lengths, new)]
+    keys = [rng.standard_normal((s, K, HD)) for s in total]
+    values = [rng.standard_normal((s, K, HD)) for s in total]
+    k_pool = np.zeros((len(pages), K, HD, PAGE))
+    v_pool = np.zeros((len(pages), K, PAGE, HD))
+    for row in range(rows):
+        for s in range(lengths[row]):  # the cached part; the new part is written by the test
+            page, off = held[row][s // PAGE], s % PAGE
+            k_pool[page, :, :, off] = keys[row][s]
+            v_pool[page, :, off] = values[row][s]
+    slots = np.full((rows, t), -1, np.int32)
+    write = np.full((rows, t), -1, np.int32)
+    new_k = np.zeros((rows, t, K, HD))
+    new_v = np.zeros((rows, t, K, HD))
+    for row in range(rows):
+        for i in range(new[row]):
+            s = lengths[row] + i
+            slots[row, i] = s
+            write[row, i] = held[row][s // PAGE] * PAGE + s % PAGE
+            new_k[row, i], new_v[row, i] = keys[row][s], values[row][s]
+    q = rng.standard_normal((rows, t, K * G, HD))
+    return dict(q=q, k_pool=k_pool, v_pool=v_pool, new_k=new_k, new_v=new_v, slots=slots,
+                write=write, held=held, total=total, keys=keys, values=values)
+
+
+def _run(scene, size, dtype=jnp.float32, jit=True):
+    items = build_items(scene["held"], scene["total"], len(scene["held"]), PAGE, size)
+    items = AttentionItems(*(jnp.asarray(x) for x in (items.row, items.page,
+                                                      items.first_slot)))
+
+    def call(q, k_pool, v_pool, new_k, new_v, slots, write):
+        k_pool, v_pool = write_pages(k_pool, v_pool, new_k, new_v, write)
+        return paged_attention(q, k_pool, v_pool, slots, items), k_pool, v_pool
+
+    call = jax.jit(call) if jit else call
+    args = [jnp.asarray(scene[n], dtype) for n in ("q", "k_pool", "v_pool", "new_k", "new_v")]
+    return call(*args, jnp.asarray(scene["slots"]), jnp.asarray(scene["write"]))
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_prefill_and_decode_match_the_float64_reference(jit):
+    with jax.enable_x64():
+        for lengths, new in [([0, 5, 9], [7, 3, 1]),       # prefill from empty and append
+                             ([3, 12, 0, 7], [1, 1, 1, 1])]:  # decode
+            scene = _scene(0, lengths, new)
+            size = items_needed(scene["total"], PAGE) + 2
+            out, _, _ = _run(scene, size, jnp.float64, jit)
+            expected = _reference(scene["q"], scene["keys"], scene["values"], lengths,
+                                  scene["slots"])
+            np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-12, atol=1e-12)
+            padding = scene["slots"] < 0
+            assert not np.asarray(out)[padding].any()  # padding queries read zeros
+
+
+def test_writes_land_in_their_pages_and_padding_is_dropped():
+    scene = _scene(1, [2, 6], [3, 1])
+    size = items_needed(scene["total"], PAGE)
+    _, k_pool, v_pool = _run(scene, size)
+    for row, total in enumerate(scene["total"]):
+        for s in range(total):
+            page, off = scene["held"][row][s // PAGE], s % PAGE
+            np.testing.assert_allclose(np.asarray(k_pool)[page, :, :, off],
+                                       scene["keys"][row][s], rtol=1e-6)
+            np.testing.assert_allclose(np.asarray(v_pool)[page, :, off],
+                                       scene["values"][row][s], rtol=1e-6)
+    untouched = set(range(scene["k_pool"].shape[0])) - {p for h in scene["held"] for p in h}
+    assert not np.asarray(k_pool)[sorted(untouched)].any()
+
+
+def test_a_row_is_bitwise_independent_of_the_other_rows_and_the_padding():
+    """The engine's deterministic mode relies on it: the same row alone, among other rows
+    (at another position of the item list) and with more padding items."""
+    scene = _scene(2, [5, 11, 2], [1, 1, 1])
+    crowd, _, _ = _run(scene, 16)
+    padded, _, _ = _run(scene, 64)
+    alone_scene = {**scene}
+    for name in ("q", "new_k", "new_v", "slots", "write"):
+        alone_scene[name] = scene[name][1:2]
+    alone_scene["held"], alone_scene["total"] = scene["held"][1:2], scene["total"][1:2]
+    alone, _, _ = _run(alone_scene, 4)
+    assert np.array_equal(np.asarray(crowd)[1], np.asarray(alone)[0])
+    assert np.array_equal(np.asarray(padded), np.asarray(crowd))
+
+
+def test_copy_pages_and_bad_work_lists():
+    config = ModelConfig(arch="qwen2", vocab_size=64, hidden_size=16, intermediate_size=32,
+                         num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8)
+    cache = init_paged_cache(config, num_pages=5, page_size=PAGE)
+    assert cache.num_pages == 5 and cache.page_size == PAGE
+    assert page_bytes(config, PAGE, jnp.float32) == 2 * 2 * 1 * 8 * PAGE * 4
+    filled = type(cache)(k=tuple(x.at[1].set(1.0) for x in cache.k),
+                         v=tuple(x.at[1].set(2.0) for x in cache.v))
+    copied = filled.copy_pages(jnp.array([1, 1]), jnp.array([3, 99]))  # 99: dropped
+    assert np.asarray(copied.k[0])[3].min() == 1.0 and np.asarray(copied.v[1])[3].min() == 2.0
+    assert not np.asarray(copied.k[0])[[0, 2, 4]].any()
+    with pytest.raises(ValueError, match="holds 1 pages"):
+        build_items([[0]], [PAGE + 1], 1, PAGE, 8)
+    with pytest.raises(ValueError, match="do not fit"):
+        build_items([[0, 1], [2]], [PAGE + 1, 1], 2, PAGE, 2)
+    with pytest.raises(ValueError, match="positive"):
+        init_paged_cache(config, num_pages=0, page_size=PAGE)
