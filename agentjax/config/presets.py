@@ -119,6 +119,9 @@ def _hf(c):
     c.rollout.max_new_tokens = 500
     c.rollout.engine_slots = 256
     c.rollout.concurrency = 256
+    # KV pages for 2,048 tokens an episode on average (18 GiB at Qwen2.5-3B, half of 256 x
+    # 4,096): pages follow the tokens held, and a longer episode waits for pages.
+    c.rollout.kv_tokens = 256 * 2048
     c.algo.kl_coef = 0.001
     c.algo.kl_kind = "k3"
     c.algo.minibatches = 4

@@ -333,6 +333,12 @@ ROLLOUT = Section(
         "engine_slots split over this many engines run from their own threads; one per "
         "CPU core uses the cores XLA:CPU's single decode program leaves idle"),
     Key("decode_steps", 8, POSITIVE, "tokens per device round trip of the JaxEngine"),
+    Key("page_size", 64, POSITIVE, "slots per page of the JaxEngine's paged KV cache"),
+    Key("kv_tokens", 0, Integer(1, special=((0, "engine_slots x max_tokens: no request "
+                                                 "ever waits for pages"),)),
+        "KV slots of the JaxEngine's page pool (over all lanes): pages are taken as "
+        "episodes grow and freed when they end, so a pool sized to the tokens the "
+        "episodes really hold is enough; when it runs out, requests wait"),
     Key("deterministic", True, Flag(), "batch-invariant sampling: an episode's tokens do "
         "not depend on which other episodes share the engine's batches, so runs (and "
         "resumed runs) are exactly reproducible"),

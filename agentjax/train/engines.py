@@ -37,9 +37,22 @@ def server_flags(config) -> list[str]:
     r = config.rollout
     flags = ["--max-running-requests", str(r.engine_slots), "--lanes", str(r.engine_lanes),
              "--decode-steps", str(r.decode_steps), "--context-length", str(r.max_tokens + 1),
+             "--page-size", str(r.page_size),
              "--dtype", config.model.dtype, "--random-seed", str(config.seed),
              "--log-level", "warning"]
+    if r.kv_tokens:
+        flags += ["--max-total-tokens", str(r.kv_tokens)]
     return flags + (["--enable-deterministic-inference"] if r.deterministic else [])
+
+
+def kv_pages(rollout) -> int:
+    """Pages of the JaxEngine pools over all lanes (`rollout.kv_tokens`; 0: room for
+    every slot at max_tokens)."""
+    per_sequence = -(-rollout.max_tokens // rollout.page_size)
+    if rollout.kv_tokens == 0:
+        return rollout.engine_slots * per_sequence
+    lane_pages = -(-rollout.kv_tokens // (rollout.page_size * rollout.engine_lanes))
+    return max(lane_pages, per_sequence) * rollout.engine_lanes
 
 
 def build_engine(config, *, graphdef: nnx.GraphDef, params: Any, model_config, tokenizer,
@@ -53,6 +66,7 @@ def build_engine(config, *, graphdef: nnx.GraphDef, params: Any, model_config, t
         engine = LanedEngine.build(
             graphdef, params, lanes=r.engine_lanes, tokenizer=tokenizer,
             max_slots=r.engine_slots, max_len=r.max_tokens, decode_steps=r.decode_steps,
+            page_size=r.page_size, kv_pages=kv_pages(r) // r.engine_lanes,
             deterministic=r.deterministic, seed=config.seed)
         return engine, engine.close
 

@@ -19,8 +19,9 @@ offline stages' batches are not planned):
   engine weight swap    one more lane copy while update_weights builds the new one
   staged weights        float32, rollout.mode="async": the update's params copied for
                         the producer (agents/sources.py) until it swaps them in
-  KV cache              engine_slots x max_tokens x layers x kv_heads x head_dim x 2
-                        (keys and values) in the compute dtype (`init_layer_cache`)
+  KV pages              the JaxEngine's page pool: rollout.kv_tokens (default
+                        engine_slots x max_tokens) x layers x kv_heads x head_dim x 2
+                        (keys and values) in the compute dtype (`init_paged_cache`)
   activations           one micro-batch's forward kept for its backward (below)
   gradients             float32 like the params; twice when micro-batches are summed
                         (the running sum and the current micro-batch's, update.py:
@@ -80,10 +81,11 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from agentjax.core import parallel
-from agentjax.models.cache import LayerKVCache, init_layer_cache
+from agentjax.models.paged import PagedKVCache, init_paged_cache
 from agentjax.models.config import ModelConfig
 from agentjax.models.attention import choose_impl
 from agentjax.models.decoder import Decoder, resolve_remat
+from agentjax.train.engines import kv_pages
 from agentjax.rl.advantages import needs_critic
 
 _GIB = 2 ** 30
@@ -307,7 +309,6 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
         head = (model_config.hidden_size + 1) * _FLOAT32
         rows.append(MemoryRow("critic + Adam (3 x float32)", 3 * (master + head),
                               _SHARD_PARAMS))
-    lane_slots = r.engine_slots // r.engine_lanes
     lane_weights = f"model.dtype='bfloat16' halves it, or {_SHARD_PARAMS}"
     rows.append(MemoryRow(f"engine weights ({model_config.dtype}, {r.engine_lanes} lane(s))",
                           r.engine_lanes * compute,
@@ -316,18 +317,21 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
     if r.mode == "async":
         rows.append(MemoryRow("staged weights (float32, async)", master,
                               f"rollout.mode='sync' drops it, or {_SHARD_PARAMS}"))
-    cache = jax.eval_shape(lambda: init_layer_cache(model_config, lane_slots, r.max_tokens))
-    # JaxEngine places its cache by the default rules, whatever config.rules says.
+    lane_pages = kv_pages(r) // r.engine_lanes
+    cache = jax.eval_shape(lambda: init_paged_cache(model_config, lane_pages, r.page_size))
+    # JaxEngine places its pool by the default rules, whatever config.rules says.
     cache_shardings = parallel.tree_shardings(
-        LayerKVCache.logical_axes(model_config.num_layers), cache, mesh)
+        PagedKVCache.logical_axes(model_config.num_layers), cache, mesh)
     cache_bytes = sum(math.prod(sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
                       for leaf, sharding in zip(jax.tree.leaves(cache),
                                                 jax.tree.leaves(cache_shardings)))
     rows.append(MemoryRow(
-        f"KV cache ({r.engine_slots} slots x {r.max_tokens} tokens, {model_config.dtype})",
+        f"KV pages ({r.engine_lanes * lane_pages} x {r.page_size} tokens, "
+        f"{model_config.dtype})",
         r.engine_lanes * cache_bytes,
-        "lower rollout.engine_slots (with rollout.concurrency) or rollout.max_tokens, or "
-        "spread the slots over more data-parallel devices (mesh.data, mesh.fsdp)"))
+        "set rollout.kv_tokens to the tokens the episodes hold at once (default: "
+        "engine_slots x max_tokens), lower rollout.engine_slots or rollout.max_tokens, or "
+        "split the kv heads over mesh.tensor (data and fsdp devices each hold the pool)"))
     rows += _activation_rows(config, model_config, mesh, rules, master)
     # A device of this process: memory_stats of another host's device is not readable.
     device = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())

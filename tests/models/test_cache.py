@@ -1,7 +1,7 @@
 """KV caches: prefill + appended chunk + decode steps == one full forward, rows at
-different lengths, for the stacked KVCache (`Decoder.__call__`) and the per-layer
-LayerKVCache (`LayerwiseWeights.forward`); padding is never written or counted; overflow
-is caught; the LayerKVCache row / slot helpers move exactly the right entries."""
+different lengths, for the stacked KVCache (`Decoder.__call__`) and the engine's page pool
+(`LayerwiseWeights.forward`, pages of 4 slots so rows cross pages); padding is never
+written or counted; overflow is caught."""
 import chex
 import jax
 import jax.numpy as jnp
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from agentjax.models.cache import (KVCache, LayerKVCache, cache_positions, init_cache,
-                                   init_layer_cache, write_slots)
+from agentjax.models.cache import KVCache, cache_positions, init_cache, write_slots
 from agentjax.models.decoder import Decoder, apply
+from agentjax.models.paged import (AttentionItems, PagedKVCache, build_items,
+                                   init_paged_cache)
 from tests.models.reference_decoder import TINY, random_model
 
 MAX_LEN = 24
@@ -21,11 +22,50 @@ _layerwise_weights = jax.jit(lambda graphdef, params: nnx.merge(graphdef, params
                              .layerwise_weights(), static_argnums=0)
 
 
-def _forward_layerwise(weights, tokens, positions, segments, cache):
-    return weights.forward(tokens, positions, segments, cache)
+def _forward_layerwise(weights, tokens, slots, write, cache, items):
+    return weights.forward(tokens, slots, write, cache, items)
 
 
 _layer_step = jax.jit(_forward_layerwise, donate_argnums=4)
+PAGE = 4
+
+
+class _PagedRows:
+    """A page pool whose row b holds pages b * pages_per_row, ...: the bookkeeping the
+    engine's page table does, for a fixed set of rows."""
+
+    def __init__(self, batch: int, max_len: int):
+        self.per_row = -(-max_len // PAGE)
+        self.pool = init_paged_cache(TINY, batch * self.per_row, PAGE, jnp.float32)
+        self.lengths = np.zeros(batch, np.int32)
+
+    def pages(self, b: int) -> list[int]:
+        return list(range(b * self.per_row, (b + 1) * self.per_row))
+
+    def flat(self, b: int, slot: int) -> int:
+        return self.pages(b)[slot // PAGE] * PAGE + slot % PAGE
+
+    def inputs(self, segments: np.ndarray):
+        """(slots, write, items) of appending the real tokens of `segments` [B, T]."""
+        slots = np.full(segments.shape, -1, np.int32)
+        write = np.full(segments.shape, -1, np.int32)
+        for b in range(segments.shape[0]):
+            for i, t in enumerate(np.flatnonzero(segments[b])):
+                slots[b, t] = self.lengths[b] + i
+                write[b, t] = self.flat(b, slots[b, t])
+        spans = (self.lengths + (segments != 0).sum(axis=1)).tolist()
+        rows = len(spans)
+        items = build_items([self.pages(b) for b in range(rows)], spans, rows, PAGE,
+                            rows * self.per_row)
+        self.lengths = np.asarray(spans, np.int32)
+        return (jnp.asarray(slots), jnp.asarray(write),
+                AttentionItems(*(jnp.asarray(x) for x in (items.row, items.page,
+                                                          items.first_slot))))
+
+    def slot(self, cache: PagedKVCache, layer: int, b: int, s: int):
+        """(key [K, hd], value [K, hd]) of row b's slot s."""
+        page, off = self.pages(b)[s // PAGE], s % PAGE
+        return np.asarray(cache.k[layer])[page, :, :, off], np.asarray(cache.v[layer])[page, :, off]
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +74,9 @@ def split():
 
 
 def _empty(layout: str, batch: int, max_len: int = MAX_LEN):
-    make = init_cache if layout == "stacked" else init_layer_cache
-    return make(TINY, batch=batch, max_len=max_len, dtype=jnp.float32)
+    if layout == "stacked":
+        return init_cache(TINY, batch=batch, max_len=max_len, dtype=jnp.float32)
+    return _PagedRows(batch, max_len)
 
 
 def _chunk(rows: list[list[int]], width: int, left_pad: bool = False):
@@ -50,15 +91,17 @@ def _chunk(rows: list[list[int]], width: int, left_pad: bool = False):
 
 def _run_cached(graphdef, params, cache, rows, width, left_pad=False, jit=True):
     """Appends per-row token lists to the cache; returns each row's real hidden states.
-    A LayerKVCache runs `LayerwiseWeights.forward` (eagerly unless jit)."""
+    A `_PagedRows` runs `LayerwiseWeights.forward` (eagerly unless jit) and keeps its
+    updated pool."""
     tokens, segments = _chunk(rows, width, left_pad)
-    positions = cache_positions(cache.lengths, segments)
     if isinstance(cache, KVCache):
+        positions = cache_positions(cache.lengths, segments)
         hidden, cache = _step(graphdef, params, tokens, positions, segments, cache)
     else:
         weights = _layerwise_weights(graphdef, params)
         run = _layer_step if jit else _forward_layerwise
-        hidden, cache = run(weights, tokens, positions, segments, cache)
+        slots, write, items = cache.inputs(np.asarray(segments))
+        hidden, cache.pool = run(weights, tokens, slots, write, cache.pool, items)
     real = np.asarray(segments) != 0
     return [np.asarray(hidden)[b][real[b]] for b in range(len(rows))], cache
 
@@ -73,7 +116,7 @@ def test_write_slots_skip_padding():
 
 
 @pytest.mark.parametrize("layout,left_pad_prefill", [
-    ("stacked", False), ("stacked", True), ("layerwise", False), ("layerwise", True)])
+    ("stacked", False), ("stacked", True), ("paged", False), ("paged", True)])
 def test_prefill_append_decode_equals_full_forward(split, layout, left_pad_prefill):
     graphdef, params = split
     rng = np.random.default_rng(0)
@@ -91,7 +134,7 @@ def test_prefill_append_decode_equals_full_forward(split, layout, left_pad_prefi
         for b in range(3):
             outputs[b].extend(hidden[b])
     full_rows = [p + o + d for p, o, d in zip(prompts, observations, decoded)]
-    np.testing.assert_array_equal(cache.lengths, [len(r) for r in full_rows])
+    np.testing.assert_array_equal(cache.lengths, [len(r) for r in full_rows])  # both kinds
 
     tokens, segments = _chunk(full_rows, MAX_LEN)
     positions = jnp.broadcast_to(jnp.arange(MAX_LEN, dtype=jnp.int32), tokens.shape)
@@ -107,7 +150,7 @@ def test_left_and_right_padded_prefill_write_the_same_cache(split):
     graphdef, params = split
     prompts = [[3, 4, 5], [6, 7, 8, 9, 10], [11]]
     caches = []
-    for layout, left_pad in (("stacked", True), ("stacked", False), ("layerwise", True)):
+    for layout, left_pad in (("stacked", True), ("stacked", False), ("paged", True)):
         caches.append(_run_cached(graphdef, params, _empty(layout, 3), prompts, 9, left_pad)[1])
     left, right, layerwise = caches
     for b, row in enumerate(prompts):
@@ -118,10 +161,17 @@ def test_left_and_right_padded_prefill_write_the_same_cache(split):
         np.testing.assert_array_equal(right.v[:, b, :, n:], 0.0)
         # Another attention formulation feeds layer 1: the cached-vs-full tolerance.
         for layer in range(TINY.num_layers):
-            np.testing.assert_allclose(layerwise.k[layer][b].transpose(0, 2, 1),
-                                       left.k[layer, b], rtol=1e-5, atol=1e-5)
-            np.testing.assert_allclose(layerwise.v[layer][b], left.v[layer, b], rtol=1e-5,
-                                       atol=1e-5)
+            for slot in range(n):
+                key, value = layerwise.slot(layerwise.pool, layer, b, slot)
+                np.testing.assert_allclose(key, left.k[layer, b, :, slot], rtol=1e-5,
+                                           atol=1e-5)
+                np.testing.assert_allclose(value, left.v[layer, b, :, slot], rtol=1e-5,
+                                           atol=1e-5)
+    written = {layerwise.flat(b, s) for b, row in enumerate(prompts) for s in range(len(row))}
+    flat_values = np.moveaxis(np.asarray(layerwise.pool.v[0]), 2, 1).reshape(
+        -1, TINY.num_kv_heads, TINY.head_dim)
+    unwritten = sorted(set(range(flat_values.shape[0])) - written)
+    np.testing.assert_array_equal(flat_values[unwritten], 0.0)
 
 
 def test_cache_overflow_and_reset(split):
@@ -152,14 +202,12 @@ def _float64_forward(graphdef, params, rows):
 
 
 def test_layerwise_forward_eager_and_bad_caches(split):
-    """Without jit: the same result as jitted, overflow and a wrong layer count raise."""
+    """Without jit: the same result as jitted; a pool with the wrong layer count raises."""
     graphdef, params = split
     weights = _layerwise_weights(graphdef, params)
-    tokens = jnp.array([[5, 6, 7]], jnp.int32)
-    segments = jnp.array([[1, 1, 1]], jnp.int32)
-    hidden, cache = _run_cached(graphdef, params, _empty("layerwise", 1, 4), [[5, 6, 7]], 3,
+    hidden, cache = _run_cached(graphdef, params, _empty("paged", 1, 4), [[5, 6, 7]], 3,
                                 jit=False)
-    jit_hidden, jit_cache = _run_cached(graphdef, params, _empty("layerwise", 1, 4),
+    jit_hidden, jit_cache = _run_cached(graphdef, params, _empty("paged", 1, 4),
                                         [[5, 6, 7]], 3)
     # Eager and jitted XLA:CPU programs round differently (fusion reorders the float32
     # sums): both lie within a few float32 ulps of the outputs' scale of the float64
@@ -172,57 +220,12 @@ def test_layerwise_forward_eager_and_bad_caches(split):
     np.testing.assert_allclose(hidden[0], jit_hidden[0], rtol=0, atol=2 * bound)
     # Layer 1's values are projections of layer 0's rounded output: the same bound, at
     # their own scale.
-    v_bound = 16 * np.finfo(np.float32).eps * float(np.abs(jit_cache.v[1]).max())
-    np.testing.assert_allclose(cache.v[1], jit_cache.v[1], rtol=0, atol=v_bound)
-    cache = cache.replace(lengths=jnp.array([2], jnp.int32))
-    with pytest.raises(ValueError, match="KV cache overflow"):
-        weights.forward(tokens, cache_positions(cache.lengths, segments), segments, cache)
-    one_layer = cache.replace(k=cache.k[:1], v=cache.v[:1])
+    v_bound = 16 * np.finfo(np.float32).eps * float(np.abs(jit_cache.pool.v[1]).max())
+    np.testing.assert_allclose(cache.pool.v[1], jit_cache.pool.v[1], rtol=0, atol=v_bound)
+    one_layer = PagedKVCache(k=cache.pool.k[:1], v=cache.pool.v[:1])
+    slots, write, items = cache.inputs(np.ones((1, 1), np.int32))
     with pytest.raises(ValueError, match="cache has 1 layers"):
-        weights.forward(tokens[:, :1], jnp.zeros((1, 1), jnp.int32), segments[:, :1], one_layer)
-
-
-def test_layer_cache_row_and_slot_helpers():
-    """take_rows / put_rows / window / put_window against numpy indexing."""
-    rng = np.random.default_rng(3)
-    cache = _empty("layerwise", 4, max_len=6)
-    cache = LayerKVCache(
-        k=tuple(jnp.asarray(rng.normal(size=x.shape), jnp.float32) for x in cache.k),
-        v=tuple(jnp.asarray(rng.normal(size=x.shape), jnp.float32) for x in cache.v),
-        lengths=jnp.array([1, 2, 3, 4], jnp.int32))
-    rows = jnp.array([2, 0, 2, 4], jnp.int32)  # a duplicate row and a padding row (4)
-    sub = cache.take_rows(rows)
-    np.testing.assert_array_equal(sub.lengths, [3, 1, 3, 0])
-    for x, y in zip(cache.k + cache.v, sub.k + sub.v):
-        np.testing.assert_array_equal(y[:3], np.asarray(x)[[2, 0, 2]])
-        np.testing.assert_array_equal(y[3], 0.0)
-    changed = sub.replace(k=tuple(x + 1.0 for x in sub.k), v=tuple(x - 1.0 for x in sub.v),
-                          lengths=jnp.array([5, 6, 5, 6], jnp.int32))
-    put = cache.put_rows(rows, changed)
-    np.testing.assert_array_equal(put.lengths, [6, 2, 5, 4])
-    for old, new, delta in [(cache.k[0], put.k[0], 1.0), (cache.v[1], put.v[1], -1.0)]:
-        old, new = np.asarray(old), np.asarray(new)
-        np.testing.assert_array_equal(new[[0, 2]], old[[0, 2]] + delta)
-        np.testing.assert_array_equal(new[[1, 3]], old[[1, 3]])
-
-    window = cache.window(4)
-    assert window.max_len == 4
-    np.testing.assert_array_equal(window.k[1], np.asarray(cache.k[1])[..., :4])
-    np.testing.assert_array_equal(window.v[1], np.asarray(cache.v[1])[:, :, :4])
-    # The window appended up to 2 slots per row from lengths 1, 2, 3, 4; those slots are
-    # written back, except the ones at or past the span (4).
-    window = window.replace(k=tuple(x * 0 for x in window.k), v=tuple(x * 0 for x in window.v),
-                            lengths=jnp.array([3, 4, 4, 4], jnp.int32))
-    back = cache.put_window(window, cache.lengths, 2)
-    assert back.max_len == 6
-    np.testing.assert_array_equal(back.lengths, [3, 4, 4, 4])
-    written = np.zeros((4, 6), bool)
-    for row, (start, stop) in enumerate([(1, 3), (2, 4), (3, 4), (4, 4)]):
-        written[row, start:stop] = True
-    for old, new, axis in [(cache.k[0], back.k[0], 3), (cache.v[1], back.v[1], 2)]:
-        old, new = np.moveaxis(np.asarray(old), axis, 1), np.moveaxis(np.asarray(new), axis, 1)
-        np.testing.assert_array_equal(new[written], 0.0)
-        np.testing.assert_array_equal(new[~written], old[~written])
+        weights.forward(jnp.ones((1, 1), jnp.int32), slots, write, one_layer, items)
 
 
 def test_init_cache_shapes_and_axes():
@@ -234,19 +237,9 @@ def test_init_cache_shapes_and_axes():
     assert len(axes.k) == cache.k.ndim and len(axes.lengths) == cache.lengths.ndim
     with pytest.raises(ValueError, match="positive"):
         init_cache(TINY, batch=0, max_len=8)
-
-
-def test_init_layer_cache_shapes_and_axes():
-    cache = init_layer_cache(TINY, batch=2, max_len=8)
-    assert len(cache.k) == len(cache.v) == TINY.num_layers
-    chex.assert_shape(list(cache.k), (2, TINY.num_kv_heads, TINY.head_dim, 8))
-    chex.assert_shape(list(cache.v), (2, TINY.num_kv_heads, 8, TINY.head_dim))
-    chex.assert_type(cache.lengths, jnp.int32)
-    assert cache.max_len == 8
-    axes = LayerKVCache.logical_axes(TINY.num_layers)
-    for names, x in zip(axes.k + axes.v, cache.k + cache.v):
-        assert len(names) == x.ndim
-        sizes = dict(zip(names, x.shape))
-        assert sizes["cache_seq"] == 8 and sizes["head_dim"] == TINY.head_dim
-    with pytest.raises(ValueError, match="positive"):
-        init_layer_cache(TINY, batch=2, max_len=0)
+    pool = init_paged_cache(TINY, num_pages=3, page_size=PAGE)
+    assert len(pool.k) == len(pool.v) == TINY.num_layers
+    chex.assert_shape(list(pool.k), (3, TINY.num_kv_heads, TINY.head_dim, PAGE))
+    chex.assert_shape(list(pool.v), (3, TINY.num_kv_heads, PAGE, TINY.head_dim))
+    axes = PagedKVCache.logical_axes(TINY.num_layers)
+    assert all(len(a) == x.ndim for a, x in zip(axes.k + axes.v, pool.k + pool.v))

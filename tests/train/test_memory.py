@@ -30,9 +30,9 @@ def _qwen25_3b(config):
 EMBED_SHARDED = V * D + L * (D * H * HD + 2 * D * K * HD + H * HD * D + 3 * D * F)
 REPLICATED = L * (2 * D + H * HD + 2 * K * HD) + D
 PARAMS = EMBED_SHARDED + REPLICATED
-# Keys and values of every slot, token, layer and kv head, plus an int32 length per slot.
+# Keys and values of every page slot (rollout.kv_tokens: 2,048 a slot), layer and kv head.
 SLOTS, TOKENS = 256, 4096
-KV_ELEMENTS = SLOTS * TOKENS * L * K * HD * 2
+KV_ELEMENTS = SLOTS * 2048 * L * K * HD * 2
 # One micro-batch of the update: 8 rows (algo.microbatch_size) of 4096 tokens under remat
 # "full", bfloat16. Each layer keeps its input; the peak adds the backward of one layer,
 # whose forward ("none": 4 [D], q and the attention output, k, v, 4 [F] in bfloat16 and a
@@ -61,15 +61,15 @@ def test_hf_preset_on_one_device():
         "policy params": 4 * PARAMS, "initial params": 4 * PARAMS,
         "Adam moments": 8 * PARAMS, "KL reference": 4 * PARAMS,
         "engine weights": 2 * PARAMS, "engine weight swap": 2 * PARAMS,
-        "KV cache": 2 * KV_ELEMENTS + 4 * SLOTS, "activations": ACTIVATIONS,
+        "KV pages": 2 * KV_ELEMENTS, "activations": ACTIVATIONS,
         # The running sum of the 10 micro-batches' gradients and the current one's.
         "gradients": 8 * PARAMS}
-    assert plan.total == 32 * PARAMS + 2 * KV_ELEMENTS + 4 * SLOTS + ACTIVATIONS
-    assert plan.total / GIB == pytest.approx(139.4, abs=0.05)
+    assert plan.total == 32 * PARAMS + 2 * KV_ELEMENTS + ACTIVATIONS
+    assert plan.total / GIB == pytest.approx(121.4, abs=0.05)  # 139.4 with 256 x 4,096 slots
     assert plan.fits
     plan.check()
     table = plan.table()
-    assert "KV cache" in table and "141.00 GiB" in table
+    assert "KV pages (8192 x 64 tokens, bfloat16)" in table and "141.00 GiB" in table
     assert "activations (one micro-batch: 32768 tokens, remat full)" in table
 
 
@@ -82,7 +82,7 @@ def test_ppo_critic_and_lanes():
     assert "KL reference" not in rows
     assert rows["critic + Adam"] == 3 * 4 * (PARAMS + D + 1)
     assert rows["engine weights"] == 2 * 2 * PARAMS
-    assert rows["KV cache"] == 2 * KV_ELEMENTS + 4 * SLOTS  # the slots split over lanes
+    assert rows["KV pages"] == 2 * KV_ELEMENTS  # the pages split over lanes
 
 
 def test_dpo_keeps_its_reference_whatever_the_kl_coefficient():
@@ -101,14 +101,16 @@ def test_async_rollouts_stage_one_more_float32_copy():
     assert rows["staged weights"] == 4 * PARAMS
 
 
-def test_fsdp_divides_params_and_data_parallel_divides_the_cache(eight_devices):
+def test_fsdp_divides_params_not_the_page_pool(eight_devices):
     config = search_config("grpo", "hf")
     mesh = parallel.make_mesh({"data": 1, "fsdp": 8, "tensor": 1}, devices=eight_devices)
     rows = _rows(memory_plan(config, _qwen25_3b(config), mesh, device_bytes=None))
     shard = EMBED_SHARDED // 8 + REPLICATED
     assert rows["policy params"] == 4 * shard and rows["Adam moments"] == 8 * shard
     assert rows["engine weights"] == 2 * shard
-    assert rows["KV cache"] == (2 * KV_ELEMENTS + 4 * SLOTS) // 8
+    # Any row may read any page: the pool is whole on every data / fsdp device (the
+    # tensor axis divides its kv heads).
+    assert rows["KV pages"] == 2 * KV_ELEMENTS
     # A micro-batch's rows over data x fsdp, the lm-head gradient's hidden axis over fsdp.
     assert rows["activations"] == ACTIVATIONS // 8 and rows["gradients"] == 8 * shard
 
@@ -123,7 +125,7 @@ def test_does_not_fit_names_the_knobs():
     message = str(error.value)
     for knob in ("rollout.engine_slots", "rollout.max_tokens", "mesh.fsdp"):
         assert knob in message
-    assert "139.4 GiB per device" in message and "80.0 GiB" in message
+    assert "121.4 GiB per device" in message and "80.0 GiB" in message
 
 
 def test_unknown_device_memory_is_not_checked():

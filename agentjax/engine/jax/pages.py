@@ -211,6 +211,9 @@ class PageTable:
                 self._release(seq.pages)
             seq.pages, seq.length = [], 0
             return False
+        # Reserve the pages (copies of shared ones are made when first written).
+        while len(seq.pages) < self.pages_for(context + decode_steps):
+            seq.pages.append(self._allocate())
         if not cached and reuse:
             seq.meta["shared_prefix"] = True
             self.stats["shared_prefixes"] += 1

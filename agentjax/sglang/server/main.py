@@ -104,10 +104,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=30000, help="0: any free port")
     parser.add_argument("--context-length", type=int,
                         help="longest input + output (default: the model's "
-                             "max_position_embeddings); the KV cache holds "
-                             "max-running-requests x this many positions")
+                             "max_position_embeddings): a cap per request, the KV "
+                             "pool is --max-total-tokens")
     parser.add_argument("--max-running-requests", type=int, default=16,
-                        help="sequences decoded together (KV cache rows)")
+                        help="sequences decoded together")
+    parser.add_argument("--page-size", type=int, default=64,
+                        help="token slots per KV page")
+    parser.add_argument("--max-total-tokens", type=int,
+                        help="KV slots of the page pool over all lanes (default: "
+                             "max-running-requests x context length)")
     parser.add_argument("--random-seed", type=int, default=0,
                         help="seed of the stream for requests without sampling_seed")
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
@@ -138,8 +143,11 @@ def parse_args(argv=None) -> argparse.Namespace:
             args.max_running_requests % args.lanes:
         parser.error(f"--max-running-requests {args.max_running_requests} must be a positive "
                      f"multiple of --lanes {args.lanes}")
-    if args.decode_steps < 1 or args.shutdown_timeout < 0:
-        parser.error("--decode-steps must be >= 1 and --shutdown-timeout >= 0")
+    if args.decode_steps < 1 or args.shutdown_timeout < 0 or args.page_size < 1:
+        parser.error("--decode-steps and --page-size must be >= 1 and --shutdown-timeout "
+                     ">= 0")
+    if args.max_total_tokens is not None and args.max_total_tokens < 1:
+        parser.error("--max-total-tokens must be >= 1")
     try:
         args.prefill_chunks = tuple(int(c) for c in args.prefill_chunks.split(","))
     except ValueError:
@@ -152,6 +160,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not os.path.isfile(os.path.join(args.model_path, "config.json")):
         parser.error(f"--model-path {args.model_path}: no config.json there")
     return args
+
+
+def kv_pages_per_lane(args, context_length: int) -> int:
+    """Pages of each lane's pool: --max-total-tokens split over the lanes, at least one
+    sequence of the context length."""
+    per_sequence = -(-context_length // args.page_size)
+    if args.max_total_tokens is None:
+        return args.max_running_requests // args.lanes * per_sequence
+    return max(-(-args.max_total_tokens // (args.page_size * args.lanes)), per_sequence)
 
 
 def main(argv=None) -> None:
@@ -176,6 +193,7 @@ def main(argv=None) -> None:
         *nnx.split(model), lanes=args.lanes, tokenizer=tokenizer,
         max_slots=args.max_running_requests, max_len=context_length,
         prefill_chunks=args.prefill_chunks, decode_steps=args.decode_steps,
+        page_size=args.page_size, kv_pages=kv_pages_per_lane(args, context_length),
         deterministic=args.enable_deterministic_inference, seed=args.random_seed)
     if not args.skip_server_warmup:
         programs = engine.warmup()

@@ -1,4 +1,4 @@
-"""Where the engine's KV cache goes: beside its weights, by the rules of their model."""
+"""Where the engine's page pool goes: beside its weights, by the rules of their model."""
 import dataclasses
 
 import jax
@@ -10,10 +10,9 @@ from agentjax.models.config import ModelConfig
 from agentjax.models.decoder import Decoder
 from agentjax.engine.jax.programs import engine_weights, mesh_and_rules, new_cache
 
-ROWS, MAX_LEN = 4, 16
-# kv_heads replicated and cache slots split instead: not what the default rules give.
-RULES = {"kv_heads": None, "cache_seq": "tensor"}
-BATCH = ("data", "fsdp")  # the rows' mesh axes under both
+PAGES, PAGE_SIZE = 4, 16
+# kv_heads replicated and a page's slots split instead: not what the default rules give.
+RULES = {"kv_heads": None, "page": "tensor"}
 
 
 def _model():
@@ -27,7 +26,7 @@ def _mesh(devices):
 
 
 def _cache_spec(weights, config):
-    cache = new_cache(weights, config, ROWS, MAX_LEN, None)
+    cache = new_cache(weights, config, PAGES, PAGE_SIZE, None)
     return cache.k[0].sharding.spec, cache.k[0].sharding.mesh
 
 
@@ -38,7 +37,7 @@ def test_the_cache_follows_the_rules_the_model_was_sharded_by(eight_devices):
     assert mesh_and_rules(weights) == (mesh, parallel.resolve_rules(RULES))
     spec, cache_mesh = _cache_spec(weights, model.config)
     assert cache_mesh == mesh
-    assert spec == PartitionSpec(BATCH, None, None, "tensor")
+    assert spec == PartitionSpec(None, None, None, "tensor")  # pages replicated
 
 
 def test_params_on_a_mesh_without_rules_take_the_default_rules(eight_devices):
@@ -46,7 +45,7 @@ def test_params_on_a_mesh_without_rules_take_the_default_rules(eight_devices):
     graphdef, params = nnx.split(_model())
     weights = engine_weights(graphdef, parallel.shard_params(params, mesh))
     assert mesh_and_rules(weights) == (mesh, None)
-    assert _cache_spec(weights, weights.config)[0] == PartitionSpec(BATCH, "tensor", None, None)
+    assert _cache_spec(weights, weights.config)[0] == PartitionSpec(None, "tensor", None, None)
 
 
 def test_the_mesh_is_found_behind_a_leaf_on_one_device(eight_devices):
@@ -64,5 +63,5 @@ def test_single_device_weights_keep_the_cache_on_their_device():
     device = jax.devices()[-1]
     weights = engine_weights(graphdef, jax.device_put(params, device))
     assert mesh_and_rules(weights) is None
-    cache = new_cache(weights, weights.config, ROWS, MAX_LEN, None)
+    cache = new_cache(weights, weights.config, PAGES, PAGE_SIZE, None)
     assert cache.k[0].sharding.device_set == {device}

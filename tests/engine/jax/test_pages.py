@@ -1,0 +1,194 @@
+"""PageTable: pages with reference counts, parked sessions, shared prompts,
+copy-on-write and reclaiming (no JAX)."""
+import ast
+import collections
+import dataclasses
+import inspect
+from typing import Any
+
+import pytest
+
+from agentjax.engine.jax import pages as pages_module
+from agentjax.engine.jax.pages import PageTable, common_prefix
+
+PAGE = 4
+
+
+@dataclasses.dataclass(eq=False)
+class Seq:
+    input_ids: tuple[int, ...]
+    session_id: str | None = None
+    outputs: list[int] = dataclasses.field(default_factory=list)
+    pages: list[int] = dataclasses.field(default_factory=list)
+    length: int = 0
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _table(num_pages=8, evict_parked=True):
+    return PageTable(num_pages, PAGE, evict_parked=evict_parked, stats=collections.Counter())
+
+
+def _prefill(table, seq):
+    """What the engine does: writes the context but its last id, then reports it."""
+    assert table.prepare_writes(seq, len(seq.input_ids) - 1) is not None
+    seq.length = len(seq.input_ids) - 1
+    table.prefilled(seq)
+
+
+def _finish(table, seq, outputs):
+    """The engine's end of a sequence: every id but the last output is cached."""
+    assert table.prepare_writes(seq, len(seq.input_ids) + len(outputs) - 1) is not None
+    seq.outputs = list(outputs)
+    seq.length = len(seq.input_ids) + len(outputs) - 1
+    table.release(seq)
+
+
+def test_the_table_imports_no_jax():
+    tree = ast.parse(inspect.getsource(pages_module))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not {name for name in imported if name.split(".")[0] in ("jax", "flax", "agentjax")}
+
+
+@pytest.mark.parametrize("a,b,expected", [
+    ((), (1, 2), 0), ((1, 2, 3), (1, 2, 3), 3), ((1, 2, 3), (1, 2), 2), ((1, 2), (1, 2, 3), 2),
+    ((1, 9, 3), (1, 2, 3), 1), ((4,), (5,), 0),
+])
+def test_common_prefix(a, b, expected):
+    assert common_prefix(a, b) == expected
+
+
+def test_pages_follow_the_tokens_held_and_free_on_release():
+    table = _table()
+    seq = Seq(tuple(range(10)))  # 9 slots to prefill + 2 decode steps: 3 pages
+    assert table.admit(seq, decode_steps=2) and table.in_use == 3
+    _prefill(table, seq)
+    # 14 slots: 4 pages, and a copy of the third, which the prompt shares (slot 8).
+    _finish(table, seq, [50, 51, 52, 53, 54])
+    assert table.peak_in_use == 5 and seq.pages == []
+    assert table.in_use == 3  # the prompt stays shared (its 9 slots) until reclaimed
+    table.drop_cached()
+    assert table.in_use == 0
+    big = Seq(tuple(range(40)))  # 10 pages > 8
+    assert not table.admit(big, decode_steps=1) and big.pages == [] and table.in_use == 0
+
+
+def test_a_session_keeps_its_pages_and_reuses_the_common_prefix():
+    table = _table()
+    first = Seq((1, 2, 3, 4, 5, 6), session_id="s")
+    assert table.admit(first, 1)
+    _prefill(table, first)
+    _finish(table, first, [7, 8])  # cached: 1..7 (the last output, 8, is never fed)
+    session = table.sessions["s"]
+    assert session.cached_ids == [1, 2, 3, 4, 5, 6, 7] and len(session.pages) == 2
+    again = Seq((1, 2, 3, 4, 5, 6, 7, 8, 9, 10), session_id="s")
+    assert table.admit(again, 1)
+    assert again.meta["cached_tokens"] == 7 and not again.meta["prefix_mismatch"]
+    assert again.length == 7 and session.pages == [] and table.sessions["s"].busy
+    table.release(again)
+    # A history that diverges at id 3 keeps only the first page's first 2 slots.
+    edited = Seq((1, 2, 99, 4, 5), session_id="s")
+    assert table.admit(edited, 1)
+    assert edited.meta["cached_tokens"] == 2 and edited.meta["prefix_mismatch"]
+    assert len(edited.pages) == 2  # 4 slots + 1 step
+    assert table.in_use == 3  # + the first turn's shared prompt (slots 0-4)
+
+
+def test_one_request_per_session_and_end_session():
+    table = _table()
+    a, b = Seq((1, 2, 3), session_id="s"), Seq((1, 2, 3, 4), session_id="s")
+    assert table.admit(a, 1) and not table.admit(b, 1)
+    table.end_session("s")  # busy: ends on release
+    _finish(table, a, [9])
+    assert "s" not in table.sessions and table.in_use == 0
+    c = Seq((1, 2, 3), session_id="t")
+    assert table.admit(c, 1)
+    _finish(table, c, [9])
+    assert table.in_use == 1
+    table.end_session("t")
+    assert table.in_use == 0 and not table.sessions
+
+
+def test_a_shared_prompt_is_prefilled_once_and_copied_on_write():
+    table = _table()
+    prompt = tuple(range(1, 8))  # 6 slots to prefill: pages 0 (full) and 1 (half)
+    leader, sibling = Seq(prompt), Seq(prompt)
+    assert table.admit(leader, 1)
+    assert not table.admit(sibling, 1)  # the leader is still prefilling it
+    _prefill(table, leader)
+    assert table.admit(sibling, 1)
+    assert sibling.meta["shared_prefix"] and sibling.length == 6
+    assert sibling.pages == leader.pages and table.stats["shared_prefixes"] == 1
+    shared = list(leader.pages)
+    # Each writes its first decoded slot (6) into the half page: a copy each (the
+    # shared prompt keeps the original); the full page stays shared.
+    leader_copies = table.prepare_writes(leader, 7)
+    sibling_copies = table.prepare_writes(sibling, 7)
+    assert [src for src, _ in leader_copies + sibling_copies] == [shared[1], shared[1]]
+    assert leader.pages[0] == sibling.pages[0] == shared[0]
+    assert len({leader.pages[1], sibling.pages[1], shared[1]}) == 3
+    assert table.refs[shared[0]] == 3 and table.refs[shared[1]] == 1
+    for seq in (leader, sibling):
+        table.release(seq)
+    assert table.in_use == 2  # the shared prompt's two pages
+    table.drop_cached()
+    assert table.in_use == 0 and not table.prompts
+
+
+def test_a_cancelled_leader_lets_its_sibling_prefill_alone():
+    table = _table()
+    leader, sibling = Seq((1, 2, 3, 4, 5)), Seq((1, 2, 3, 4, 5))
+    assert table.admit(leader, 1) and not table.admit(sibling, 1)
+    table.release(leader)
+    assert table.admit(sibling, 1) and sibling.length == 0
+    assert "shared_prefix" not in sibling.meta
+
+
+def test_reclaiming_drops_shared_prompts_then_the_least_recently_parked_session():
+    table = _table(num_pages=6)
+    for name, ids in (("old", (1, 2, 3, 4, 5)), ("new", (6, 7, 8, 9, 10))):
+        seq = Seq(ids, session_id=name)
+        assert table.admit(seq, 1)
+        _prefill(table, seq)
+        _finish(table, seq, [11, 12, 13, 14])  # 8 slots: 2 pages each
+    assert table.in_use == 4 and len(table.prompts) == 2  # the prompts share their pages
+    stranger = Seq(tuple(range(20, 29)))  # 8 slots + 1 step: 3 pages
+    assert table.admit(stranger, 1)
+    assert not table.prompts and table.stats["evictions"] == 1
+    assert table.sessions["old"].pages == [] and table.sessions["new"].pages
+    table.release(stranger)
+    back = Seq((1, 2, 3, 4, 5, 11), session_id="old")
+    assert table.admit(back, 1) and back.meta["reprefilled"] and back.length == 0
+
+
+def test_without_eviction_parked_sessions_keep_their_pages():
+    table = _table(num_pages=4, evict_parked=False)
+    seq = Seq((1, 2, 3, 4, 5, 6), session_id="s")
+    assert table.admit(seq, 1)
+    _finish(table, seq, [7, 8, 9])  # 8 slots: 2 pages
+    table.prompts.clear()
+    stranger = Seq(tuple(range(20, 29)))
+    assert not table.admit(stranger, 1)
+    assert table.stats["evictions"] == 0 and len(table.sessions["s"].pages) == 2
+    assert table.in_use == 2
+
+
+def test_a_refused_session_request_keeps_what_it_shares():
+    table = _table(num_pages=3, evict_parked=False)
+    seq = Seq((1, 2, 3, 4, 5, 6), session_id="s")
+    assert table.admit(seq, 1)
+    _finish(table, seq, [7])  # 6 slots: 2 pages
+    longer = Seq((1, 2, 3, 9) + tuple(range(20, 30)), session_id="s")  # needs 4 pages
+    assert not table.admit(longer, 1)
+    session = table.sessions["s"]
+    assert session.cached_ids == [1, 2, 3] and len(session.pages) == 1
+    assert not session.busy and table.in_use == 1
+
+
+def test_clear_frees_everything():
+    table = _table()
+    seq = Seq((1, 2, 3, 4), session_id="s")
+    assert table.admit(seq, 4)
+    table.clear()
+    assert table.in_use == 0 and table.free == 8 and not table.sessions
