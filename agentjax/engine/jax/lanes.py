@@ -5,7 +5,7 @@
 XLA:CPU runs a decode program of a few dozen rows on about one core (its time grows
 with its rows), and programs dispatched from one thread run one after another; but
 programs launched from different threads overlap. Each lane is a JaxEngine with its own
-KV cache (max_slots / lanes rows), weights copy and scheduler thread, so the lanes'
+KV page pool (for max_slots / lanes sequences), weights copy and scheduler thread, so the lanes'
 prefill and decode rounds run concurrently, one core each (scripts/bench/rollout.py
 measures lanes against one engine).
 
