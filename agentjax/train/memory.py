@@ -63,8 +63,8 @@ step on CPU keeps more (XLA:CPU computes bfloat16 elementwise work in float32).
 Per-device bytes come from the shardings the trainer gives each buffer: params and
 everything shaped like them by the config's logical-axis rules on the mesh (`embed` on
 fsdp, heads / mlp / vocab on tensor; axes that do not divide stay replicated), the KV
-cache by `LayerKVCache.logical_axes` under the default rules (as `JaxEngine` places it:
-rows over data x fsdp, kv heads over tensor), activations by their logical axes
+pages by `PagedKVCache.logical_axes` under the default rules (as `JaxEngine` places them:
+whole on every data x fsdp device, kv heads over tensor), activations by their logical axes
 ("batch", "seq", "act_embed" / "heads" / "mlp" / "vocab"). The device's memory is
 `memory_stats()["bytes_limit"]` (GPU, TPU); CPU devices report none and are not checked.
 """
