@@ -30,8 +30,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
-import transformers
 from flax import nnx
 from timing import Ratio, Runs, measure, timed  # scripts/bench/timing.py
 
@@ -67,6 +65,8 @@ def make_batch(args, rng):
 
 
 def torch_side(model, batch):
+    import torch
+
     tokens, mask, positions, targets, loss_mask = (torch.tensor(x) for x in batch)
     params = [p for p in model.parameters()]
 
@@ -119,6 +119,11 @@ def jax_side(model, batch, chunk: int):
 
 
 def main() -> None:
+    # torch only here and in torch_side: device.py imports jax_side on accelerator
+    # hosts that may have no torch.
+    import torch
+    import transformers
+
     args = parse_args()
     config = transformers.Qwen2Config(
         vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.mlp,
