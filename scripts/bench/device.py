@@ -4,39 +4,37 @@ in the same run.
 
     python scripts/bench/device.py            # Qwen2.5-0.5B and 3B shapes (< 10 min, H200)
     python scripts/bench/device.py --tiny     # a tiny shape on CPU in seconds (CI)
-    python scripts/bench/device.py --models 3B --deterministic   # batch-invariant engine
+    python scripts/bench/device.py --models 3B --skip-train --deterministic
 
-Weights are random (normal(0, 0.02), built on the device by `parallel.create_sharded`),
-never downloaded: throughput does not depend on their values. Everything runs on
-`jax.devices()[0]` (a one-device mesh), in this order, so the training step's peak
-memory is its own:
+Weights are random (normal(0, 0.02), initialized on the device), never downloaded:
+throughput does not depend on their values. Everything runs on `jax.devices()[0]`, in
+this order (the training step first, so the process's peak memory is its own):
 
-1. device: its peak HBM bandwidth and dense bf16 FLOP/s from PEAKS (by
-   `device_kind`; none on CPU or an unlisted device: utilizations print "n/a" unless
-   --peak-tbps and --peak-tflops are given), then two probes, same-run baselines of what
-   a plain jitted kernel reaches: a streaming read (a sum over a large bf16 buffer) and
-   a square bf16 matmul.
-2. train: one RL update (`train/stages/rl.py: build_rl_update`, the trainer's own jitted
-   update: GRPO loss, one optimizer step over two summed micro-batches, AdamW on float32
-   masters, bf16 compute, the `hf` preset's remat and KL reference) at the 0.5B shape
-   on rows of 1k prompt + 1k action tokens, and the `prepare` pass before it (policy
-   and reference log-probs); baseline: a plain jitted forward + backward of the masked
-   token NLL (scripts/bench/model.py's jax_side). MFU = model FLOPs / time / peak
-   FLOP/s, FLOPS_FORMULA below. Peak device memory (`memory_stats()`, none on CPU)
-   against `train/memory.py`'s plan of the same config.
-3. engine, per model: JaxEngine(max_slots=batch, max_len=prompt + new tokens) serving
-   batch requests of `prompt` random tokens at once, temperature 1, no eos (every row
-   makes every token). Prefill: the same requests with one new token (prefill only).
-   Decode tokens/s and MBU = bytes that must be read per decode step (the weights once,
-   plus the KV cache each row holds at that step) x steps / decode seconds / peak
-   bandwidth; baseline: the roofline (those bytes at peak, and at the probe's rate).
-   Prefill utilization = the prefill's model FLOPs / engine prefill seconds / peak;
-   baseline: a plain jitted forward of the same [batch, prompt] tokens.
-   Host gap: the engine's host time between its device program calls (module
-   HOST_GAP), from its `stats`.
-4. goals (issue 27, for an H200): decode MBU >= 50% at 3B, batch 64; train-step MFU
-   >= 40% at 0.5B; each printed beside the measured value, met or not, or why not
-   comparable.
+1. peak: the device's HBM bandwidth and dense bf16 FLOP/s from PEAKS, by `device_kind`
+   (none on CPU or an unlisted device: utilizations print "n/a" unless --peak-tbps and
+   --peak-tflops are given).
+2. train, at the first model's shape: one RL update (`train/stages/rl.py:
+   build_rl_update`, the trainer's own jitted update: GRPO loss, one optimizer step
+   over --micro-rows micro-batches summed, AdamW on float32 masters, bf16 compute, the
+   `hf` preset's remat and KL reference) on rows of 1k prompt + 1k action tokens, and
+   the `prepare` pass before it (policy and reference log-probs); baseline: a plain
+   jitted forward + backward of the masked token NLL (scripts/bench/model.py's
+   jax_side). MFU = model FLOPs (FLOPS_FORMULA) / seconds / peak FLOP/s. Peak device
+   memory (`memory_stats()`, none on CPU) against `train/memory.py`'s plan of the same
+   config, the rows this phase holds (all but the engine's).
+3. probes, same-run baselines of what a plain jitted kernel reaches: a streaming read
+   (a sum over a large bf16 buffer) and a square bf16 matmul.
+4. engine, per model: JaxEngine(max_slots=batch, max_len=prompt + new tokens) serving
+   `batch` requests of `prompt` random tokens at once, temperature 1, no eos (every row
+   makes every token); the same requests with one new token are the prefill alone.
+   Decode tokens/s and MBU = the bytes decode must read (each step: the weights once,
+   plus the KV cache every row holds at that step) / the engine's decode seconds / peak
+   bandwidth; baseline: the roofline (those bytes at peak, and at the read probe's
+   rate). Prefill utilization = the prefill's model FLOPs / the engine's prefill
+   seconds / peak FLOP/s; baseline: a plain jitted forward of the same [batch, prompt]
+   tokens. The host gap between the engine's device calls (HOST_GAP).
+5. goals (issue 27, for an H200): decode MBU >= 50% at 3B, batch 64; train-step MFU
+   >= 40% at 0.5B; each beside the measured value: met, not met, or why not comparable.
 
 Timing: scripts/bench/timing.py (every candidate once untimed first, repeats
 interleaved, best run and spread); the process's compile counters must not move during
@@ -119,7 +117,7 @@ HOST_GAP = (
     "call waits for its outputs)")
 
 # Hidden, intermediate, layers, heads, kv heads, vocab, tied (as QWEN25): the --tiny model.
-SHAPES = {**QWEN25, "tiny": (64, 128, 2, 4, 2, 512, True)}
+SHAPES = {**QWEN25, "tiny": (32, 64, 1, 2, 1, 256, True)}
 
 # The issue's goals, for an H200: (what, model, batch, least fraction).
 DECODE_GOAL = ("decode MBU", "3B", 64, 0.50)
@@ -130,8 +128,9 @@ GOAL_DEVICE = "NVIDIA H200"
 GROUP_SIZE = 4
 
 FULL = dict(models=("0.5B", "3B"), batch=64, prompt=1024, new_tokens=1024, train_rows=16,
-            decode_steps=16, read_probe_bytes=2 ** 31, matmul_probe=8192, repeats=2)
-TINY = dict(models=("tiny",), batch=4, prompt=16, new_tokens=16, train_rows=4,
+            micro_rows=8, decode_steps=16, read_probe_bytes=2 ** 31, matmul_probe=8192, repeats=2)
+# One micro-batch: summing two costs --tiny's CPU compile a third more time.
+TINY = dict(models=("tiny",), batch=4, prompt=16, new_tokens=16, train_rows=4, micro_rows=4,
             decode_steps=4, read_probe_bytes=2 ** 22, matmul_probe=128, repeats=2)
 
 
@@ -148,6 +147,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, help="new tokens per request (1024)")
     parser.add_argument("--train-rows", type=int,
                         help=f"rows of the RL batch, a multiple of {GROUP_SIZE} (16)")
+    parser.add_argument("--micro-rows", type=int,
+                        help="rows of a micro-batch, dividing --train-rows (8: two micro-"
+                             "batches summed, as the trainer's hf preset)")
     parser.add_argument("--decode-steps", type=int, help="JaxEngine decode_steps (16)")
     parser.add_argument("--repeats", type=int, help="timed runs per candidate (2)")
     parser.add_argument("--deterministic", action="store_true",
@@ -163,6 +165,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             setattr(args, key, value)
     if args.train_rows % GROUP_SIZE or args.train_rows < GROUP_SIZE:
         parser.error(f"--train-rows must be a positive multiple of {GROUP_SIZE}")
+    if args.micro_rows < 1 or args.train_rows % args.micro_rows:
+        parser.error("--micro-rows must divide --train-rows")
     if (args.peak_tbps is None) != (args.peak_tflops is None):
         parser.error("give both --peak-tbps and --peak-tflops, or neither")
     return args
@@ -233,9 +237,20 @@ class Costs:
         return steps * self.weight_bytes + rows * contexts * self.kv_bytes_per_token
 
 
-def random_model(config: ModelConfig, mesh) -> Decoder:
-    """A random-init decoder built on the mesh's device(s), never on the host."""
-    return parallel.create_sharded(lambda: Decoder(config, rngs=nnx.Rngs(0)), mesh)
+def random_model(config: ModelConfig, mesh=None) -> Decoder:
+    """A random-init decoder built on the device, never on the host: on `mesh` as the
+    trainer places its policy, else on the default device (the engines': JaxEngine puts
+    its cache on a device, so weights on a one-device mesh would hand its programs a
+    cache of another sharding after the first call and compile each of them twice). The
+    key is XLA's RngBitGenerator ("unsafe_rbg"): the init compiles in a third of the
+    time of the default threefry (seconds of --tiny's budget on CPU); the weights are
+    as random."""
+    key = jax.random.key(0, impl="unsafe_rbg")
+
+    def make():
+        return Decoder(config, rngs=nnx.Rngs(key))
+
+    return nnx.jit(make)() if mesh is None else parallel.create_sharded(make, mesh)
 
 
 def best(values) -> Runs:
@@ -262,7 +277,7 @@ def probe_device(args, peak: Peak | None) -> Probes:
     matmul = jax.jit(lambda a: a @ a)
     results = measure({"read": timed(lambda: total(buffer).block_until_ready()),
                        "matmul": timed(lambda: matmul(square).block_until_ready())},
-                      max(args.repeats, 5))
+                      max(args.repeats, 5), compilations=compilations)
     read, product = best(results["read"]), best(results["matmul"])
     probes = Probes(elements * 2 / read.best, 2 * n ** 3 / product.best)
     print(f"probes (best of {len(read.costs)} interleaved): read of {scaled(elements * 2, 'B')} "
@@ -280,14 +295,14 @@ def probe_device(args, peak: Peak | None) -> Probes:
 def train_config(args):
     """The trainer's config for the bench's step: configs/grpo_search.py's `hf` variant
     (bf16 compute, remat, log-prob chunks, KL reference) at the bench's shapes, one
-    optimizer step over two micro-batches."""
+    optimizer step over --micro-rows micro-batches."""
     config = search_config("grpo", "hf")
     r, algo = config.rollout, config.algo
     r.max_tokens, r.max_new_tokens = args.prompt + args.new_tokens, args.new_tokens
     r.group_size, r.prompts_per_step = GROUP_SIZE, args.train_rows // GROUP_SIZE
     r.engine_slots = r.concurrency = args.batch
     algo.ppo_epochs = algo.minibatches = 1
-    algo.microbatch_size = args.train_rows // 2
+    algo.microbatch_size = args.micro_rows
     return config
 
 
@@ -323,18 +338,18 @@ def peak_against_plan(plan: MemoryPlan, stats: dict | None) -> list[str]:
     lines = ["memory plan per device (train/memory.py; * = held by this phase, the engine "
              "rows are not built):"]
     width = max(len(row.name) for row in plan.rows)
-    lines += [f"  {'*' if row in held else ' '} {row.name:<{width}}  {row.bytes / 2**30:8.2f} GiB"
+    lines += [f"  {'*' if row in held else ' '} {row.name:<{width}}  {scaled(row.bytes, 'B'):>9}"
               for row in plan.rows]
     planned = sum(row.bytes for row in held)
-    lines.append(f"  * {'total held':<{width}}  {planned / 2**30:8.2f} GiB")
+    lines.append(f"  * {'total held':<{width}}  {scaled(planned, 'B'):>9}")
     if not stats or "peak_bytes_in_use" not in stats:
         lines.append("measured peak: n/a (the device reports no memory stats, as on CPU)")
     else:
         peak = stats["peak_bytes_in_use"]
         limit = stats.get("bytes_limit")
         lines.append(f"measured peak (memory_stats peak_bytes_in_use, this process so far): "
-                     f"{peak / 2**30:.2f} GiB = {peak / planned:.2f}x the held rows"
-                     + (f"; device limit {limit / 2**30:.1f} GiB" if limit else ""))
+                     f"{scaled(peak, 'B')} = {peak / planned:.2f}x the held rows"
+                     + (f"; device limit {scaled(limit, 'B')}" if limit else ""))
     return lines
 
 
@@ -348,13 +363,13 @@ def bench_train(name: str, args, peak: Peak | None, mesh, device) -> TrainResult
     config = train_config(args)
     model_cfg = model_config(*SHAPES[name], **model_precision(config))
     plan = memory_plan(config, model_cfg, mesh)
-    with tempfile.TemporaryDirectory() as workdir:
-        runtime = Runtime(workdir=workdir, mesh=mesh, rules=parallel.resolve_rules(None),
-                          is_main=True, checkpoint=config.checkpoint, progress=False,
-                          tensorboard=False)
-        model = random_model(model_cfg, mesh)
-        graphdef, params = nnx.split(model)
-        state, update, prepare = build_rl_update(config, runtime, graphdef, params)
+    # The trainer's jit and batch placement; nothing is written (no checkpoints, logs).
+    runtime = Runtime(workdir=tempfile.gettempdir(), mesh=mesh,
+                      rules=parallel.resolve_rules(None), is_main=True,
+                      checkpoint=config.checkpoint, progress=False, tensorboard=False)
+    model = random_model(model_cfg, mesh)
+    graphdef, params = nnx.split(model)
+    state, update, prepare = build_rl_update(config, runtime, graphdef, params)
     batch = rl_batch(config, model_cfg.vocab_size, np.random.default_rng(0))
     device_batch = runtime.device_batch(batch)
 
@@ -376,7 +391,7 @@ def bench_train(name: str, args, peak: Peak | None, mesh, device) -> TrainResult
     # The baseline after the peak is read: its gradients are not the step's.
     plain_step, _, plain_compile_s = jax_side(
         model, (batch["inputs"], batch["segment_ids"], batch["positions"], batch["targets"],
-                batch["action_mask"]), config.model.logprob_chunk)
+                batch["action_mask"]), config.model.logprob_chunk, with_logprobs=False)
     results.update(measure({"plain": timed(plain_step)}, args.repeats,
                            compilations=compilations))
 
@@ -469,9 +484,9 @@ class EngineResult:
     mbu: float | None
 
 
-def bench_engine(name: str, args, peak: Peak | None, probes: Probes, mesh) -> EngineResult:
+def bench_engine(name: str, args, peak: Peak | None, probes: Probes) -> EngineResult:
     config = model_config(*SHAPES[name], param_dtype="bfloat16", dtype="bfloat16")
-    model = random_model(config, mesh)
+    model = random_model(config)
     costs = Costs.of(model)
     rng = np.random.default_rng(1)
     prompts = rng.integers(0, config.vocab_size, (args.batch, args.prompt))
@@ -503,7 +518,7 @@ def bench_engine(name: str, args, peak: Peak | None, probes: Probes, mesh) -> En
     fastest_gap = min(generate, key=lambda run: run.host_gap)
     reported = {k: v for k, v in generate[0].stats.items() if "host" in k or "gap" in k}
 
-    print(f"\n## JaxEngine at the {name} shape ({costs.params / 1e6:.0f}M params, bf16): "
+    print(f"\n## JaxEngine at the {name} shape ({costs.params / 1e6:.3g}M params, bf16): "
           f"{args.batch} requests x {args.prompt} prompt tokens -> {args.new_tokens} new, "
           f"max_slots {args.batch}, decode_steps {args.decode_steps}, deterministic "
           f"{args.deterministic}; best of {args.repeats} interleaved runs")
@@ -580,7 +595,7 @@ def main(argv=None) -> None:
     probes = probe_device(args, peak)
     engines = []
     for name in args.models:
-        engines.append(bench_engine(name, args, peak, probes, mesh))
+        engines.append(bench_engine(name, args, peak, probes))
         print(f"[{time.perf_counter() - start:.0f} s]")
 
     kind = device.device_kind
