@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from model import jax_side  # scripts/bench/model.py: plain jitted fwd + bwd
-from qwen25 import QWEN25, model_config  # scripts/bench/qwen25.py
+from qwen25 import QWEN25, model_config, parameter_count  # scripts/bench/qwen25.py
 from rollout import compilations, compile_line, table  # scripts/bench/rollout.py
 from timing import Runs, measure, percent, timed  # scripts/bench/timing.py
 
@@ -64,7 +64,7 @@ from agentjax.engine.jax.engine import JaxEngine
 from agentjax.engine.protocol import GenerateRequest, SamplingParams
 from agentjax.models.config import ModelConfig
 from agentjax.models.decoder import Decoder
-from agentjax.train.memory import MemoryPlan, memory_plan
+from agentjax.train.memory import MemoryPlan, device_memory, memory_plan
 from agentjax.train.precision import model_precision
 from agentjax.train.runtime import Runtime
 from agentjax.train.stages.rl import build_rl_update
@@ -198,8 +198,10 @@ class Costs:
     params: int
 
     @classmethod
-    def of(cls, model: Decoder) -> "Costs":
-        return cls(model.config, sum(x.size for x in jax.tree.leaves(nnx.state(model))))
+    def of(cls, name: str, config: ModelConfig) -> "Costs":
+        """The costs of SHAPES[name] computed as `config` says, known before a weight
+        exists."""
+        return cls(config, parameter_count(*SHAPES[name]))
 
     @property
     def head(self) -> int:
@@ -354,15 +356,34 @@ def peak_against_plan(plan: MemoryPlan, stats: dict | None) -> list[str]:
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainResult:
+class Measured:
+    """A goal's figure (a fraction of the device's peak) as one phase measured it, or
+    why it has none."""
+
     model: str
-    mfu: float | None
+    batch: int | None
+    value: float | None
+    missing: str = "no peak known for this device"
 
 
-def bench_train(name: str, args, peak: Peak | None, mesh, device) -> TrainResult:
+def too_large(what: str, needed: int, device_bytes: int | None) -> str | None:
+    """Why `what` is skipped on a device of `device_bytes` (None: it fits, or the device
+    does not say)."""
+    if device_bytes is None or needed <= device_bytes:
+        return None
+    return (f"skipped: {what}: {scaled(needed, 'B')}, the device has "
+            f"{scaled(device_bytes, 'B')}")
+
+
+def bench_train(name: str, args, peak: Peak | None, mesh, device) -> Measured:
     config = train_config(args)
     model_cfg = model_config(*SHAPES[name], **model_precision(config))
     plan = memory_plan(config, model_cfg, mesh)
+    skipped = too_large("the plan's rows the step holds",
+                        sum(row.bytes for row in held_rows(plan)), plan.device_bytes)
+    if skipped:  # a TPU v5e's 16 GB, say
+        print(f"\n## Train step at the {name} shape: {skipped}")
+        return Measured(name, None, None, skipped)
     # The trainer's jit and batch placement; nothing is written (no checkpoints, logs).
     runtime = Runtime(workdir=tempfile.gettempdir(), mesh=mesh,
                       rules=parallel.resolve_rules(None), is_main=True,
@@ -395,7 +416,7 @@ def bench_train(name: str, args, peak: Peak | None, mesh, device) -> TrainResult
     results.update(measure({"plain": timed(plain_step)}, args.repeats,
                            compilations=compilations))
 
-    costs = Costs.of(model)
+    costs = Costs.of(name, model_cfg)
     rows, length = batch["inputs"].shape
     tokens = int(batch["segment_ids"].sum())
     train_flops = costs.train_flops(tokens, length)
@@ -408,7 +429,7 @@ def bench_train(name: str, args, peak: Peak | None, mesh, device) -> TrainResult
           f"tokens), {config.algo.advantage} / {config.algo.loss}, "
           f"{config.algo.microbatch_size}-row micro-batches, remat {model_cfg.remat}, "
           f"{model_cfg.dtype} compute on float32 masters, KL coef {config.algo.kl_coef}; "
-          f"N = {costs.multiplied / 1e6:.1f}M")
+          f"N = {costs.multiplied:,}")
     print(f"FLOPs: {FLOPS_FORMULA}")
     print(compile_line(before, 2 * args.repeats))
     print(f"(plain baseline compiled ahead of time in {plain_compile_s:.1f} s)")
@@ -423,7 +444,7 @@ def bench_train(name: str, args, peak: Peak | None, mesh, device) -> TrainResult
                            utilization(rate, peak and peak.flops)])
     table(["step", "best s", "spread", "model TFLOPs", "rate", "MFU"], table_rows)
     print("\n".join(memory))
-    return TrainResult(name, mfu)
+    return Measured(name, None, mfu)
 
 
 # --------------------------------------------------------------------------- engine
@@ -477,21 +498,21 @@ def plain_forward(model: Decoder, tokens: np.ndarray):
     return timed(lambda: forward(params).block_until_ready())
 
 
-@dataclasses.dataclass(frozen=True)
-class EngineResult:
-    model: str
-    batch: int
-    mbu: float | None
-
-
-def bench_engine(name: str, args, peak: Peak | None, probes: Probes) -> EngineResult:
+def bench_engine(name: str, args, peak: Peak | None, probes: Probes) -> Measured:
     config = model_config(*SHAPES[name], param_dtype="bfloat16", dtype="bfloat16")
+    costs = Costs.of(name, config)
+    max_len = args.prompt + args.new_tokens
+    # The model (the plain forward's weights), the engine's copy and its KV cache.
+    skipped = too_large("the weights twice and the KV cache",
+                        2 * costs.params * 2 + args.batch * max_len * costs.kv_bytes_per_token,
+                        device_memory(jax.devices()[0]))
+    if skipped:
+        print(f"\n## JaxEngine at the {name} shape: {skipped}")
+        return Measured(name, args.batch, None, skipped)
     model = random_model(config)
-    costs = Costs.of(model)
     rng = np.random.default_rng(1)
     prompts = rng.integers(0, config.vocab_size, (args.batch, args.prompt))
-    engine = JaxEngine.from_model(model, max_slots=args.batch,
-                                  max_len=args.prompt + args.new_tokens,
+    engine = JaxEngine.from_model(model, max_slots=args.batch, max_len=max_len,
                                   decode_steps=args.decode_steps,
                                   deterministic=args.deterministic)
     before = compilations()
@@ -518,7 +539,7 @@ def bench_engine(name: str, args, peak: Peak | None, probes: Probes) -> EngineRe
     fastest_gap = min(generate, key=lambda run: run.host_gap)
     reported = {k: v for k, v in generate[0].stats.items() if "host" in k or "gap" in k}
 
-    print(f"\n## JaxEngine at the {name} shape ({costs.params / 1e6:.3g}M params, bf16): "
+    print(f"\n## JaxEngine at the {name} shape ({costs.params:,} params, bf16): "
           f"{args.batch} requests x {args.prompt} prompt tokens -> {args.new_tokens} new, "
           f"max_slots {args.batch}, decode_steps {args.decode_steps}, deterministic "
           f"{args.deterministic}; best of {args.repeats} interleaved runs")
@@ -550,22 +571,24 @@ def bench_engine(name: str, args, peak: Peak | None, probes: Probes) -> EngineRe
           f"per program call over the generate runs ({fastest_gap.calls} calls, "
           f"{percent(fastest_gap.host_gap * fastest_gap.calls / fastest_gap.wall)} of the "
           f"wall time); engine-reported: {reported or 'none'}. {HOST_GAP}")
-    return EngineResult(name, args.batch, decode_rate / peak.bandwidth if peak else None)
+    return Measured(name, args.batch, decode_rate / peak.bandwidth if peak else None)
 
 
 # --------------------------------------------------------------------------- goals
 
 
-def goal_line(goal, measured: float | None, model: str, batch: int | None, kind: str) -> str:
+def goal_line(goal, measured: Measured, kind: str) -> str:
     what, goal_model, goal_batch, least = goal
     conditions = f"Qwen2.5-{goal_model}" + (f", batch {goal_batch}" if goal_batch else "")
-    here = f"{model}" + (f", batch {batch}" if batch else "") + f", {kind}"
-    if measured is None:
-        verdict = "n/a: no peak known for this device"
-    elif (model, batch, kind) != (goal_model, goal_batch, GOAL_DEVICE):
-        verdict = f"{percent(measured)}, not the goal's conditions"
+    here = (measured.model + (f", batch {measured.batch}" if measured.batch else "")
+            + f", {kind}")
+    value = measured.value
+    if value is None:
+        verdict = f"n/a: {measured.missing}"
+    elif (measured.model, measured.batch, kind) != (goal_model, goal_batch, GOAL_DEVICE):
+        verdict = f"{percent(value)}, not the goal's conditions"
     else:
-        verdict = f"{percent(measured)}: {'met' if measured >= least else 'NOT met'}"
+        verdict = f"{percent(value)}: {'met' if value >= least else 'NOT met'}"
     return f"  {what} >= {percent(least)} ({conditions}, {GOAL_DEVICE}): measured at {here}: {verdict}"
 
 
@@ -600,10 +623,9 @@ def main(argv=None) -> None:
 
     kind = device.device_kind
     print("\n## Goals (issue 27)")
-    largest = engines[-1]
-    print(goal_line(DECODE_GOAL, largest.mbu, largest.model, largest.batch, kind))
+    print(goal_line(DECODE_GOAL, engines[-1], kind))
     if train is not None:
-        print(goal_line(TRAIN_GOAL, train.mfu, train.model, None, kind))
+        print(goal_line(TRAIN_GOAL, train, kind))
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
 
 

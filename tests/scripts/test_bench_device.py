@@ -97,11 +97,23 @@ def test_measured_peak_against_the_rows_the_train_phase_holds(bench):
 
 
 def test_goal_verdicts(bench):
-    goal = bench["DECODE_GOAL"]
-    line = bench["goal_line"]
-    assert line(goal, 0.52, "3B", 64, "NVIDIA H200").endswith("52%: met")
-    assert line(goal, 0.41, "3B", 64, "NVIDIA H200").endswith("41%: NOT met")
-    assert line(goal, 0.6, "3B", 32, "NVIDIA H200").endswith("not the goal's conditions")
-    assert line(goal, 0.6, "3B", 64, "TPU v6 lite").endswith("not the goal's conditions")
-    assert line(goal, None, "tiny", 4, "cpu").endswith("n/a: no peak known for this device")
-    assert line(bench["TRAIN_GOAL"], 0.45, "0.5B", None, "NVIDIA H200").endswith("45%: met")
+    goal, kind = bench["DECODE_GOAL"], "NVIDIA H200"
+
+    def line(model, batch, value, kind, **missing):
+        return bench["goal_line"](goal, bench["Measured"](model, batch, value, **missing), kind)
+
+    assert line("3B", 64, 0.52, kind).endswith("measured at 3B, batch 64, NVIDIA H200: 52%: met")
+    assert line("3B", 64, 0.41, kind).endswith("41%: NOT met")
+    assert line("3B", 32, 0.6, kind).endswith("60%, not the goal's conditions")
+    assert line("3B", 64, 0.6, "TPU v6 lite").endswith("not the goal's conditions")
+    assert line("tiny", 4, None, "cpu").endswith("n/a: no peak known for this device")
+    assert line("3B", 64, None, kind, missing="skipped: x").endswith("n/a: skipped: x")
+    train = bench["Measured"]("0.5B", None, 0.45)
+    assert bench["goal_line"](bench["TRAIN_GOAL"], train, kind).endswith("45%: met")
+
+
+def test_a_phase_that_cannot_fit_is_skipped_with_the_sizes(bench):
+    too_large = bench["too_large"]
+    assert too_large("x", 10 ** 9, None) is None and too_large("x", 10 ** 9, 2 * 10 ** 9) is None
+    assert too_large("the weights", 17 * 10 ** 9, 16 * 10 ** 9) == (
+        "skipped: the weights: 17 GB, the device has 16 GB")
