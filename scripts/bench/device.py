@@ -599,9 +599,9 @@ def main(argv=None) -> None:
     mesh = parallel.make_mesh({}, devices=[device])
     peak = device_peak(device.device_kind, args)
     print(f"agentjax device bench: {device.device_kind} ({device.platform}; device 0 of "
-          f"{jax.device_count()}), jax {jax.__version__}; "
-          f"{'--tiny' if args.tiny else 'Qwen2.5 shapes'} {', '.join(args.models)}, random "
-          f"bf16 weights")
+          f"{jax.device_count()}), jax {jax.__version__}; models {', '.join(args.models)}"
+          f"{' (--tiny)' if args.tiny else ' (Qwen2.5 shapes)'}, random weights: bf16 for "
+          f"the engines, float32 masters for the train step")
     if peak is None:
         print(f"peak: none known for {device.device_kind!r}: absolute numbers only, "
               f"utilization n/a (--peak-tbps / --peak-tflops give one)")
