@@ -30,8 +30,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
-import transformers
 from flax import nnx
 from timing import Ratio, Runs, measure, timed  # scripts/bench/timing.py
 
@@ -67,6 +65,8 @@ def make_batch(args, rng):
 
 
 def torch_side(model, batch):
+    import torch
+
     tokens, mask, positions, targets, loss_mask = (torch.tensor(x) for x in batch)
     params = [p for p in model.parameters()]
 
@@ -88,7 +88,9 @@ def torch_side(model, batch):
     return train_step, logprobs
 
 
-def jax_side(model, batch, chunk: int):
+def jax_side(model, batch, chunk: int, *, with_logprobs: bool = True):
+    """(train step, log-prob pass or None without `with_logprobs`, compile seconds) of
+    the agentjax model on `batch`, each a no-argument call."""
     tokens, mask, positions, targets, loss_mask = (jnp.asarray(x, jnp.int32) for x in batch)
     graphdef, params = nnx.split(model)
 
@@ -104,7 +106,7 @@ def jax_side(model, batch, chunk: int):
     # Compiled ahead of time so compilation is timed on its own.
     start = time.perf_counter()
     grad_step = jax.jit(jax.value_and_grad(loss_fn)).lower(params).compile()
-    logp_step = jax.jit(logp_fn).lower(params).compile()
+    logp_step = jax.jit(logp_fn).lower(params).compile() if with_logprobs else None
     compile_seconds = time.perf_counter() - start
 
     def train_step():
@@ -115,10 +117,15 @@ def jax_side(model, batch, chunk: int):
     def logprobs():
         return np.asarray(logp_step(params))
 
-    return train_step, logprobs, compile_seconds
+    return train_step, logprobs if with_logprobs else None, compile_seconds
 
 
 def main() -> None:
+    # torch only here and in torch_side: device.py imports jax_side on accelerator
+    # hosts that may have no torch.
+    import torch
+    import transformers
+
     args = parse_args()
     config = transformers.Qwen2Config(
         vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.mlp,

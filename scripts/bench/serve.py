@@ -58,11 +58,11 @@ import httpx
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from qwen25 import QWEN25, parameter_count  # scripts/bench/qwen25.py
 from rollout import PROGRAM_STATS, compilations, compile_line, table  # bench/rollout.py
 from timing import Ratio, Runs, measure, timed  # scripts/bench/timing.py
 
 from agentjax.models.config import ModelConfig
-from agentjax.models.decoder import Decoder
 from agentjax.models.hf import load_hf, make_tiny_hf
 from agentjax.models.tokenizer import AGENT_TAGS, build_tokenizer, load_tokenizer
 from agentjax.agents.loop import EpisodeLimits
@@ -376,22 +376,6 @@ def bench_sync(work: Workload, urls: list[str], repeats: int) -> None:
     print(f"\n## Weight sync of the CPU policy ({size / 1e6:.1f} MB of safetensors), best of "
           f"{repeats} interleaved runs")
     table(["sync", "runs s", "best s", "spread", "cost vs in-process"], rows)
-
-
-# Qwen2.5's config.json shapes: hidden, intermediate, layers, heads, kv heads, vocab,
-# tied embeddings.
-QWEN25 = {"0.5B": (896, 4864, 24, 14, 2, 151936, True),
-          "3B": (2048, 11008, 36, 16, 2, 151936, True),
-          "7B": (3584, 18944, 28, 28, 4, 152064, False)}
-
-
-def parameter_count(hidden, intermediate, layers, heads, kv_heads, vocab, tied) -> int:
-    config = ModelConfig(arch="qwen2", vocab_size=vocab, hidden_size=hidden,
-                         intermediate_size=intermediate, num_layers=layers, num_heads=heads,
-                         num_kv_heads=kv_heads, head_dim=hidden // heads, tie_embeddings=tied,
-                         qkv_bias=True)
-    shapes = nnx.state(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))))
-    return sum(x.size for x in jax.tree.leaves(shapes))
 
 
 def sync_seconds(params: int, args) -> tuple[int, float, float, float]:
