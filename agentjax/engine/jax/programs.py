@@ -117,8 +117,13 @@ def new_cache(weights: LayerwiseWeights, config: ModelConfig, num_pages: int,
     cache = init_paged_cache(config, num_pages, page_size, dtype)
     placement = mesh_and_rules(weights)
     if placement is None:
-        device = next(iter(jax.tree.leaves(weights)[0].sharding.device_set))
-        return jax.device_put(cache, device)
+        sharding = jax.tree.leaves(weights)[0].sharding
+        if not isinstance(sharding, jax.sharding.NamedSharding):
+            return jax.device_put(cache, next(iter(sharding.device_set)))
+        # Weights on a one-device mesh (`create_sharded`, `load_hf(mesh=...)`): the
+        # programs return the pool with a sharding on that mesh, so it starts there too
+        # (on a plain device the second call would compile every program again).
+        placement = (sharding.mesh, None)
     from agentjax.core.parallel import tree_shardings
     axes = PagedKVCache.logical_axes(config.num_layers)
     return jax.device_put(cache, tree_shardings(axes, cache, *placement))

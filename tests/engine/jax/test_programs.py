@@ -65,3 +65,21 @@ def test_single_device_weights_keep_the_cache_on_their_device():
     assert mesh_and_rules(weights) is None
     cache = new_cache(weights, weights.config, PAGES, PAGE_SIZE, None)
     assert cache.k[0].sharding.device_set == {device}
+
+
+def test_weights_on_a_one_device_mesh_compile_each_program_once():
+    """The pool starts where the programs return it (a sharding on that mesh), so the
+    second call hits the first call's executable."""
+    from agentjax.engine.jax.engine import JaxEngine
+    from agentjax.engine.protocol import GenerateRequest, SamplingParams
+
+    mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    model = parallel.shard_model(_model(), mesh)
+    with JaxEngine.from_model(model, max_slots=1, max_len=32, prefill_chunks=(8,),
+                              decode_steps=2, page_size=8, eos_token_ids=()) as engine:
+        assert engine._cache.k[0].sharding.mesh == mesh
+        request = GenerateRequest([3, 4, 5], SamplingParams(max_new_tokens=4))
+        engine.generate_sync([request])
+        compiles = engine.compile_counts
+        engine.generate_sync([request])
+        assert engine.compile_counts == compiles
