@@ -97,8 +97,11 @@ def test_sessions_stay_on_one_server_and_weight_updates_reach_every_server(serve
                 [[done]] = _generate(engine, [GenerateRequest(
                     contexts[session], greedy, session_id=session)])
                 used.setdefault(session, set()).add(done.meta["server"])
-                # Later turns extend the context: the server's session cache holds it.
-                assert (done.meta["cached_tokens"] > 0) == (turn > 0)
+                # Later turns extend the context: the server's session cache holds it (a
+                # first turn may share the prompt another session left on the server).
+                cached = done.meta["cached_tokens"]
+                # All but the last output (never fed) and the appended id 8.
+                assert cached == len(contexts[session]) - 2 if turn else cached <= 2
                 contexts[session] += done.output_ids + [8]
         assert all(len(servers_used) == 1 for servers_used in used.values())
         assert set().union(*used.values()) == set(servers.urls)  # both servers used
