@@ -18,11 +18,10 @@ host-side bookkeeping (the engine's page table); a device call gets only index a
   the longest context or x max_len (the ragged paged attention of tpu-inference / vLLM).
 
 Each item yields a partial softmax (max, sum, weighted values) and a row's partials are
-merged with `segment_max` / `segment_sum` in item order. The item list is padded to a
-bucketed length; padding items belong to no row. On CPU a scatter-add runs its updates in
-order, and a batched matmul's result for one batch element does not depend on how many
-others there are (both tested), so a row's output is bitwise independent of the other
-rows and of the padding: the property the engine's deterministic mode needs.
+merged one by one in item order (`paged_attention`). The item list is padded to a
+bucketed length; padding items belong to no row. A row's output is bitwise independent
+of the other rows and of the padding (tested): the property the engine's deterministic
+mode needs.
 """
 from __future__ import annotations
 
@@ -119,32 +118,41 @@ class HostItems:
         return int(self.row.shape[0])
 
 
+# Items per tile of `paged_attention`: a tile holds consecutive pages of one row.
+ITEM_TILE = 4
+# First slot of a padding item: past any query, so it is fully masked.
+_NEVER = 2 ** 30
+
+
 def build_items(pages: list[list[int]], spans: list[int], rows: int, page_size: int,
                 size: int) -> HostItems:
     """The work list of a call whose program row r attends slots [0, spans[r]) held in
     pages[r] (padding rows: span 0), padded to `size` items.
 
-    Raises ValueError when the rows need more than `size` items (the caller picks size
-    from `items_needed`)."""
+    Each row's items fill whole tiles of ITEM_TILE (the last padded with masked items),
+    so page j of a row always sits at position j % ITEM_TILE of a tile of its own,
+    whatever the other rows hold. Raises ValueError when the rows need more than `size`
+    items (the caller picks size from `items_needed`)."""
     row, page, first = [], [], []
     for r, (held, span) in enumerate(zip(pages, spans)):
         n = -(-span // page_size)
         if n > len(held):
             raise ValueError(f"row {r} attends {span} slots but holds {len(held)} pages")
-        row += [r] * n
-        page += held[:n]
-        first += [j * page_size for j in range(n)]
+        pad = -n % ITEM_TILE
+        row += [r] * (n + pad)
+        page += held[:n] + [0] * pad
+        first += [j * page_size for j in range(n)] + [_NEVER] * pad
     if len(row) > size:
         raise ValueError(f"{len(row)} attention items do not fit {size}")
     pad = size - len(row)
     return HostItems(row=np.asarray(row + [rows] * pad, np.int32),
                      page=np.asarray(page + [0] * pad, np.int32),
-                     first_slot=np.asarray(first + [0] * pad, np.int32))
+                     first_slot=np.asarray(first + [_NEVER] * pad, np.int32))
 
 
 def items_needed(spans: list[int], page_size: int) -> int:
-    """Attention items of rows attending `spans` slots."""
-    return sum(-(-s // page_size) for s in spans)
+    """Attention items of rows attending `spans` slots (whole tiles per row)."""
+    return sum(-(-(-(-s // page_size)) // ITEM_TILE) * ITEM_TILE for s in spans)
 
 
 def write_pages(k_pool: jax.Array, v_pool: jax.Array, k: jax.Array, v: jax.Array,
@@ -165,12 +173,24 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, slots: j
                     items: AttentionItems) -> jax.Array:
     """Grouped-query causal attention of new queries over their rows' pages.
 
+    A loop over tiles of ITEM_TILE items, each tile consecutive pages of one row
+    (`build_items`): it computes its items' partial softmax (max, sum, weighted values
+    over one page), then merges them one by one, in page order, into the row's running
+    accumulators (the online softmax of FlashAttention, over fixed-size KV blocks
+    reduced in a fixed order). Page j of a row is always item j % ITEM_TILE of a tile of
+    its own, so every operation it passes through is the same code whatever else is in
+    flight: the result does not depend on the item count, the other rows or where the
+    row's tiles sit in the list. (One batched matmul over all items, merged by
+    `segment_sum`, differed in the last bit between item counts on XLA:CPU; so did
+    tiles shared by several rows.)
+
     Args:
       q: [R, T, H, hd] queries of the new tokens.
       k_pool: [P, K, hd, page] keys of one layer (the new tokens already written).
       v_pool: [P, K, page, hd] values.
       slots: [R, T] int32 position of each query in its row (-1: padding query).
-      items: the work list covering every slot <= the row's largest query slot.
+      items: the work list (a multiple of ITEM_TILE long) covering every slot <= the
+        row's largest query slot.
 
     Returns:
       [R, T, H, hd] in q's dtype (zeros for padding queries); softmax in float32.
@@ -179,29 +199,52 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, slots: j
     chex.assert_rank([items.row, items.page, items.first_slot], 1)
     r, t, h, hd = q.shape
     kh, page_size = k_pool.shape[1], k_pool.shape[3]
+    count = items.row.shape[0]
+    if count % ITEM_TILE:
+        raise ValueError(f"{count} attention items: not a multiple of {ITEM_TILE}")
     acc = accumulation_dtype(q.dtype)
     q = q.reshape(r, t, kh, h // kh, hd) * jnp.asarray(hd ** -0.5, q.dtype)
-    q = q.transpose(0, 2, 3, 1, 4)                                          # [R, K, G, T, hd]
-    take_row = lambda x, fill: jnp.take(x, items.row, axis=0, mode="fill", fill_value=fill)
-    item_q = take_row(q, 0)                                                 # [W, K, G, T, hd]
-    item_slots = take_row(slots, -1)                                        # [W, T]
-    keys = jnp.take(k_pool, items.page, axis=0).astype(q.dtype)             # [W, K, hd, p]
-    values = jnp.take(v_pool, items.page, axis=0).astype(q.dtype)           # [W, K, p, hd]
-    scores = jnp.einsum("wkgtd,wkds->wkgts", item_q, keys, preferred_element_type=acc)
-    key_slots = items.first_slot[:, None] + jnp.arange(page_size, dtype=jnp.int32)[None]
-    visible = key_slots[:, None, :] <= item_slots[:, :, None]               # [W, T, p]
-    visible = visible[:, None, None]
-    scores = jnp.where(visible, scores, MASKED)
-    item_max = jnp.max(scores, axis=-1)                                     # [W, K, G, T]
-    probs = jnp.where(visible, jnp.exp(scores - item_max[..., None]), 0.0)
-    item_sum = jnp.sum(probs, axis=-1)
-    item_out = jnp.einsum("wkgts,wksd->wkgtd", probs.astype(q.dtype), values,
-                          preferred_element_type=acc)
-    # Merge the items of each row: rescale to the row's max, then sum in item order.
-    row_max = jax.ops.segment_max(item_max, items.row, num_segments=r)
-    scale = jnp.exp(item_max - jnp.take(row_max, items.row, axis=0, mode="fill",
-                                        fill_value=0.0))                    # [W, K, G, T]
-    total = jax.ops.segment_sum(item_sum * scale, items.row, num_segments=r)
-    out = jax.ops.segment_sum(item_out * scale[..., None], items.row, num_segments=r)
-    out = out / jnp.where(total > 0, total, 1.0)[..., None]                # [R, K, G, T, hd]
+    # One more row for the padding items (row index r); dropped at the end.
+    q = jnp.concatenate([q.transpose(0, 2, 3, 1, 4), jnp.zeros_like(q[:1]).transpose(
+        0, 2, 3, 1, 4)])                                                    # [R+1, K, G, T, hd]
+    slots = jnp.concatenate([slots, jnp.full_like(slots[:1], -1)])          # [R+1, T]
+    offsets = jnp.arange(page_size, dtype=jnp.int32)
+
+    def partials(rows, pages, first):
+        """(max [n, K, G, T], sum, weighted values [n, K, G, T, hd]) of n items."""
+        keys = jnp.take(k_pool, pages, axis=0).astype(q.dtype)             # [n, K, hd, p]
+        values = jnp.take(v_pool, pages, axis=0).astype(q.dtype)           # [n, K, p, hd]
+        scores = jnp.einsum("nkgtd,nkds->nkgts", q[rows], keys, preferred_element_type=acc)
+        visible = (first[:, None] + offsets[None])[:, None, :] <= slots[rows][:, :, None]
+        visible = visible[:, None, None]                                    # [n,1,1,T,p]
+        scores = jnp.where(visible, scores, MASKED)
+        top = jnp.max(scores, axis=-1)
+        probs = jnp.where(visible, jnp.exp(scores - top[..., None]), 0.0)
+        out = jnp.einsum("nkgts,nksd->nkgtd", probs.astype(q.dtype), values,
+                         preferred_element_type=acc)
+        return top, jnp.sum(probs, axis=-1), out
+
+    def merge_tile(index, carry):
+        rows, pages, first = (jax.lax.dynamic_slice_in_dim(x, index * ITEM_TILE, ITEM_TILE)
+                              for x in (items.row, items.page, items.first_slot))
+        top, total, out = partials(rows, pages, first)
+        row_max, row_sum, row_out = carry
+        for i in range(ITEM_TILE):  # in item order: a row's merges never reorder
+            row = rows[i]
+            old = row_max[row]
+            new = jnp.maximum(old, top[i])
+            keep, take = jnp.exp(old - new), jnp.exp(top[i] - new)
+            row_max = row_max.at[row].set(new)
+            row_sum = row_sum.at[row].set(row_sum[row] * keep + total[i] * take)
+            row_out = row_out.at[row].set(row_out[row] * keep[..., None]
+                                          + out[i] * take[..., None])
+        return row_max, row_sum, row_out
+
+    shape = (r + 1, kh, h // kh, t)
+    init = (jnp.full(shape, MASKED, acc), jnp.zeros(shape, acc), jnp.zeros(shape + (hd,), acc))
+    # A trip count read from the data, not the shape: XLA keeps the loop a loop (a
+    # one-tile loop it would inline, and fuse otherwise, changing the last bit).
+    tiles = jnp.sum(items.row >= 0) // ITEM_TILE
+    _, row_sum, row_out = jax.lax.fori_loop(0, tiles, merge_tile, init)
+    out = row_out[:r] / jnp.where(row_sum[:r] > 0, row_sum[:r], 1.0)[..., None]
     return out.transpose(0, 3, 1, 2, 4).reshape(r, t, h, hd).astype(q.dtype)

@@ -56,7 +56,7 @@ class _PagedRows:
         spans = (self.lengths + (segments != 0).sum(axis=1)).tolist()
         rows = len(spans)
         items = build_items([self.pages(b) for b in range(rows)], spans, rows, PAGE,
-                            rows * self.per_row)
+                            -(-rows * self.per_row // 8) * 8)
         self.lengths = np.asarray(spans, np.int32)
         return (jnp.asarray(slots), jnp.asarray(write),
                 AttentionItems(*(jnp.asarray(x) for x in (items.row, items.page,

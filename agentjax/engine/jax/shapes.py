@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-# The fewest attention items of a call (smaller lists round up to it).
-MIN_ITEMS = 8
+# `models.paged.ITEM_TILE` (this module imports no JAX): a row's items fill whole tiles.
+ITEM_TILE = 4
+# The fewest attention items of a call (smaller lists round up to it): two tiles.
+MIN_ITEMS = 2 * ITEM_TILE
 
 
 def _powers_of_two(low: int, high: int) -> list[int]:
@@ -73,8 +75,9 @@ class ProgramShapes:
 
     def item_sizes(self, rows: int) -> list[int]:
         """The attention item counts of calls with `rows` rows: powers of two from
-        MIN_ITEMS up to what `rows` full rows need."""
-        return _powers_of_two(MIN_ITEMS, rows * self.pages_per_row)
+        MIN_ITEMS up to what `rows` full rows need (whole tiles each)."""
+        return _powers_of_two(MIN_ITEMS,
+                              rows * -(-self.pages_per_row // ITEM_TILE) * ITEM_TILE)
 
     def items(self, needed: int, rows: int) -> int:
         """The item count of a call whose rows attend `needed` pages."""

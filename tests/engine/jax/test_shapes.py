@@ -1,7 +1,9 @@
 """ProgramShapes: rows, attention items, chunk widths and the program set (no JAX)."""
 import pytest
 
+from agentjax.engine.jax import shapes as shapes_module
 from agentjax.engine.jax.shapes import MIN_ITEMS, ProgramShapes
+from agentjax.models import paged
 
 
 def _shapes(deterministic=False, **kwargs):
@@ -11,6 +13,10 @@ def _shapes(deterministic=False, **kwargs):
     settings.update(kwargs)
     return ProgramShapes(settings.pop("max_slots"), settings.pop("max_len"),
                          settings.pop("page_size"), **settings)
+
+
+def test_the_tile_is_the_attention_kernels():
+    assert shapes_module.ITEM_TILE == paged.ITEM_TILE
 
 
 def test_defaults_and_settings_are_normalised():
@@ -62,13 +68,11 @@ def test_chunk_width_trades_padding_for_rounds(remaining, width):
 
 
 def test_programs_list_every_shape_the_engine_may_call():
-    shapes = _shapes(batch_buckets=(4,), prefill_chunks=(16, 64), max_len=128)  # 2 pages
-    assert shapes.programs() == [
-        ("prefill", 4, 16, 8), ("prefill", 4, 64, 8),
-        ("prefill", 16, 16, 8), ("prefill", 16, 16, 16), ("prefill", 16, 16, 32),
-        ("prefill", 16, 64, 8), ("prefill", 16, 64, 16), ("prefill", 16, 64, 32),
-        ("decode", 4, 0, 8), ("decode", 16, 0, 8), ("decode", 16, 0, 16),
-        ("decode", 16, 0, 32)]
-    assert _shapes(deterministic=True, prefill_chunks=(16, 64), max_len=128).programs() == [
-        ("prefill", 2, 16, 8), ("prefill", 2, 64, 8),
-        ("decode", 16, 0, 8), ("decode", 16, 0, 16), ("decode", 16, 0, 32)]
+    # 2 pages a row, a tile of 4 items each: 4 rows need 16 items, 16 rows 64.
+    shapes = _shapes(batch_buckets=(4,), prefill_chunks=(16, 64), max_len=128)
+    sizes = {4: (8, 16), 16: (8, 16, 32, 64)}
+    assert shapes.programs() == (
+        [("prefill", r, w, n) for r in (4, 16) for w in (16, 64) for n in sizes[r]]
+        + [("decode", r, 0, n) for r in (4, 16) for n in sizes[r]])
+    assert _shapes(deterministic=True, prefill_chunks=(16, 64), max_len=128).programs() == (
+        [("prefill", 2, w, 8) for w in (16, 64)] + [("decode", 16, 0, n) for n in sizes[16]])
