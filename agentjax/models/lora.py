@@ -35,11 +35,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from agentjax.config.choices import LORA_TARGETS
 from agentjax.core.parallel import param_shardings
 
-# Short name -> the decoder's projection, in the order PEFT files list them.
-TARGETS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
-           "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
+# Short name -> the decoder's projection (q -> q_proj, ...).
+TARGETS = {name: f"{name}_proj" for name in LORA_TARGETS}
 ATTENTION_TARGETS = ("q", "k", "v", "o")
 # Leading axes of each projection's weight (after the layer axis) that x contracts with:
 # o_proj [H, hd, D] reads the attention output's heads and head_dim, the others one axis.
@@ -226,3 +226,33 @@ def adapter_param_count(weight_specs: dict, config: LoraConfig) -> int:
     (`decoder.layer_param_specs`)."""
     return sum(math.prod(shape) for spec in adapter_specs(weight_specs, config).values()
                for shape, _ in spec.values())
+
+
+def base_fingerprint(base: Any) -> dict[str, list]:
+    """What identifies a frozen base for a resumed run: per parameter its shape, dtype
+    and the float32 sums of its values and their squares (JSON-able)."""
+    leaves = jax.tree_util.tree_leaves_with_path(base)
+    sums = jax.jit(lambda xs: [(jnp.sum(x.astype(jnp.float32)),
+                                jnp.sum(jnp.square(x.astype(jnp.float32)))) for x in xs])(
+        [x for _, x in leaves])
+    return {jax.tree_util.keystr(path): [list(x.shape), str(x.dtype), float(s), float(q)]
+            for (path, x), (s, q) in zip(leaves, jax.device_get(sums))}
+
+
+def check_same_base(saved: dict[str, list], current: dict[str, list], where: str) -> None:
+    """ValueError naming the first parameter where the base adapters were saved over
+    (`saved`, a base_fingerprint) differs from the one they would be restored onto:
+    other names, shapes or dtypes, or sums beyond float32 rounding of another reduction
+    order (a resume on another mesh)."""
+    if saved.keys() != current.keys():
+        raise ValueError(f"{where}: the adapters were trained over a base with parameters "
+                         f"{sorted(saved)[:4]}..., this model has {sorted(current)[:4]}...")
+    for name, (shape, dtype, total, squares) in saved.items():
+        now = current[name]
+        same = [shape, dtype] == now[:2] and all(
+            abs(a - b) <= 1e-4 * max(abs(a), abs(b), 1.0)
+            for a, b in ((total, now[2]), (squares, now[3])))
+        if not same:
+            raise ValueError(f"{where}: the adapters were trained over another base: "
+                             f"parameter {name} was {[shape, dtype, total, squares]}, "
+                             f"is {now}; resume over the base the run started from")
