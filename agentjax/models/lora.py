@@ -201,13 +201,19 @@ def add_adapters(model: Any, config: LoraConfig, *, seed: int) -> Any:
     return adapted
 
 
+def base_graphdef(model: Any) -> nnx.GraphDef:
+    """The graphdef of `model` without adapters: merged with the base part of its state
+    (split_adapters) it is the base model, the very arrays."""
+    cfg = dataclasses.replace(model.config, lora=None)
+    return nnx.split(nnx.eval_shape(lambda: type(model)(cfg, rngs=nnx.Rngs(0))))[0]
+
+
 def fold_adapters(model: Any) -> Any:
     """A Decoder without adapters whose targeted projections are W + (alpha / r) A B,
     merged in float32 and stored in the base's dtype (one rounding): a merged HF export,
     or the base the next stage's fresh adapters train over. `model` is not changed."""
     lora = model.config.lora
-    cfg = dataclasses.replace(model.config, lora=None)
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: type(model)(cfg, rngs=nnx.Rngs(0))))
+    graphdef = base_graphdef(model)
     _, base = split_adapters(nnx.state(model))
     merge = jax.jit(jax.vmap(merged_weight, in_axes=(0, 0, 0, None, None)),
                     static_argnums=(3, 4))

@@ -33,7 +33,8 @@ from safetensors.numpy import save_file
 
 from agentjax.core import atomic
 from agentjax.models.hf import host_value
-from agentjax.models.lora import TARGETS, LoraConfig
+from agentjax.models.decoder import layer_param_specs
+from agentjax.models.lora import TARGETS, LoraConfig, adapter_specs
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -128,47 +129,59 @@ def read_peft_config(folder: str | os.PathLike) -> tuple[LoraConfig, str]:
     return lora, str(config.get("base_model_name_or_path") or "")
 
 
+def _expected(model_config: Any) -> dict[str, tuple[str, str, tuple[int, ...]]]:
+    """PEFT tensor name -> (projection, "a" | "b", its torch shape) of every adapter of
+    a model with `model_config` (whose lora is set)."""
+    lora = model_config.lora
+    specs = adapter_specs(layer_param_specs(model_config), lora)
+    return {tensor_name(proj, i, which): (proj, which, _to_peft(
+                which, np.zeros(shape[1:], np.int8), lora.rank).shape)
+            for proj, pair in specs.items() for which, (shape, _) in pair.items()
+            for i in range(model_config.num_layers)}
+
+
+def check_peft_tensors(folder: str | os.PathLike, model_config: Any) -> None:
+    """ValueError, naming the folder and tensor, when the adapter file of `folder` does
+    not fit a model of `model_config` (its lora the folder's): a missing or unexpected
+    tensor (other layers, other targets), another shape. Reads the header only."""
+    file = os.path.join(folder, ADAPTER_WEIGHTS)
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"model.lora.adapter_path: {file} not found")
+    with safe_open(file, framework="numpy") as f:
+        shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    expected = _expected(model_config)
+    unexpected = sorted(shapes.keys() - expected.keys())
+    if unexpected:
+        raise ValueError(f"model.lora.adapter_path: {file} has tensors the model "
+                         f"({model_config.num_layers} layers, targets "
+                         f"{list(model_config.lora.projections)}) does not: {unexpected[:4]}")
+    for name, (_, _, shape) in expected.items():
+        if name not in shapes:
+            raise ValueError(f"model.lora.adapter_path: {file} lacks {name}")
+        if shapes[name] != shape:
+            raise ValueError(f"model.lora.adapter_path: {file}: {name} has shape "
+                             f"{list(shapes[name])}, the model needs {list(shape)} (an "
+                             "adapter of another base model?)")
+
+
 def load_peft(model: Any, folder: str | os.PathLike) -> Any:
     """`model` (a Decoder whose config.lora is the folder's, `read_peft_config`) with its
-    adapters replaced by the folder's, placed where the model's were. Raises ValueError
-    naming the folder and tensor when the file does not match the model: a missing or
-    unexpected tensor (other layers, other targets), another shape."""
+    adapters replaced by the folder's, placed where the model's were; the file is
+    checked first (`check_peft_tensors`)."""
     lora, _ = read_peft_config(folder)
     if model.config.lora != lora:
         raise ValueError(f"model.lora.adapter_path: {folder} holds {lora}, the model's "
                          f"adapters are {model.config.lora}")
-    file = os.path.join(folder, ADAPTER_WEIGHTS)
-    if not os.path.isfile(file):
-        raise FileNotFoundError(f"model.lora.adapter_path: {file} not found")
-    layers = model.config.num_layers
-    with safe_open(file, framework="numpy") as f:
-        names = set(f.keys())
-        expected = {tensor_name(proj, i, which): (proj, which)
-                    for proj in lora.projections for which in ("a", "b")
-                    for i in range(layers)}
-        unexpected = sorted(names - expected.keys())
-        if unexpected:
-            raise ValueError(f"model.lora.adapter_path: {file} has tensors the model "
-                             f"({layers} layers, targets {list(lora.projections)}) does not: "
-                             f"{unexpected[:4]}")
-        for proj in lora.projections:
-            for which in ("a", "b"):
-                param = model.lora[proj][which]
-                layer_shape = param.shape[1:]
-                stack = []
-                for i in range(layers):
-                    name = tensor_name(proj, i, which)
-                    if name not in names:
-                        raise ValueError(f"model.lora.adapter_path: {file} lacks {name}")
-                    tensor = f.get_tensor(name)
-                    want = _to_peft(which, np.zeros(layer_shape), lora.rank).shape
-                    if tensor.shape != want:
-                        raise ValueError(
-                            f"model.lora.adapter_path: {file}: {name} has shape "
-                            f"{list(tensor.shape)}, the model needs {list(want)} (a "
-                            "different base model?)")
-                    stack.append(_from_peft(tensor, layer_shape))
-                value = np.stack(stack).astype(np.float32)
-                param[...] = jax.make_array_from_callback(
-                    value.shape, param[...].sharding, lambda index, v=value: v[index])
+    check_peft_tensors(folder, model.config)
+    stacks: dict[tuple[str, str], list] = {}
+    with safe_open(os.path.join(folder, ADAPTER_WEIGHTS), framework="numpy") as f:
+        for name, (proj, which, _) in _expected(model.config).items():
+            layer_shape = model.lora[proj][which].shape[1:]
+            stacks.setdefault((proj, which), []).append(
+                _from_peft(f.get_tensor(name), layer_shape))
+    for (proj, which), layers in stacks.items():
+        param = model.lora[proj][which]
+        value = np.stack(layers).astype(np.float32)
+        param[...] = jax.make_array_from_callback(
+            value.shape, param[...].sharding, lambda index, v=value: v[index])
     return model

@@ -120,6 +120,11 @@ def critic_split(critic_state: Any) -> Any:
     return trainable
 
 
+def init_opt_state(optimizer: optax.GradientTransformation, params: Any) -> Any:
+    """The optimizer state of `params`: the adapters' alone with LoRA."""
+    return optimizer.init(split_adapters(params)[0] if has_adapters(params) else params)
+
+
 def make_optimizer(lr: float, *, total_steps: int, warmup_steps: int = 0,
                    schedule: str = "constant", weight_decay: float = 0.0, b1: float = 0.9,
                    b2: float = 0.99, grad_clip: float = 0.0) -> optax.GradientTransformation:
@@ -326,7 +331,7 @@ def build_update(policy_loss_fn: LossFn, optimizer: optax.GradientTransformation
                  norm_constant: float | None = None, critic_loss_fn: LossFn | None = None,
                  critic_optimizer: optax.GradientTransformation | None = None,
                  critic_warmup_steps: int = 0, norm_fn: NormFn | None = None,
-                 shuffle: bool = True, lora: bool = False):
+                 shuffle: bool = True):
     """Returns the pure `update(state, batch) -> (state, metrics)` (jit it with shardings).
 
     `norm_fn` gives the policy loss's global denominators (default: the LossNorm of the
@@ -338,9 +343,10 @@ def build_update(policy_loss_fn: LossFn, optimizer: optax.GradientTransformation
     Metrics: the policy's (loss terms, `grad_norm`, `update/rel_size`,
     `update/intended_rel_size`) and the critic's under `critic/`.
 
-    With `lora`, only the policy's adapters train (the optimizer state is theirs), over
-    the base in state.params, and the critic's state is its trainable part
-    (`critic_join`): sizes and norms are the adapters'.
+    With LoRA (state.params has adapters), only the policy's adapters train (the
+    optimizer state is theirs, `init_opt_state`), over the base in state.params, and the
+    critic's state is its trainable part (`critic_join`): sizes and norms are the
+    adapters'.
     """
     steps = functools.partial(epoch_minibatch_steps, epochs=epochs, minibatches=minibatches,
                               micro_batches=micro_batches, micro_tokens=micro_tokens,
@@ -350,8 +356,8 @@ def build_update(policy_loss_fn: LossFn, optimizer: optax.GradientTransformation
         rng, policy_key, critic_key = jax.random.split(state.rng, 3)
         metrics = {}
         new_state = state.replace(step=state.step + 1, rng=rng)
-        trained, base = state.split_frozen() if lora else (state, None)
-        join = join_adapters if lora else None
+        trained, base = state.split_frozen()
+        lora = base is not None
         if critic_loss_fn is not None:
             critic_params, critic_opt, critic_metrics = steps(
                 critic_loss_fn, critic_optimizer, state.critic_params,
@@ -362,7 +368,7 @@ def build_update(policy_loss_fn: LossFn, optimizer: optax.GradientTransformation
                                           critic_opt_state=critic_opt)
         params, opt_state, policy_metrics = steps(
             policy_loss_fn, optimizer, trained.params, state.opt_state, batch, policy_key,
-            norm_fn=norm_fn, frozen=base, join=join)
+            norm_fn=norm_fn, frozen=base, join=join_adapters if lora else None)
         if critic_warmup_steps:
             frozen = state.step < critic_warmup_steps
             params = jax.tree.map(lambda new, old: jnp.where(frozen, old, new),
