@@ -127,6 +127,13 @@ def _check_lora(config) -> None:
     if lora.dropout and not lora.rank:
         reject("model.lora.dropout", lora.dropout, "it drops the inputs of adapters: it "
                "needs model.lora.rank > 0")
+    if (lora.rank and config.rollout.engine == "sglang"
+            and config.rollout.sglang.lora == "adapter" and not config.init_from
+            and (config.pretrain.steps or config.sft.steps)):
+        reject("rollout.sglang.lora", "adapter", "the servers hold the base they were "
+               "launched with, and the stage after SFT trains adapters over the SFT "
+               "policy: use 'merged', or run SFT first and start this run from it "
+               "(init_from)")
     if not lora.rank or config.init_from or config.model.path:
         return
     model = config.model
