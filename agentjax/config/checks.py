@@ -124,9 +124,10 @@ def _check_lora(config) -> None:
     if lora.adapter_path and not lora.rank:
         reject("model.lora.adapter_path", lora.adapter_path, "importing a PEFT adapter "
                "trains it further: set model.lora.rank > 0 (the file's rank is used)")
-    if lora.dropout and not lora.rank:
-        reject("model.lora.dropout", lora.dropout, "it drops the inputs of adapters: it "
-               "needs model.lora.rank > 0")
+    if lora.dropout:
+        reject("model.lora.dropout", lora.dropout, "LoRA dropout is not implemented yet (no "
+               "random stream reaches the training forward); 'LoRA Without Regret' trains "
+               "without it: set 0")
     if (lora.rank and config.rollout.engine == "sglang"
             and config.rollout.sglang.lora == "adapter" and not config.init_from
             and (config.pretrain.steps or config.sft.steps)):

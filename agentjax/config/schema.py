@@ -158,8 +158,8 @@ MODEL = Section(
         "projections of every layer; attention-only adapters learn less than ones that "
         "include the MLP at equal parameter count (a warning says so)"),
     Key("lora.dropout", 0.0, Real("[0, 1)"), "probability of dropping each input of A "
-        "in the training forward (PEFT's lora_dropout); never while sampling or in the "
-        "reference"),
+        "in the training forward (PEFT's lora_dropout); only 0 is implemented (a check "
+        "refuses others), and it is what PEFT exports record"),
     Key("lora.adapter_path", "", Path("folder", "a PEFT LoRA adapter"), "a PEFT adapter "
         "folder (adapter_config.json + adapter_model.safetensors) to continue training: "
         "its rank, alpha and targets replace model.lora's, its base must be the model's"),

@@ -154,6 +154,9 @@ def lora_config(config: ml_collections.ConfigDict, model_config: ModelConfig,
             adapter_specs(layer_param_specs(model_config), lora)
     except ValueError as error:
         raise ConfigError(f"{error} (the model's shapes: its config.json)") from error
+    if lora.dropout:
+        log(f"warning: {section.adapter_path} was trained with lora_dropout={lora.dropout}; "
+            "agentjax trains without dropout")
     if lora.attention_only:
         log(f"warning: LoRA on attention only (model.lora.targets={','.join(lora.targets)}): "
             "at equal parameter count it learns less than adapters that include the MLP "
