@@ -1,6 +1,6 @@
-"""The memory plan against a hand count of Qwen2.5-3B under the hf preset (and of 3B /
-7B with LoRA r = 16), and its
-activation estimate against the scratch XLA assigns to compiled training steps."""
+"""The memory plan against a hand count of Qwen2.5-3B under the hf preset (and of 3B and
+7B with LoRA r = 16), and its activation estimate against the scratch XLA assigns to
+compiled training steps."""
 import dataclasses
 
 import jax
