@@ -70,6 +70,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentjax.models.lora import has_adapters, join_adapters, split_adapters
 from agentjax.core.task import Task
 from agentjax.engine.protocol import EnginesUnavailable
 from agentjax.engine.clock import EngineClock
@@ -238,8 +239,13 @@ class AsyncSource(_Source):
     def push_weights(self, params, version: int) -> None:
         """Hands `version` to the producer and returns (a copy: the caller's next update
         may donate `params` before the producer swaps them in; an evaluation sends the
-        same weights again, under the same version)."""
-        staged = jax.tree.map(jnp.copy, params)
+        same weights again, under the same version). A LoRA policy's frozen base is
+        never donated: only its adapters are copied."""
+        if has_adapters(params):
+            adapters, base = split_adapters(params)
+            staged = join_adapters(jax.tree.map(jnp.copy, adapters), base)
+        else:
+            staged = jax.tree.map(jnp.copy, params)
         with self._cond:
             self._weights = (staged, version)
         self._wake_producer()

@@ -22,6 +22,7 @@ def check_combinations(config) -> None:
     _check_offline(config)
     _check_data(config)
     _check_model(config)
+    _check_lora(config)
     _check_algo(config)
     _check_batches(config)
     _check_micro_tokens(config)
@@ -113,6 +114,43 @@ def _check_model(config) -> None:
     if model.num_heads % model.num_kv_heads:
         reject("model.num_kv_heads", model.num_kv_heads,
                f"it must divide model.num_heads={model.num_heads}")
+
+
+def _check_lora(config) -> None:
+    """Adapters that fit every target of a tiny model built for the run (a loaded
+    model's shapes are checked against model.lora once its config.json is read), and an
+    adapter to import only with LoRA on."""
+    lora = config.model.lora
+    if lora.adapter_path and not lora.rank:
+        reject("model.lora.adapter_path", lora.adapter_path, "importing a PEFT adapter "
+               "trains it further: set model.lora.rank > 0 (the file's rank is used)")
+    if lora.dropout:
+        reject("model.lora.dropout", lora.dropout, "LoRA dropout is not implemented yet (no "
+               "random stream reaches the training forward); 'LoRA Without Regret' trains "
+               "without it: set 0")
+    if (lora.rank and config.rollout.engine == "sglang"
+            and config.rollout.sglang.lora == "adapter" and not config.init_from
+            and (config.pretrain.steps or config.sft.steps)):
+        reject("rollout.sglang.lora", "adapter", "the servers hold the base they were "
+               "launched with, and the stage after SFT trains adapters over the SFT "
+               "policy: use 'merged', or run SFT first and start this run from it "
+               "(init_from)")
+    if not lora.rank or config.init_from or config.model.path:
+        return
+    model = config.model
+    head_dim = model.hidden_size // model.num_heads
+    widths = {"q": (model.hidden_size, model.hidden_size),
+              "k": (model.hidden_size, model.num_kv_heads * head_dim),
+              "v": (model.hidden_size, model.num_kv_heads * head_dim),
+              "o": (model.hidden_size, model.hidden_size),
+              "gate": (model.hidden_size, model.intermediate_size),
+              "up": (model.hidden_size, model.intermediate_size),
+              "down": (model.intermediate_size, model.hidden_size)}
+    for target in (t.strip() for t in lora.targets.split(",")):
+        if lora.rank > min(widths[target]):
+            reject("model.lora.rank", lora.rank, f"it exceeds min(d_in, d_out) = "
+                   f"{min(widths[target])} of the {target} projection "
+                   f"({list(widths[target])}) of the tiny model")
 
 
 def _check_algo(config) -> None:

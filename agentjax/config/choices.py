@@ -60,6 +60,11 @@ GUESSES = ("sample", "mode")
 # SGLangEngine over HTTP servers (sglang/client.py, built by train/engines.py from
 # rollout.sglang.*).
 ENGINES = ("jax", "sglang")
+# models/lora.py: TARGETS (q_proj ... down_proj of every decoder layer).
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+# train/engines.py: how an SGLang pool gets a LoRA policy (a PEFT adapter per weight
+# version, or merged full weights for servers without LoRA).
+SGLANG_LORA_MODES = ("adapter", "merged")
 # train/fit.py: guard_nonfinite.
 ON_NONFINITE = ("skip", "rollback")
 # engine/protocol.py: Completion.meta["logprob_distribution"], reported_distribution (what

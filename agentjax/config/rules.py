@@ -14,6 +14,8 @@ import os
 import re
 from typing import Callable, Protocol
 
+from agentjax.config.choices import LORA_TARGETS
+
 
 class Rule(Protocol):
     """What a key allows: `allows(value)`, and `allowed`, the same in words."""
@@ -183,6 +185,11 @@ def _host_port(text: str) -> bool:
     return text == "" or re.fullmatch(r"[^\s:]+:\d+", text) is not None
 
 
+def _lora_targets(text: str) -> bool:
+    names = [name.strip() for name in text.split(",")]
+    return all(name in LORA_TARGETS for name in names) and len(set(names)) == len(names)
+
+
 HOP_COUNTS = Text("comma-separated 'hops:count' entries (hops 1..4, counts >= 0, "
                   "at least one question), e.g. '1:400,2:400'", _hop_counts)
 HOP_FRACTIONS = Text("'' (demonstrate every training question) or comma-separated "
@@ -198,6 +205,8 @@ TEMPLATE_KWARGS = Text("'' or a JSON object of chat-template variables, e.g. "
 HOST_PORT = Text("'' or 'host:port'", _host_port)
 FOLDER_TO_CREATE = Text("'' or a folder path (created if missing)",
                         lambda text: "\0" not in text)
+LORA_TARGET_LIST = Text("comma-separated projections, each once, among q, k, v, o, gate, "
+                        "up, down, e.g. 'q,k,v,o,gate,up,down'", _lora_targets)
 SERVED_MODEL = Text("'' or the model name a server serves (no whitespace)", _name)
 
 # The ranges most keys share.

@@ -26,6 +26,7 @@ from agentjax.config.choices import (
     DPO_KINDS,
     DPO_PAIRS,
     ENGINES,
+    LORA_TARGETS,
     GUESSES,
     INSTRUCTIONS,
     IS_BOUNDS,
@@ -39,6 +40,7 @@ from agentjax.config.choices import (
     RETRIEVERS,
     ROLLOUT_MODES,
     SCHEDULES,
+    SGLANG_LORA_MODES,
     STAGES,
 )
 from agentjax.config.rules import (
@@ -49,6 +51,7 @@ from agentjax.config.rules import (
     HOP_FRACTIONS,
     HOST_PORT,
     JSON_OBJECT,
+    LORA_TARGET_LIST,
     NON_NEGATIVE,
     POSITIVE,
     POSITIVE_REAL,
@@ -145,6 +148,21 @@ MODEL = Section(
         "attention (sequences are padded to a multiple inside)"),
     Key("logprob_chunk", 1024, POSITIVE, "tokens whose logits are computed at once for "
         "log-probs and losses (the whole [T, vocab] logits never materialize)"),
+    Key("lora.rank", 0, Integer(0, special=OFF), "LoRA (models/lora.py): every stage "
+        "trains rank-r adapters W + (alpha/r) A B over a frozen base stored in model.dtype "
+        "(adapters and their Adam moments float32), and its KL reference is the base with "
+        "the adapters off; at most min(d_in, d_out) of each target. 0: full fine-tuning"),
+    Key("lora.alpha", 32.0, POSITIVE_REAL, "the adapters' update is scaled by "
+        "alpha / rank (PEFT's lora_alpha; 32 as in 'LoRA Without Regret')"),
+    Key("lora.targets", ",".join(LORA_TARGETS), LORA_TARGET_LIST, "the adapted "
+        "projections of every layer; attention-only adapters learn less than ones that "
+        "include the MLP at equal parameter count (a warning says so)"),
+    Key("lora.dropout", 0.0, Real("[0, 1)"), "probability of dropping each input of A "
+        "in the training forward (PEFT's lora_dropout); only 0 is implemented (a check "
+        "refuses others), and it is what PEFT exports record"),
+    Key("lora.adapter_path", "", Path("folder", "a PEFT LoRA adapter"), "a PEFT adapter "
+        "folder (adapter_config.json + adapter_model.safetensors) to continue training: "
+        "its rank, alpha and targets replace model.lora's, its base must be the model's"),
 )
 
 TOKENIZER = Section(
@@ -310,6 +328,10 @@ ROLLOUT = Section(
         "scripts/serve.py keep each episode's KV cache between turns when told its "
         "session (launched servers always are); SGLang's radix cache needs no session, "
         "so leave it off there"),
+    Key("sglang.lora", "adapter", Choice(SGLANG_LORA_MODES), "with model.lora.rank > 0: "
+        "'adapter' writes a PEFT folder per weight version that servers load with "
+        "/load_lora_adapter and every /generate names (servers run with --enable-lora); "
+        "'merged' exports full merged weights for servers without LoRA"),
     Key("sglang.max_in_flight", 128, POSITIVE, "requests in flight per server"),
     Key("sglang.grace_s", 120.0, POSITIVE_REAL, "all servers down this long: the run saves "
         "and stops"),

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentjax.config.choices import ARCHS, ATTENTION_IMPLS, REMAT_POLICIES
+from agentjax.models.lora import LoraConfig
 
 # HF `model_type` -> (our arch name, HF architectures entry).
 _ARCHS = {
@@ -117,6 +118,8 @@ class ModelConfig:
       attention: implementation of the full-sequence attention, one of ATTENTION_IMPLS
         (models/attention.py).
       attention_block: query / key block length of the blockwise attention.
+      lora: low-rank adapters on the projections (models/lora.py), or None. Not part of
+        the HF config: adapters are exported as a PEFT folder or merged.
     """
 
     arch: str
@@ -142,6 +145,7 @@ class ModelConfig:
     remat: str = "auto"
     attention: str = "auto"
     attention_block: int = 256
+    lora: LoraConfig | None = None
 
     def __post_init__(self):
         if self.arch not in _ARCHS:

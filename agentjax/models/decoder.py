@@ -46,6 +46,7 @@ cached decode.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import chex
@@ -56,6 +57,7 @@ from flax import nnx, struct
 
 from agentjax.models.attention import (ATTENTION_RESIDUALS, accumulation_dtype, attention,
                                        cache_mask, segment_attention)
+from agentjax.models import lora
 from agentjax.models.cache import KVCache, write_slots
 from agentjax.models.config import ModelConfig
 from agentjax.models.paged import (AttentionItems, PagedKVCache, paged_attention,
@@ -196,10 +198,13 @@ class Decoder(nnx.Module):
       layers: stacked per-layer parameters (names in `layer_param_specs`).
       final_norm: [D] final RMSNorm weight.
       lm_head: [D, V] output projection (absent when embeddings are tied).
+      lora: with `config.lora`, the adapters of the targeted projections
+        (models/lora.py: target -> {"a", "b"}, stacked over layers, float32).
     """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        """Random init (normal(0, 0.02) matrices, unit norms, zero biases).
+        """Random init (normal(0, 0.02) matrices, unit norms, zero biases; adapters
+        as PEFT initializes them, drawn after every base weight).
 
         Args:
           config: architecture and dtypes.
@@ -219,6 +224,15 @@ class Decoder(nnx.Module):
         if not config.tie_embeddings:
             self.lm_head = nnx.Param(_init("normal", rngs.params(), (d, v), dtype),
                                      logical_axes=("embed", "vocab"))
+        if config.lora is not None:
+            self.lora = lora.make_adapters(layer_param_specs(config), config.lora, rngs)
+
+    def adapters(self) -> dict[str, dict[str, jax.Array]] | None:
+        """The stacked adapter arrays (target -> {"a", "b"}), None without LoRA."""
+        if self.config.lora is None:
+            return None
+        return {name: {which: p[...] for which, p in pair.items()}
+                for name, pair in self.lora.items()}
 
     def lm_head_weight(self) -> jax.Array:
         """[D, V] output projection in the compute dtype (the transposed embedding when
@@ -230,14 +244,28 @@ class Decoder(nnx.Module):
         """[B, T, V] float32 logits of final hidden states [B, T, D]."""
         return _logits(hidden, self.lm_head_weight(), self.activation_sharding)
 
-    def layerwise_weights(self) -> "LayerwiseWeights":
-        """The weights for `LayerwiseWeights.forward`: one dict per layer, matrices and
-        embedding in the compute dtype (as the layers cast them). Under jit this is a
-        copy, independent of the module's buffers."""
+    def merged_layers(self) -> dict[str, jax.Array]:
+        """The stacked layer weights in the compute dtype, each adapted projection
+        merged: W + (alpha / r) A B in float32, cast once (`lora.merged_weight`)."""
         cfg = self.config
         stacked = {name: p[...].astype(cfg.dtype) for name, p in self.layers.items()}
+        for name, pair in (self.adapters() or {}).items():
+            merge = jax.vmap(lora.merged_weight, in_axes=(0, 0, 0, None, None))
+            stacked[name] = merge(self.layers[name][...], pair["a"], pair["b"],
+                                  cfg.lora.scale, cfg.dtype)
+        return stacked
+
+    def layerwise_weights(self) -> "LayerwiseWeights":
+        """The weights for `LayerwiseWeights.forward`: one dict per layer, matrices and
+        embedding in the compute dtype (as the layers cast them), adapters merged into
+        their projections (`merged_layers`: the engine samples the adapted policy at the
+        base model's cost; its config has no `lora`). Under jit this is a copy,
+        independent of the module's buffers."""
+        cfg = self.config
+        stacked = self.merged_layers()
         return LayerwiseWeights(
-            config=cfg, activation_sharding=self.activation_sharding,
+            config=dataclasses.replace(cfg, lora=None),
+            activation_sharding=self.activation_sharding,
             embed=self.embed[...].astype(cfg.dtype), final_norm=self.final_norm[...],
             lm_head=None if cfg.tie_embeddings else self.lm_head_weight(),
             layers=tuple({name: w[i] for name, w in stacked.items()}
@@ -268,6 +296,7 @@ class Decoder(nnx.Module):
         x = _embed(cfg, self.embed[...], tokens, shard)
         cos, sin = rope_tables(positions, cfg.rope.inv_freq(cfg.head_dim))
         params = {name: p[...] for name, p in self.layers.items()}
+        adapters = self.adapters()
 
         if cache is None:
             mask = scatter_slots = new_lengths = kv_carry = None
@@ -278,7 +307,7 @@ class Decoder(nnx.Module):
 
         def layer(carry, xs):
             x, kv = carry
-            p, index = xs
+            p, layer_adapters, index = xs
 
             def attend(q, k, v):
                 if kv is None:
@@ -288,13 +317,14 @@ class Decoder(nnx.Module):
                                                                  scatter_slots)
                 return attention(q, layer_k, layer_v, mask), new_kv
 
-            return _layer(cfg, p, x, cos, sin, attend, shard), None
+            return _layer(cfg, p, x, cos, sin, attend, shard, layer_adapters), None
 
         policy = remat_policy(cfg.remat, tokens.shape[1])
         if policy is not None:
             layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
         layer_index = jnp.arange(cfg.num_layers, dtype=jnp.int32)
-        (x, kv_carry), _ = jax.lax.scan(layer, (x, kv_carry), (params, layer_index))
+        (x, kv_carry), _ = jax.lax.scan(layer, (x, kv_carry),
+                                        (params, adapters, layer_index))
 
         hidden = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
         if cache is None:
@@ -382,20 +412,41 @@ def _logits(hidden: jax.Array, w: jax.Array, shard: LogicalSharding | None) -> j
 
 
 def _layer(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, cos: jax.Array,
-           sin: jax.Array, attend, shard: LogicalSharding | None):
+           sin: jax.Array, attend, shard: LogicalSharding | None,
+           adapters: dict[str, dict[str, jax.Array]] | None = None):
     """One pre-norm transformer layer. `attend(q, k, v)` -> (attention output [B,T,H,hd],
-    cache state) stores the new keys/values where the caller keeps them.
+    cache state) stores the new keys/values where the caller keeps them. `adapters`:
+    this layer's LoRA pairs (target -> {"a", "b"}), added to their projections.
     Returns (x, cache state)."""
     p = {name: w.astype(cfg.dtype) for name, w in p.items()}
-    q, k, v = _qkv(cfg, p, rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), cos, sin)
+    proj = _Projections(cfg, p, adapters)
+    q, k, v = _qkv(cfg, p, rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), cos, sin, proj)
     q = constrain(q, ("batch", "seq", "heads", "head_dim"), shard)
     out, kv = attend(q, k, v)
-    attn = jnp.einsum("bthk,hkd->btd", out, p["o_proj"])
+    attn = proj("bthk,hkd->btd", "o_proj", out)
     if cfg.o_bias:
         attn = attn + over_leading_axes(p["o_bias"], attn)
     x = constrain(x + attn, ("batch", "seq", "act_embed"), shard)
-    x = x + _mlp(p, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps), shard)
+    x = x + _mlp(p, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps), shard, proj)
     return constrain(x, ("batch", "seq", "act_embed"), shard), kv
+
+
+class _Projections:
+    """`proj(equation, name, x)`: x times projection `name` of one layer, plus its
+    adapter's (alpha / r) (x A) B when it has one (in the compute dtype)."""
+
+    def __init__(self, cfg: ModelConfig, p: dict[str, jax.Array],
+                 adapters: dict[str, dict[str, jax.Array]] | None):
+        self.p, self.dtype = p, cfg.dtype
+        self.adapters = adapters or {}
+        self.scale = cfg.lora.scale if cfg.lora is not None else 0.0
+
+    def __call__(self, equation: str, name: str, x: jax.Array) -> jax.Array:
+        y = jnp.einsum(equation, x, self.p[name])
+        if name not in self.adapters:
+            return y
+        a, b = (self.adapters[name][which].astype(self.dtype) for which in ("a", "b"))
+        return y + lora.delta(name, x, a, b, self.scale)
 
 
 def _cache_write_plan(cache: KVCache, segment_ids: jax.Array):
@@ -407,11 +458,9 @@ def _cache_write_plan(cache: KVCache, segment_ids: jax.Array):
 
 
 def _qkv(cfg: ModelConfig, p: dict[str, jax.Array], h: jax.Array, cos: jax.Array,
-         sin: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+         sin: jax.Array, proj: "_Projections") -> tuple[jax.Array, jax.Array, jax.Array]:
     """Projected q [B,T,H,hd], k, v [B,T,K,hd] with biases, q/k norm and RoPE."""
-    q = jnp.einsum("btd,dhk->bthk", h, p["q_proj"])
-    k = jnp.einsum("btd,dhk->bthk", h, p["k_proj"])
-    v = jnp.einsum("btd,dhk->bthk", h, p["v_proj"])
+    q, k, v = (proj("btd,dhk->bthk", name, h) for name in ("q_proj", "k_proj", "v_proj"))
     if cfg.qkv_bias:
         q, k, v = (q + over_leading_axes(p["q_bias"], q), k + over_leading_axes(p["k_bias"], k),
                    v + over_leading_axes(p["v_bias"], v))
@@ -421,11 +470,12 @@ def _qkv(cfg: ModelConfig, p: dict[str, jax.Array], h: jax.Array, cos: jax.Array
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
-def _mlp(p: dict[str, jax.Array], h: jax.Array, shard: LogicalSharding | None) -> jax.Array:
-    gate = jnp.einsum("btd,df->btf", h, p["gate_proj"])
-    up = jnp.einsum("btd,df->btf", h, p["up_proj"])
+def _mlp(p: dict[str, jax.Array], h: jax.Array, shard: LogicalSharding | None,
+         proj: "_Projections") -> jax.Array:
+    gate = proj("btd,df->btf", "gate_proj", h)
+    up = proj("btd,df->btf", "up_proj", h)
     act = constrain(jax.nn.silu(gate) * up, ("batch", "seq", "mlp"), shard)
-    return jnp.einsum("btf,fd->btd", act, p["down_proj"])
+    return proj("btf,fd->btd", "down_proj", act)
 
 
 def _write_and_read_cache(kv: tuple[jax.Array, jax.Array], index: jax.Array, k: jax.Array,

@@ -309,7 +309,7 @@ def _build_array(tmap: _TensorMap, abstract: jax.ShapeDtypeStruct, sharding: jax
     return jax.make_array_from_callback(shape, sharding, shard)
 
 
-def _host_value(x: jax.Array) -> np.ndarray:
+def host_value(x: jax.Array) -> np.ndarray:
     """A (possibly sharded, possibly multi-host) array gathered to host memory."""
     if not x.is_fully_addressable:
         x = multihost_utils.process_allgather(x, tiled=True)
@@ -320,7 +320,7 @@ def _hf_tensors(model: Decoder, cfg: ModelConfig, dtype: Any) -> Iterator[tuple[
     """(HF name, array) pairs, one stacked parameter on the host at a time."""
     state = nnx.state(model)
     for tmap in _tensor_maps(cfg):
-        value = _host_value(_get_path(state, tmap.path).get_value())
+        value = host_value(_get_path(state, tmap.path).get_value())
         if tmap.stacked:
             for i in range(cfg.num_layers):
                 yield tmap.hf_name.format(i=i), np.ascontiguousarray(tmap.to_hf(value[i]).astype(dtype))

@@ -65,7 +65,7 @@ def loss_mask(batch: dict, *, loss_on_observations: bool) -> jax.Array:
 
 def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
                   loss_on_observations: bool = False, value_fn: ValueFn | None = None,
-                  offpolicy_metrics: bool = False):
+                  offpolicy_metrics: bool = False, ref_logprob_fn: LogprobFn | None = None):
     """Returns `prepare(params, ref_params, critic_params, batch) -> (batch, metrics)`.
 
     Args:
@@ -81,6 +81,8 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
       offpolicy_metrics: also return the importance weights' metrics (is_ratio_mean,
         is_ratio_max, is_weight_mean, is_clipfrac: `rl.offpolicy.importance_weights`)
         when old_logp="recompute" and tis_cap > 0 (asynchronous runs log them).
+      ref_logprob_fn: the reference's LogprobFn at `ref_params` (default `logprob_fn`;
+        LoRA's is the base model's over the policy's own params).
 
     The batch must hold `temperature` [B]: the rollout temperature, so recomputed
     log-probs describe the distribution the engine sampled from.
@@ -104,6 +106,7 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
     if critic and value_fn is None:
         raise ValueError(f"advantage={algo.advantage!r} needs a critic: pass value_fn")
     need_ref = algo.kl_coef > 0
+    ref_logprob_fn = ref_logprob_fn or logprob_fn
 
     def prepare(params, ref_params, critic_params, batch):
         batch = dict(batch)
@@ -130,7 +133,7 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
         batch["old_logp"] = old
         token_rewards = batch["rewards"]
         if need_ref:
-            ref, _ = per_token(lambda b: logprob_fn(ref_params, b, temperature), batch)
+            ref, _ = per_token(lambda b: ref_logprob_fn(ref_params, b, temperature), batch)
             batch["ref_logp"] = jax.lax.stop_gradient(ref)
             kl_tokens = jnp.where(mask > 0, kl_lib.kl(old, batch["ref_logp"], algo.kl_kind), 0.)
             metrics["kl_ref"] = masked_mean(kl_tokens, mask)

@@ -59,6 +59,12 @@ their own file systems: weights_dir must be shared storage at the same path. The
 `keep_versions` exported folders are kept. Behind an sglang-router, list the workers'
 URLs (this engine balances by itself) unless the router forwards the calls to each.
 
+LoRA (`lora=True`): `export_fn` writes a PEFT adapter folder per version instead
+(models/peft.py), which every server loads as adapter "v0000000v" under the same pause
+(`protocol.load_adapter`); from then on every /generate names it in `lora_path`, so no
+request samples the base model, and each server unloads the adapter it held before.
+Completions report the version of the adapter they named.
+
 Event loops. `RolloutPool.collect_sync` runs every rollout in a fresh `asyncio.run` loop,
 and an HTTP client belongs to one loop: each loop gets its own client, closed when the
 loop ends (the pool's state persists). update_weights, health and wait_until_ready run
@@ -85,11 +91,18 @@ from agentjax.engine.protocol import (LOGPROB_DISTRIBUTIONS, Completion, Engines
                                      GenerateRequest, reported_distribution)
 from agentjax.sglang.protocol import (INT32, MalformedResponse, RequestRejected,
                                               answers_health, error_message,
-                                              generate_payload, load_weights,
+                                              generate_payload, load_adapter, load_weights,
                                               parse_generate_response, read_answer,
-                                              sample_seed, validate_request)
+                                              sample_seed, unload_adapter, validate_request)
 
 ExportFn = Callable[[Any, str], None]
+
+
+def adapter_name(version: int) -> str:
+    """The name servers hold weight version `version`'s LoRA adapter under."""
+    return f"v{version:08d}"
+
+
 _DONE, _RETRY, _REISSUE = "done", "retry", "reissue"
 
 
@@ -102,6 +115,7 @@ class _Server:
     out_reason: str | None = None  # None: in rotation (unless updating)
     updating: bool = False
     version: int | None = None  # weights it loaded from this engine (None: unknown)
+    adapter: str | None = None  # the LoRA adapter it holds (lora=True)
     attempts: set = dataclasses.field(default_factory=set)
 
     @property
@@ -157,6 +171,9 @@ class SGLangEngine:
         server, for servers that keep a session's KV cache between turns
         (scripts/serve.py, whose turns otherwise re-prefill the whole context). SGLang
         reuses prefixes through its radix cache instead: leave it off there.
+      lora: weights are LoRA adapters: export_fn writes PEFT folders, servers (launched
+        with --enable-lora) load them with /load_lora_adapter and every request names
+        the current one (module docstring).
     """
 
     def __init__(self, urls: Sequence[str], *, tokenizer=None, weights_dir: str | None = None,
@@ -166,7 +183,8 @@ class SGLangEngine:
                  weight_sync_timeout_s: float = 600.0, retries: int = 3,
                  backoff_s: float = 0.5, health_interval_s: float = 1.0, grace_s: float = 120.0,
                  keep_versions: int = 2, seed: int = 0,
-                 log: Callable[[str], None] | None = None, server_sessions: bool = False):
+                 log: Callable[[str], None] | None = None, server_sessions: bool = False,
+                 lora: bool = False):
         urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
         if not urls or any(not u.startswith(("http://", "https://")) for u in urls):
             raise ValueError(f"SGLangEngine needs http(s):// server URLs, got {urls!r}")
@@ -193,6 +211,7 @@ class SGLangEngine:
         self.keep_versions = keep_versions
         self.log = log or logging.getLogger(__name__).warning
         self.server_sessions = server_sessions
+        self.lora = lora
         self.weight_version = 0
         self.stats: collections.Counter = collections.Counter()
         self._folder: str | None = None  # the current weights, once synced
@@ -238,8 +257,11 @@ class SGLangEngine:
         version = self.weight_version + 1 if version is None else int(version)
         if isinstance(weights, (str, os.PathLike)):
             folder = os.path.abspath(os.fspath(weights))
-            if not os.path.isfile(os.path.join(folder, "config.json")):
-                raise FileNotFoundError(f"{folder} is not an exported HF folder (no config.json)")
+            marker = "adapter_config.json" if self.lora else "config.json"
+            if not os.path.isfile(os.path.join(folder, marker)):
+                raise FileNotFoundError(f"{folder} is not an exported "
+                                        f"{'PEFT adapter' if self.lora else 'HF'} folder "
+                                        f"(no {marker})")
         else:
             if self.export_fn is None or self.weights_dir is None:
                 raise ValueError("SGLangEngine.update_weights got params: pass export_fn and "
@@ -342,7 +364,8 @@ class SGLangEngine:
             payload = generate_payload(
                 request.input_ids, s, seed=seed, stop_token_ids=stop_ids,
                 rid=f"{base}-{attempts}",
-                session_id=request.session_id if self.server_sessions else None)
+                session_id=request.session_id if self.server_sessions else None,
+                lora_name=adapter_name(self.weight_version) if self.lora else None)
             server = await self._acquire(state, request.session_id)
             kind, value = await self._attempt(state, server, payload)
             if kind == _DONE:
@@ -414,6 +437,8 @@ class SGLangEngine:
             max_new_tokens=payload["sampling_params"]["max_new_tokens"])
         if completion.finish_reason == "abort":
             return _RETRY, completion.meta["error"]
+        if "lora_path" in payload:  # the server reports its base's version
+            completion.meta["weight_version"] = int(payload["lora_path"][1:])
         return _DONE, completion
 
     # ---------------------------------------------------------------- rotation
@@ -533,11 +558,23 @@ class SGLangEngine:
 
     async def _load(self, client: aiohttp.ClientSession, server: _Server, folder: str,
                     version: int) -> str | None:
-        error = await load_weights(client, server.url, folder, version,
-                                   self.weight_sync_timeout_s)
-        if error is None:
-            server.version = version
-        return error
+        if not self.lora:
+            error = await load_weights(client, server.url, folder, version,
+                                       self.weight_sync_timeout_s)
+            if error is None:
+                server.version = version
+            return error
+        name = adapter_name(version)
+        error = await load_adapter(client, server.url, folder, name, self.weight_sync_timeout_s)
+        if error is not None:
+            return error
+        old, server.version, server.adapter = server.adapter, version, name
+        if old is not None and old != name:  # no request names it any more
+            unload_error = await unload_adapter(client, server.url, old,
+                                                self.weight_sync_timeout_s)
+            if unload_error is not None:
+                self.log(f"SGLangEngine: {server.url}: {unload_error}")
+        return None
 
     def _prune(self) -> None:
         """Deletes exported folders but the last keep_versions."""

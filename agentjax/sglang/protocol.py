@@ -49,6 +49,12 @@ Weights (docs/advanced_features/sglang_for_rl.md, "pause_generation --- update w
 /update_weights_from_disk {model_path, weight_version, flush_cache: true} (answers
 `{success, message}`; flush_cache drops radix entries of the old weights), then
 /continue_generation, which is sent even when the update failed.
+
+LoRA (docs/advanced_features/lora.md; servers launched with --enable-lora
+--max-lora-rank R --lora-target-modules ...): `load_adapter` pauses the same way, posts
+/load_lora_adapter {lora_name, lora_path} (a PEFT folder) and continues; every /generate
+then names the adapter in `lora_path` (null: the base model), and `unload_adapter`
+posts /unload_lora_adapter {lora_name} for a version no request names any more.
 """
 from __future__ import annotations
 
@@ -95,13 +101,17 @@ def sample_seed(seed: int, index: int) -> int:
 
 def generate_payload(input_ids: Sequence[int], sampling: SamplingParams, *, seed: int,
                      stop_token_ids: Sequence[int], rid: str,
-                     session_id: str | None = None) -> dict[str, Any]:
+                     session_id: str | None = None,
+                     lora_name: str | None = None) -> dict[str, Any]:
     """The /generate body of one sample (module docstring); `session_id` only for servers
-    that keep a session's KV cache between turns (scripts/serve.py)."""
+    that keep a session's KV cache between turns (scripts/serve.py), `lora_name` the
+    loaded adapter to sample with (None: the server's model as it is)."""
     if not -INT32 <= seed < INT32:
         raise ValueError(f"seed {seed} does not fit SGLang's int32 sampling_seed")
-    session = {} if session_id is None else {"session_id": session_id}
-    return {**session,
+    extra = {} if session_id is None else {"session_id": session_id}
+    if lora_name is not None:
+        extra["lora_path"] = lora_name
+    return {**extra,
         "input_ids": [int(t) for t in input_ids],
         "sampling_params": {
             "temperature": float(sampling.temperature),
@@ -254,25 +264,54 @@ async def read_answer(response: aiohttp.ClientResponse) -> tuple[int, Any, str]:
         return response.status, None, text
 
 
+async def _control(client: aiohttp.ClientSession, url: str, path: str, body: dict,
+                   timeout_s: float) -> None:
+    """POSTs a control call; RuntimeError unless it succeeded."""
+    async with client.post(url + path, json=body,
+                           timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+        code, answer, text = await read_answer(response)
+    if code >= 300 or (isinstance(answer, dict) and answer.get("success") is False):
+        raise RuntimeError(f"{path}: HTTP {code}: {error_message(answer, text[:200])}")
+
+
+async def _paused_call(client: aiohttp.ClientSession, url: str, path: str, body: dict,
+                       timeout_s: float, what: str) -> str | None:
+    """Pause (aborting requests in flight), `path`, continue; None, or why it failed."""
+    try:
+        await _control(client, url, "/pause_generation", {"mode": "abort"}, timeout_s)
+        try:
+            await _control(client, url, path, body, timeout_s)
+        finally:
+            await _control(client, url, "/continue_generation", {}, timeout_s)
+    except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError) as error:
+        return f"{what} failed: {type(error).__name__}: {error}"
+    return None
+
+
 async def load_weights(client: aiohttp.ClientSession, url: str, folder: str, version: int,
                        timeout_s: float) -> str | None:
     """Pause, load `folder` as `version`, continue (module docstring); None, or why it
     failed."""
-    async def call(path: str, body: dict) -> None:
-        async with client.post(url + path, json=body,
-                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
-            code, answer, text = await read_answer(response)
-        if code >= 300 or (isinstance(answer, dict) and answer.get("success") is False):
-            raise RuntimeError(f"{path}: HTTP {code}: {error_message(answer, text[:200])}")
+    return await _paused_call(
+        client, url, "/update_weights_from_disk",
+        {"model_path": folder, "weight_version": str(version), "flush_cache": True},
+        timeout_s, f"loading weights version {version} from {folder}")
 
+
+async def load_adapter(client: aiohttp.ClientSession, url: str, folder: str, name: str,
+                       timeout_s: float) -> str | None:
+    """Pause, load the PEFT adapter `folder` as `name`, continue (module docstring);
+    None, or why it failed."""
+    return await _paused_call(client, url, "/load_lora_adapter",
+                              {"lora_name": name, "lora_path": folder}, timeout_s,
+                              f"loading LoRA adapter {name} from {folder}")
+
+
+async def unload_adapter(client: aiohttp.ClientSession, url: str, name: str,
+                         timeout_s: float) -> str | None:
+    """Unloads adapter `name`; None, or why it failed."""
     try:
-        await call("/pause_generation", {"mode": "abort"})
-        try:
-            await call("/update_weights_from_disk", {
-                "model_path": folder, "weight_version": str(version), "flush_cache": True})
-        finally:
-            await call("/continue_generation", {})
+        await _control(client, url, "/unload_lora_adapter", {"lora_name": name}, timeout_s)
     except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError) as error:
-        return (f"loading weights version {version} from {folder} failed: "
-                f"{type(error).__name__}: {error}")
+        return f"unloading LoRA adapter {name} failed: {type(error).__name__}: {error}"
     return None

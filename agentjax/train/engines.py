@@ -11,6 +11,14 @@
 `build_engine` returns the engine and what closes it (the local servers too). Servers
 that do not answer /health within `rollout.sglang.startup_timeout_s` are an
 EnginesUnavailable naming them, raised before anything compiles.
+
+With LoRA the in-process engine gets merged weights (the decoder's layerwise_weights
+merge W + (alpha/r) A B in float32 at each sync). SGLang servers, under
+rollout.sglang.lora="adapter", get a PEFT adapter folder per version over the base
+they were launched with (model.path, or the stage's base export), loaded as an adapter
+that every request names (sglang/client.py), the initial adapter at once so that no
+request samples the bare base; under "merged", full merged HF folders, for servers
+without LoRA.
 """
 from __future__ import annotations
 
@@ -20,6 +28,8 @@ from typing import Any, Callable
 from flax import nnx
 
 from agentjax.models.hf import save_hf
+from agentjax.models.lora import fold_adapters
+from agentjax.models.peft import save_peft
 from agentjax.engine.jax.lanes import LanedEngine
 from agentjax.sglang.launch import LocalServers
 from agentjax.sglang.client import SGLangEngine
@@ -28,9 +38,10 @@ from agentjax.config import sglang_logprob_distribution
 WEIGHTS_DIR = "weights"  # in the workdir, unless rollout.sglang.weights_dir
 
 
-def server_flags(config) -> list[str]:
+def server_flags(config, lora=None) -> list[str]:
     """serve_main flags that make a launched server sample as the in-process engine
-    would: same slots, lanes, decode rounds, compute dtype and seed. The context is one
+    would: same slots, lanes, decode rounds, compute dtype and seed, and `lora` (a
+    models.lora.LoraConfig) when the servers load adapters. The context is one
     token longer than rollout.max_tokens because SGLang (and serve_main, which follows
     it) refuses input + max_new_tokens >= context length, while an episode may fill
     rollout.max_tokens exactly."""
@@ -42,6 +53,9 @@ def server_flags(config) -> list[str]:
              "--log-level", "warning"]
     if r.kv_tokens:
         flags += ["--max-total-tokens", str(r.kv_tokens)]
+    if lora is not None and r.sglang.lora == "adapter":
+        flags += ["--enable-lora", "--max-lora-rank", str(lora.rank),
+                  "--lora-target-modules", *lora.projections]
     return flags + (["--enable-deterministic-inference"] if r.deterministic else [])
 
 
@@ -71,10 +85,13 @@ def build_engine(config, *, graphdef: nnx.GraphDef, params: Any, model_config, t
         return engine, engine.close
 
     s = r.sglang
+    lora = model_config.lora
+    adapters = lora is not None and s.lora == "adapter"
     servers = None
     if s.launch:
         log(f"starting {s.launch} local rollout server(s) of {model_path}")
-        servers = LocalServers.start(model_path, count=s.launch, flags=server_flags(config),
+        servers = LocalServers.start(model_path, count=s.launch,
+                                     flags=server_flags(config, lora),
                                      timeout_s=s.startup_timeout_s)
         urls = servers.urls
         log(f"local rollout servers at {', '.join(urls)}")
@@ -82,14 +99,20 @@ def build_engine(config, *, graphdef: nnx.GraphDef, params: Any, model_config, t
         urls = [u.strip() for u in s.urls.split(",")]
 
     def export(weights, folder):
-        save_hf(nnx.merge(graphdef, weights), model_config, folder,
-                dtype=model_config.dtype, tokenizer=tokenizer)
+        model = nnx.merge(graphdef, weights)
+        if adapters:
+            save_peft(model, folder, base_model=model_path)
+            return
+        if lora is not None:
+            model = fold_adapters(model)
+        save_hf(model, model.config, folder, dtype=model_config.dtype, tokenizer=tokenizer)
 
     engine = SGLangEngine(
         urls, tokenizer=tokenizer, export_fn=export,
         weights_dir=s.weights_dir or os.path.join(workdir, WEIGHTS_DIR),
         logprob_distribution=sglang_logprob_distribution(config), max_in_flight=s.max_in_flight,
-        grace_s=s.grace_s, seed=config.seed, log=log, server_sessions=bool(s.launch) or s.server_sessions)
+        grace_s=s.grace_s, seed=config.seed, log=log,
+        server_sessions=bool(s.launch) or s.server_sessions, lora=adapters)
 
     def close():
         engine.close()
@@ -98,6 +121,8 @@ def build_engine(config, *, graphdef: nnx.GraphDef, params: Any, model_config, t
 
     try:
         engine.wait_until_ready(s.startup_timeout_s)
+        if adapters:  # the servers hold the base: the policy is base + adapter
+            engine.update_weights(params, version=engine.weight_version)
     except BaseException:
         close()
         raise

@@ -53,6 +53,22 @@ vocab, c bytes of the compute dtype, L layers:
     logits and their gradient, rl/logprobs.py) + D x V x 4 (the lm-head gradient it
     accumulates)
 
+With LoRA (model_config.lora) the trainer holds a frozen base and adapters instead:
+
+  frozen base           the base in the compute dtype, one copy: TrainState.params,
+                        Policy.params, the KL reference and the critic's trunk all read
+                        these arrays (train/update.py: split_frozen)
+  adapters              float32 (TrainState.params); initial adapters, Policy.params';
+                        Adam moments 2 x float32 of the adapters
+  KL reference          0 bytes: the base with the adapters off
+  critic + Adam         3 x float32 of its adapters and value head (its trunk is the
+                        base)
+  engine weights        the merged weights in the compute dtype, as without LoRA
+  staged weights        float32 adapters (the base is shared)
+  gradients             float32 adapters
+  activations           also x A [N, r] of each adapted projection, where matmul outputs
+                        are kept ("none", "dots", "dots_no_batch")
+
 The counts are what the backward reads, not what a compiler may keep besides, so `check`
 stops only runs that cannot fit. Against the scratch XLA:CPU assigns to a compiled
 float32 step (tests/train/test_memory.py): 1.4x this under "none" (it keeps every
@@ -85,6 +101,7 @@ from agentjax.models.paged import PagedKVCache, init_paged_cache
 from agentjax.models.config import ModelConfig
 from agentjax.models.attention import choose_impl
 from agentjax.models.decoder import Decoder, resolve_remat
+from agentjax.models.lora import split_adapters
 from agentjax.train.engines import kv_pages
 from agentjax.rl.advantages import needs_critic
 
@@ -210,6 +227,8 @@ class _Activations:
     def layer(self, cfg: ModelConfig, policy: str) -> int:
         """What one layer keeps for its backward under `policy` (module docstring)."""
         n, t, c = self.micro.tokens, self.micro.seq, jnp.dtype(cfg.dtype).itemsize
+        adapters = 0 if cfg.lora is None else self.bytes(
+            n, t, (cfg.lora.rank * len(cfg.lora.targets),), (None,), c)
         hidden, heads, kv_heads, mlp = (
             self.bytes(n, t, shape, axes, c) for shape, axes in (
                 ((cfg.hidden_size,), ("act_embed",)),
@@ -224,9 +243,9 @@ class _Activations:
             attention = self.bytes(n, t, (cfg.num_heads,), ("heads",), _FLOAT32)
         return {
             "none": 4 * hidden + 2 * heads + 2 * kv_heads + 4 * mlp
-            + attention * (2 if dense else 1),
-            "dots": 3 * hidden + 2 * heads + 2 * kv_heads + 2 * mlp + attention,
-            "dots_no_batch": 3 * hidden + heads + 2 * kv_heads + 2 * mlp,
+            + attention * (2 if dense else 1) + adapters,
+            "dots": 3 * hidden + 2 * heads + 2 * kv_heads + 2 * mlp + attention + adapters,
+            "dots_no_batch": 3 * hidden + heads + 2 * kv_heads + 2 * mlp + adapters,
             "full": hidden,
             # and the blockwise attention's output and logsumexp (remat_policy names them)
             "full_save_attention": hidden + (0 if dense else heads + attention),
@@ -247,7 +266,7 @@ class _Activations:
 def _activation_rows(config: ml_collections.ConfigDict, model_config: ModelConfig,
                     mesh: Mesh, rules: parallel.Rules, params_bytes: int) -> list[MemoryRow]:
     """The rows of one micro-batch of the RL update: its activations and the float32
-    gradients, `params_bytes` a copy (module docstring)."""
+    gradients, `params_bytes` a copy of the trained params (module docstring)."""
     micro = MicroBatch.of(config)
     activations = _Activations(micro, mesh, rules)
     policy = resolve_remat(model_config.remat, micro.seq)
@@ -288,25 +307,42 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
     """
     rules = parallel.resolve_rules(json.loads(config.rules) if config.rules else None)
     abstract = nnx.state(nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0))))
-    shardings = parallel.param_shardings(abstract, mesh, rules)
-    shapes = jax.tree.map(lambda p: p.get_value(), abstract,
-                          is_leaf=lambda x: isinstance(x, nnx.Variable))
-    shardings = jax.tree.map(lambda p: p.get_value(), shardings,
-                             is_leaf=lambda x: isinstance(x, nnx.Variable))
-    master = _param_bytes(shapes, shardings, _FLOAT32)
-    compute = _param_bytes(shapes, shardings, jnp.dtype(model_config.dtype).itemsize)
+    adapters, base = split_adapters(abstract)
 
+    def bytes_of(tree, itemsize: int) -> int:
+        shapes = jax.tree.map(lambda p: p.get_value(), tree,
+                              is_leaf=lambda x: isinstance(x, nnx.Variable))
+        shardings = jax.tree.map(lambda p: p.get_value(),
+                                 parallel.param_shardings(tree, mesh, rules),
+                                 is_leaf=lambda x: isinstance(x, nnx.Variable))
+        return _param_bytes(shapes, shardings, itemsize)
+
+    compute = bytes_of(base, jnp.dtype(model_config.dtype).itemsize)
     r, algo = config.rollout, config.algo
-    rows = [MemoryRow("policy params (float32)", master, _SHARD_PARAMS),
-            MemoryRow("initial params (float32)", master, _SHARD_PARAMS),
-            MemoryRow("Adam moments (2 x float32)", 2 * master, _SHARD_PARAMS)]
+    head = (model_config.hidden_size + 1) * _FLOAT32
+    lora = model_config.lora
+    if lora is None:
+        master = bytes_of(base, _FLOAT32)
+        rows = [MemoryRow("policy params (float32)", master, _SHARD_PARAMS),
+                MemoryRow("initial params (float32)", master, _SHARD_PARAMS),
+                MemoryRow("Adam moments (2 x float32)", 2 * master, _SHARD_PARAMS)]
+        reference = master
+    else:
+        master = bytes_of(adapters, _FLOAT32)
+        rank = f"lower model.lora.rank or model.lora.targets, or {_SHARD_PARAMS}"
+        rows = [MemoryRow(f"frozen base ({model_config.dtype})", compute,
+                          f"model.dtype='bfloat16' halves it, or {_SHARD_PARAMS}"),
+                MemoryRow(f"adapters (float32, rank {lora.rank})", master, rank),
+                MemoryRow("initial adapters (float32)", master, rank),
+                MemoryRow("Adam moments (2 x float32)", 2 * master, rank)]
+        reference = 0  # the base with the adapters off
+    what = "the base, adapters off" if lora is not None else "float32"
     if config.stage == "dpo":  # the frozen starting policy of the preference loss
-        rows.append(MemoryRow("DPO reference (float32)", master, _SHARD_PARAMS))
+        rows.append(MemoryRow(f"DPO reference ({what})", reference, _SHARD_PARAMS))
     elif algo.kl_coef > 0:
-        rows.append(MemoryRow("KL reference (float32)", master,
+        rows.append(MemoryRow(f"KL reference ({what})", reference,
                               f"algo.kl_coef=0 drops it, or {_SHARD_PARAMS}"))
     if needs_critic(algo.advantage):
-        head = (model_config.hidden_size + 1) * _FLOAT32
         rows.append(MemoryRow("critic + Adam (3 x float32)", 3 * (master + head),
                               _SHARD_PARAMS))
     lane_weights = f"model.dtype='bfloat16' halves it, or {_SHARD_PARAMS}"
@@ -315,7 +351,8 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
                           f"lower rollout.engine_lanes; {lane_weights}"))
     rows.append(MemoryRow("engine weight swap (one lane)", compute, lane_weights))
     if r.mode == "async":
-        rows.append(MemoryRow("staged weights (float32, async)", master,
+        staged = "adapters, float32" if lora is not None else "float32"
+        rows.append(MemoryRow(f"staged weights ({staged}, async)", master,
                               f"rollout.mode='sync' drops it, or {_SHARD_PARAMS}"))
     lane_pages = kv_pages(r) // r.engine_lanes
     cache = jax.eval_shape(lambda: init_paged_cache(model_config, lane_pages, r.page_size))

@@ -7,6 +7,13 @@ loaded from an HF folder and exported back to one.
 The folder is `init_from`'s export, `model.path`, or (neither given) a tiny random-init
 decoder built once in <workdir>/init_model with a tokenizer trained on `texts()`, so
 every later stage and every rerun loads HF.
+
+With LoRA (model.lora.rank > 0) the loaded model is the frozen base and the policy gets
+adapters (fresh, seeded by config.seed, or model.lora.adapter_path's PEFT adapter);
+`export` writes the merged HF folder (what init_from, evaluation and servers without
+LoRA load) and the PEFT adapter beside it, and `next_stage` folds a finished stage's
+adapters into the base the next stage's fresh adapters train over: every stage is LoRA
+over the policy it starts from, its KL or DPO reference that policy.
 """
 from __future__ import annotations
 
@@ -19,14 +26,21 @@ import jax
 import ml_collections
 from flax import nnx
 
-from agentjax.config.errors import reject
+from agentjax.config.errors import ConfigError, reject
 from agentjax.models import Decoder, ModelConfig, load_hf, save_hf
+from agentjax.models.decoder import layer_param_specs
+from agentjax.models.lora import LoraConfig, adapter_specs, add_adapters, fold_adapters
+from agentjax.models.peft import check_peft_tensors, load_peft, read_peft_config, save_peft
 from agentjax.models.tokenizer import AGENT_TAGS, build_tokenizer, load_tokenizer
 from agentjax.train.memory import memory_plan
 from agentjax.train.precision import model_precision
 from agentjax.train.runtime import Runtime
 
 HF_DIR = "hf"  # every stage exports its final policy here (init_from / SGLang / eval)
+ADAPTER_DIR = "adapter"  # and with LoRA its PEFT adapter here, beside HF_DIR
+# "LoRA Without Regret" and arXiv 2512.23165 report collapses from this rank on at GRPO
+# batches of this many episodes.
+WIDE_RANK, LARGE_BATCH = 64, 128
 TINY_MODEL_DIR = "init_model"
 
 
@@ -40,6 +54,8 @@ class Policy:
       model_config: the decoder's ModelConfig.
       tokenizer: its tokenizer, with the chat template's end-of-turn handling.
       path: the HF folder it was loaded from (launched rollout servers load it too).
+      base_path: with LoRA, the HF folder of the frozen base the adapters train over
+        (path, or the merged export of the stage before: `next_stage`).
     """
 
     graphdef: nnx.GraphDef
@@ -47,6 +63,7 @@ class Policy:
     model_config: ModelConfig
     tokenizer: Any
     path: str
+    base_path: str = ""
 
     @classmethod
     def load(cls, config: ml_collections.ConfigDict, runtime: Runtime, *,
@@ -64,26 +81,93 @@ class Policy:
         with open(os.path.join(path, "config.json")) as f:
             folder_config = ModelConfig.from_hf(json.load(f), **precision)
         check_context(config, folder_config, path)
+        lora = lora_config(config, folder_config, runtime.log)
         if plan_memory:
-            plan = memory_plan(config, folder_config, runtime.mesh)
+            plan = memory_plan(config, dataclasses.replace(folder_config, lora=lora),
+                               runtime.mesh)
             runtime.log(f"memory plan per device:\n{plan.table()}")
             plan.check()
         model, model_config = load_hf(path, mesh=runtime.mesh, rules=runtime.rules,
                                       **precision)
+        if lora is not None:
+            model = add_adapters(model, lora, seed=config.seed)
+            if config.model.lora.adapter_path:
+                model = load_peft(model, config.model.lora.adapter_path)
+            model_config = model.config
         tokenizer = load_tokenizer(path, template_kwargs=json.loads(
             config.tokenizer.template_kwargs or "{}"))
         graphdef, params = nnx.split(model)
         runtime.log(f"policy: {model_config.arch}, "
                     f"{sum(x.size for x in jax.tree.leaves(params)) / 1e6:.2f}M params, "
                     f"vocab {model_config.vocab_size}")
-        return cls(graphdef, params, model_config, tokenizer, path)
+        return cls(graphdef, params, model_config, tokenizer, path, base_path=path)
+
+    @property
+    def lora(self) -> LoraConfig | None:
+        return self.model_config.lora
 
     def export(self, params, folder: str) -> None:
         """Saves `params` as an HF folder, in the compute dtype, what inference runs: a
         bfloat16 model exports bfloat16 (as it was published), not its float32
-        training masters."""
-        save_hf(nnx.merge(self.graphdef, params), self.model_config, folder,
-                dtype=self.model_config.dtype, tokenizer=self.tokenizer)
+        training masters. With LoRA: the merged weights (`lora.fold_adapters`), and the
+        PEFT adapter over `base_path` in the sibling folder ADAPTER_DIR."""
+        model = nnx.merge(self.graphdef, params)
+        if self.lora is not None:
+            save_peft(model, os.path.join(os.path.dirname(folder), ADAPTER_DIR),
+                      base_model=self.base_path)
+            model = fold_adapters(model)
+        save_hf(model, model.config, folder, dtype=self.model_config.dtype,
+                tokenizer=self.tokenizer)
+
+    def next_stage(self, params, exported: str, *, seed: int):
+        """The params a stage after another starts from: without LoRA `params`; with it
+        the finished stage's adapters folded into the base (float32 merge, one rounding:
+        the policy the stage exported to `exported`, now the base_path) and fresh
+        adapters (B = 0: the same policy, A seeded by `seed`)."""
+        if self.lora is None:
+            return params
+        folded = fold_adapters(nnx.merge(self.graphdef, params))
+        self.base_path = exported
+        return nnx.state(add_adapters(folded, self.lora, seed=seed))
+
+
+def lora_config(config: ml_collections.ConfigDict, model_config: ModelConfig,
+                log: Callable[[str], None]) -> LoraConfig | None:
+    """The adapters config.model.lora asks for (model.lora.adapter_path's when given)
+    on the model of `model_config`, checked against its shapes before any weight is
+    read (a ConfigError naming the key), with the setup's warnings; None without LoRA."""
+    section = config.model.lora
+    if not section.rank:
+        return None
+    try:
+        if section.adapter_path:
+            lora, base = read_peft_config(section.adapter_path)
+            check_peft_tensors(section.adapter_path,
+                               dataclasses.replace(model_config, lora=lora))
+            log(f"LoRA: continuing {section.adapter_path} (rank {lora.rank}, alpha "
+                f"{lora.alpha}, targets {','.join(lora.targets)}; trained over "
+                f"{base or 'an unnamed base'})")
+        else:
+            lora = LoraConfig(rank=section.rank, alpha=section.alpha,
+                              targets=tuple(t.strip() for t in section.targets.split(",")),
+                              dropout=section.dropout)
+            adapter_specs(layer_param_specs(model_config), lora)
+    except ValueError as error:
+        raise ConfigError(f"{error} (the model's shapes: its config.json)") from error
+    if lora.dropout:
+        log(f"warning: {section.adapter_path} was trained with lora_dropout={lora.dropout}; "
+            "agentjax trains without dropout")
+    if lora.attention_only:
+        log(f"warning: LoRA on attention only (model.lora.targets={','.join(lora.targets)}): "
+            "at equal parameter count it learns less than adapters that include the MLP "
+            "('LoRA Without Regret', 2025); add gate,up,down")
+    batch = config.rollout.prompts_per_step * config.rollout.group_size
+    if lora.rank >= WIDE_RANK and batch >= LARGE_BATCH and config.stage == "rl":
+        log(f"warning: LoRA rank {lora.rank} >= {WIDE_RANK} with {batch} episodes a step: "
+            f"ranks this high collapsed at GRPO batches >= {LARGE_BATCH} in one study "
+            "(arXiv 2512.23165 and others); policy-gradient RL matches full fine-tuning at "
+            "low ranks (try 8-32)")
+    return lora
 
 
 def check_context(config: ml_collections.ConfigDict, model_config: ModelConfig,

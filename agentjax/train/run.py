@@ -35,7 +35,7 @@ from agentjax.config import validate
 from agentjax.core import atomic
 from agentjax.envs.registry import TaskSuite, build_suite
 from agentjax.train.checkpoint import latest_committed_step
-from agentjax.train.policy import Policy
+from agentjax.train.policy import HF_DIR, Policy
 from agentjax.train.rollouts import Rollouts
 from agentjax.train.runtime import CHECKPOINTS, Runtime
 from agentjax.train.stages.offline import run_offline
@@ -56,6 +56,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         if (config.pretrain.steps or config.sft.steps) and not config.init_from:
             params, sft_results = warm_start(config, runtime, policy, suite, rollouts, params)
             results.update(sft_results)
+            if config.stage != "sft":
+                last = "sft" if config.sft.steps else "pretrain"
+                params = policy.next_stage(
+                    params, os.path.join(runtime.workdir, last, HF_DIR), seed=config.seed)
         if config.stage != "sft":
             stage = run_rl if config.stage == "rl" else run_offline
             _, last_eval = stage(config, runtime, policy, rollouts, params)

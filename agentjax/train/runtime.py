@@ -24,6 +24,7 @@ from agentjax.config import ConfigError
 from agentjax.core import atomic, parallel
 from agentjax.train.checkpoint import Checkpointer
 from agentjax.train.metrics import MetricsWriter
+from agentjax.train.update import split_frozen, with_frozen
 
 CHECKPOINTS = "checkpoints"  # in the workdir (RL) or in <workdir>/<stage> (pretrain, sft)
 
@@ -107,20 +108,31 @@ class Runtime:
         """(jitted update, state placed on its shardings). The update is jitted with
         explicit shardings — the state keeps its placement (`parallel.placed_shardings`,
         donated), the batch takes the rules' batch shardings, metrics come back
-        replicated — compiled at the first call for that batch's keys."""
-        state_shardings = parallel.placed_shardings(state, self.mesh)
+        replicated — compiled at the first call for that batch's keys. A LoRA state's
+        frozen base (`TrainState.split_frozen`) is an argument of its own, neither
+        donated nor returned: the arrays whoever loaded it holds stay valid, unchanged."""
+        trained, base = split_frozen(state)
+        state_shardings = parallel.placed_shardings(trained, self.mesh)
+        base_shardings = parallel.placed_shardings(base, self.mesh)
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         compiled = {}
+
+        def without_base(trained, base, batch):
+            new_state, metrics = update_fn(with_frozen(trained, base), batch)
+            return split_frozen(new_state)[0], metrics
 
         def update(state, batch):
             keys = tuple(sorted(batch))
             if keys not in compiled:
                 compiled[keys] = jax.jit(
-                    update_fn, in_shardings=(state_shardings, self.batch_shardings(batch)),
+                    without_base, in_shardings=(state_shardings, base_shardings,
+                                                self.batch_shardings(batch)),
                     out_shardings=(state_shardings, replicated), donate_argnums=0)
-            return compiled[keys](state, batch)
+            trained, base = split_frozen(state)
+            new_trained, metrics = compiled[keys](trained, base, batch)
+            return with_frozen(new_trained, base), metrics
 
-        return update, jax.device_put(state, state_shardings)
+        return update, with_frozen(jax.device_put(trained, state_shardings), base)
 
     # ------------------------------------------------------------------ files
 

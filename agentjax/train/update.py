@@ -25,20 +25,28 @@ and the `micro_batches` metric counts the others, `micro_fill` the fraction of t
 positions holding tokens. The loss stays exact: the model's outputs go back to the rows
 and the row losses run unchanged on the micro-batch's episodes, with the global norm.
 
+With LoRA (models/lora.py) `TrainState.params` holds a frozen base and float32
+adapters: gradients and optimizer state exist for the adapters only (the loss sees the
+base as a constant), and `split_frozen` / `with_frozen` let the jitted update and the
+checkpoints leave the base out (it is neither donated nor saved: whoever loaded it keeps
+it, and a resumed run restores adapters onto the very base it trained over).
+
 A batch is a dict of [B, T] / [B] arrays as `agentjax.core.trajectory.collate`
 makes them, plus what `agentjax.rl.prepare` adds (old_logp, ref_logp, advantages, ...).
 """
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import chex
 import flax
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
+from agentjax.models.lora import has_adapters, join_adapters, split_adapters
 from agentjax.rl import token_packing
 from agentjax.rl.aggregation import loss_norm
 from agentjax.rl.objectives import LossFn, NormFn
@@ -54,10 +62,16 @@ class TrainState:
         whatever the model's compute dtype (the decoder casts them to `config.dtype`
         at use, as MaxText and levanter keep float32 masters under bfloat16 compute).
       opt_state: optax state of the policy optimizer (float32, like the params).
+        With LoRA: the frozen base in the compute dtype and the float32 adapters.
+      opt_state: optax state of the policy optimizer (float32, like the params; the
+        adapters' only with LoRA).
       rng: PRNG key for shuffling minibatches (and anything else stochastic).
       critic_params / critic_opt_state: the PPO critic (None for critic-free methods).
-      ref_params: the frozen reference policy of the KL term (None without KL); kept in
-        the state so a resumed run has it without knowing where it came from.
+        With LoRA, the critic's adapters and value head: its trunk is the policy's
+        frozen base (`critic_join`).
+      ref_params: the frozen reference policy of the KL term (None without KL, and with
+        LoRA, whose reference is the base with the adapters off); kept in the state so a
+        resumed run has it without knowing where it came from.
     """
 
     step: jax.Array
@@ -67,6 +81,48 @@ class TrainState:
     critic_params: Any = None
     critic_opt_state: Any = None
     ref_params: Any = None
+
+    def split_frozen(self) -> tuple["TrainState", Any]:
+        """(this state without the frozen LoRA base, the base); (self, None) without
+        LoRA."""
+        if not has_adapters(self.params):
+            return self, None
+        adapters, base = split_adapters(self.params)
+        return self.replace(params=adapters), base
+
+    def with_frozen(self, base: Any) -> "TrainState":
+        """The inverse of `split_frozen`."""
+        return self if base is None else self.replace(params=join_adapters(self.params, base))
+
+
+def split_frozen(state: Any) -> tuple[Any, Any]:
+    """(state, None) for any pytree, or a LoRA TrainState's (state without its frozen
+    base, the base)."""
+    split = getattr(state, "split_frozen", None)
+    return (state, None) if split is None else split()
+
+
+def with_frozen(state: Any, base: Any) -> Any:
+    """The inverse of `split_frozen`."""
+    return state if base is None else state.with_frozen(base)
+
+
+def critic_join(critic_trainable: Any, base: Any) -> Any:
+    """The state of a LoRA critic (models.value.ValueModel over the policy's decoder)
+    from its trainable part (trunk adapters, value head) and the policy's frozen base."""
+    return join_adapters(critic_trainable, {"trunk": base})
+
+
+def critic_split(critic_state: Any) -> Any:
+    """The trainable part of a LoRA critic's state: all but its trunk's frozen base."""
+    trainable, _ = nnx.split_state(
+        critic_state, nnx.Any(nnx.LoRAParam, nnx.Not(nnx.PathContains("trunk"))), ...)
+    return trainable
+
+
+def init_opt_state(optimizer: optax.GradientTransformation, params: Any) -> Any:
+    """The optimizer state of `params`: the adapters' alone with LoRA."""
+    return optimizer.init(split_adapters(params)[0] if has_adapters(params) else params)
 
 
 def make_optimizer(lr: float, *, total_steps: int, warmup_steps: int = 0,
@@ -221,9 +277,12 @@ def epoch_minibatch_steps(loss_fn: LossFn, optimizer: optax.GradientTransformati
                           params: Any, opt_state: Any, batch: dict, rng: jax.Array, *,
                           epochs: int, minibatches: int, micro_batches: int,
                           micro_tokens: int = 0, norm_constant: float | None = None,
-                          norm_fn: NormFn | None = None, shuffle: bool = True):
+                          norm_fn: NormFn | None = None, shuffle: bool = True,
+                          frozen: Any = None, join: Callable[[Any, Any], Any] | None = None):
     """Runs `epochs` passes over `batch` in `minibatches` optimizer steps each, each
-    accumulated over micro-batches (`accumulate_grads`).
+    accumulated over micro-batches (`accumulate_grads`). With `join`, `params` are the
+    trainable part and the loss sees `join(params, frozen)` (frozen: a constant, no
+    gradient, no optimizer state).
 
     Returns:
       (params, opt_state, metrics) with metrics averaged over all optimizer steps,
@@ -232,6 +291,11 @@ def epoch_minibatch_steps(loss_fn: LossFn, optimizer: optax.GradientTransformati
       loss, gradient or new params were not finite).
     """
     rows = next(iter(batch.values())).shape[0]
+    if join is not None:
+        full_loss_fn = loss_fn
+
+        def loss_fn(trainable, micro, norm):
+            return full_loss_fn(join(trainable, frozen), micro, norm)
 
     def one_step(carry, index):
         params, opt_state = carry
@@ -278,6 +342,11 @@ def build_update(policy_loss_fn: LossFn, optimizer: optax.GradientTransformation
     first `critic_warmup_steps` updates only the critic learns (the policy is frozen).
     Metrics: the policy's (loss terms, `grad_norm`, `update/rel_size`,
     `update/intended_rel_size`) and the critic's under `critic/`.
+
+    With LoRA (state.params has adapters), only the policy's adapters train (the
+    optimizer state is theirs, `init_opt_state`), over the base in state.params, and the
+    critic's state is its trainable part (`critic_join`): sizes and norms are the
+    adapters'.
     """
     steps = functools.partial(epoch_minibatch_steps, epochs=epochs, minibatches=minibatches,
                               micro_batches=micro_batches, micro_tokens=micro_tokens,
@@ -287,26 +356,30 @@ def build_update(policy_loss_fn: LossFn, optimizer: optax.GradientTransformation
         rng, policy_key, critic_key = jax.random.split(state.rng, 3)
         metrics = {}
         new_state = state.replace(step=state.step + 1, rng=rng)
+        trained, base = state.split_frozen()
+        lora = base is not None
         if critic_loss_fn is not None:
             critic_params, critic_opt, critic_metrics = steps(
                 critic_loss_fn, critic_optimizer, state.critic_params,
-                state.critic_opt_state, batch, critic_key)
+                state.critic_opt_state, batch, critic_key, frozen=base,
+                join=critic_join if lora else None)
             metrics.update({f"critic/{k}": v for k, v in critic_metrics.items()})
             new_state = new_state.replace(critic_params=critic_params,
                                           critic_opt_state=critic_opt)
         params, opt_state, policy_metrics = steps(
-            policy_loss_fn, optimizer, state.params, state.opt_state, batch, policy_key,
-            norm_fn=norm_fn)
+            policy_loss_fn, optimizer, trained.params, state.opt_state, batch, policy_key,
+            norm_fn=norm_fn, frozen=base, join=join_adapters if lora else None)
         if critic_warmup_steps:
             frozen = state.step < critic_warmup_steps
             params = jax.tree.map(lambda new, old: jnp.where(frozen, old, new),
-                                  params, state.params)
+                                  params, trained.params)
             opt_state = jax.tree.map(lambda new, old: jnp.where(frozen, old, new),
                                      opt_state, state.opt_state)
             # A frozen policy neither moved nor was asked to.
             for key in ("update/rel_size", "update/intended_rel_size"):
                 policy_metrics[key] = jnp.where(frozen, 0.0, policy_metrics[key])
         metrics.update(policy_metrics)
-        return new_state.replace(params=params, opt_state=opt_state), metrics
+        new_state = new_state.replace(params=params, opt_state=opt_state)
+        return new_state.with_frozen(base), metrics
 
     return update

@@ -25,6 +25,7 @@ BAD_TEXT = {
     rules.TEMPLATE_KWARGS: ["{enable_thinking: false}", "[1]", "true"],
     rules.URL: ["localhost:8000", "ftp://host/x", "http://a b"],
     rules.URLS: ["http://a,localhost:1", "http://a,"],
+    rules.LORA_TARGET_LIST: ["", "q,qkv", "q,q", "q;k", "Q"],
     rules.HOST_PORT: ["host", "host:port", "host:1:2"],
     rules.SERVED_MODEL: ["judge 7b", " "],
     rules.FOLDER_TO_CREATE: ["runs/\0weights"],

@@ -80,6 +80,7 @@ class FakeState:
         self.version = "default"  # server_args.weight_version's default
         self.script: collections.deque = collections.deque()  # per-/generate steps
         self.fail_updates = False
+        self.adapters: dict[str, str] = {}  # loaded LoRA adapters: name -> path
         self.calls: list[tuple[str, dict]] = []
         self.in_flight = self.max_in_flight = 0
         self.log_path = log_path
@@ -131,6 +132,19 @@ class FakeState:
             return self.generate(body)
         if path == "/update_weights_from_disk":
             return self.update_weights(body)
+        if path == "/load_lora_adapter":
+            # entrypoints/http_server.py load_lora_adapter: LoadLoRAAdapterReqOutput
+            # {"success", "error_message", "loaded_adapters"}, HTTP 400 when it failed.
+            if self.fail_updates or body["lora_name"] in self.adapters:
+                return 400, {"success": False, "error_message": "Failed to load adapter",
+                             "loaded_adapters": self.adapters}
+            self.adapters[body["lora_name"]] = body["lora_path"]
+            return 200, {"success": True, "error_message": None,
+                         "loaded_adapters": self.adapters}
+        if path == "/unload_lora_adapter":
+            self.adapters.pop(body["lora_name"])
+            return 200, {"success": True, "error_message": None,
+                         "loaded_adapters": self.adapters}
         if path in ("/pause_generation", "/continue_generation"):
             return 200, "ok"  # http_server.py answers plain text
         return 404, {"detail": "Not Found"}

@@ -299,3 +299,34 @@ def test_startup_check_and_constructor_errors():
         SGLangEngine(["http://h1:30000", "http://h1:30000/"])
     with pytest.raises(ValueError, match="logprob_distribution"):
         SGLangEngine(["http://h1:30000"], logprob_distribution="processed")
+
+
+def _export_adapter(params, folder):
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+        json.dump({"params": params}, f)
+
+
+def test_lora_sync_loads_an_adapter_per_version_names_it_and_unloads_the_old(tmp_path):
+    request = GenerateRequest([3, 4], SamplingParams(max_new_tokens=3))
+    with FakeSGLang() as a:
+        engine = _engine([a.url], weights_dir=str(tmp_path / "w"), export_fn=_export_adapter,
+                         lora=True)
+        engine.update_weights({"step": 0}, version=0)  # the initial adapter (engines.py)
+        engine.update_weights({"step": 1})
+        folder = str(tmp_path / "w" / "v00000001")
+        assert [call for call in a.calls if call[0] != "generate"][-3:] == [
+            ("load_lora_adapter", {"lora_name": "v00000001", "lora_path": folder}),
+            ("continue_generation", {}),
+            ("unload_lora_adapter", {"lora_name": "v00000000"})]
+        assert a.adapters == {"v00000001": folder}
+        [[completion]] = _run(engine, request)
+        # Every request names the current adapter: none samples the bare base.
+        assert a.generate_bodies()[-1]["lora_path"] == "v00000001"
+        assert completion.meta["weight_version"] == 1
+        a.fail_updates = True
+        with pytest.raises(EnginesUnavailable):
+            engine.update_weights({"step": 2})
+        assert a.calls[-1][0] == "continue_generation"
+    with pytest.raises(FileNotFoundError, match="no adapter_config.json"):
+        SGLangEngine([a.url], lora=True).update_weights(str(tmp_path))

@@ -1,5 +1,6 @@
-"""The memory plan against a hand count of Qwen2.5-3B under the hf preset, and its
-activation estimate against the scratch XLA assigns to compiled training steps."""
+"""The memory plan against a hand count of Qwen2.5-3B under the hf preset (and of 3B and
+7B with LoRA r = 16), and its activation estimate against the scratch XLA assigns to
+compiled training steps."""
 import dataclasses
 
 import jax
@@ -10,6 +11,8 @@ from flax import nnx
 from agentjax.config import default_config
 from agentjax.core import parallel
 from agentjax.models import Decoder, ModelConfig
+from agentjax.models.decoder import layer_param_specs
+from agentjax.models.lora import LoraConfig, adapter_param_count
 from agentjax.rl.logprobs import token_logprobs
 from agentjax.train.memory import memory_plan
 from agentjax.config.presets import search_config
@@ -254,3 +257,60 @@ def test_dense_attention_activations_count_the_scores():
     # smaller.
     assert _planned(model_config, 512) > 3 * _planned(
         dataclasses.replace(model_config, attention="blockwise"), 512)
+
+
+# Qwen2.5-7B (untied lm-head): its published 7.62B parameters.
+V7, D7, L7, H7, K7, F7 = 152064, 3584, 28, 28, 4, 18944
+PARAMS_7B = (2 * V7 * D7 + L7 * (D7 * H7 * HD + 2 * D7 * K7 * HD + H7 * HD * D7 + 3 * D7 * F7)
+             + L7 * (2 * D7 + H7 * HD + 2 * K7 * HD) + D7)
+RANK = 16
+# r x (d_in + d_out) per adapted projection and layer: q and o [3584 <-> 3584], k and v
+# [3584 -> 512], gate, up and down [3584 <-> 18944].
+LORA_7B = L7 * RANK * (2 * (D7 + H7 * HD) + 2 * (D7 + K7 * HD) + 3 * (D7 + F7))
+
+
+def _lora_model(config, V, D, L, H, K, F, tied):
+    config.model.lora.rank = RANK
+    return ModelConfig(arch="qwen2", vocab_size=V, hidden_size=D, intermediate_size=F,
+                       num_layers=L, num_heads=H, num_kv_heads=K, head_dim=HD,
+                       tie_embeddings=tied, qkv_bias=True, lora=LoraConfig(rank=RANK),
+                       **model_precision(config))
+
+
+def test_lora_qwen25_7b_on_one_h200():
+    assert PARAMS_7B == 7_615_616_512 and LORA_7B == 40_370_176
+    config = search_config("grpo", "hf")
+    model_config = _lora_model(config, V7, D7, L7, H7, K7, F7, tied=False)
+    assert model_config.param_dtype == "bfloat16"  # the frozen base, in the compute dtype
+    assert adapter_param_count(layer_param_specs(model_config), model_config.lora) == LORA_7B
+    mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    plan = memory_plan(config, model_config, mesh, device_bytes=141 * GIB)
+    # Under remat "full" a layer keeps its input; its recomputed backward also holds
+    # x A [r] of each of the 7 projections (bfloat16).
+    micro = 8 * TOKENS
+    layer = micro * (2 * (4 * D7 + 2 * H7 * HD + 2 * K7 * HD + 4 * F7 + 7 * RANK) + 4 * H7)
+    logits = 2 * 8 * 512 * V7 * 4 + D7 * V7 * 4
+    assert 2 * layer > logits
+    kv = SLOTS * TOKENS * L7 * K7 * HD * 2
+    assert _rows(plan) == {
+        "frozen base": 2 * PARAMS_7B, "adapters": 4 * LORA_7B, "initial adapters": 4 * LORA_7B,
+        "Adam moments": 8 * LORA_7B, "KL reference": 0,
+        "engine weights": 2 * PARAMS_7B, "engine weight swap": 2 * PARAMS_7B,
+        "KV cache": 2 * kv + 4 * SLOTS, "activations": L7 * micro * 2 * D7 + 2 * layer,
+        "gradients": 8 * LORA_7B}
+    assert plan.total / GIB == pytest.approx(117.6, abs=0.05) and plan.fits
+    assert "KL reference (the base, adapters off)" in plan.table()
+
+
+def test_lora_qwen25_3b_fits_one_80gb_gpu_with_a_critic():
+    config = search_config("ppo", "hf")
+    model_config = _lora_model(config, V, D, L, H, K, F, tied=True)
+    trainable = L * RANK * (2 * (D + H * HD) + 2 * (D + K * HD) + 3 * (D + F))
+    mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    plan = memory_plan(config, model_config, mesh, device_bytes=80 * GIB)
+    rows = _rows(plan)
+    assert rows["frozen base"] == 2 * PARAMS and rows["adapters"] == 4 * trainable
+    # The critic: its own adapters and value head, and their Adam moments; the trunk
+    # is the policy's frozen base.
+    assert rows["critic + Adam"] == 3 * 4 * (trainable + D + 1)
+    assert plan.fits, plan.table()

@@ -22,6 +22,14 @@ python/sglang/srt/entrypoints/http_server.py and managers/tokenizer_manager.py):
 - GET /health: 200 while the engine runs (503 once shutting down); GET /health_generate:
   200 after generating one token from input_ids [0] (503 when that fails, times out or
   generation is paused). GET /get_model_info, /get_server_info, /get_weight_version.
+- POST /load_lora_adapter `{lora_name, lora_path}` (a PEFT folder; the server runs with
+  --enable-lora): merges the adapter into the launch weights in float32 (`load_adapter`)
+  and swaps them in as /update_weights_from_disk does; from then on requests name it in
+  `lora_path`. The engine holds one set of weights, so the newest loaded adapter is the
+  one requests may name (SGLang batches several: the trainer only ever names its newest
+  version). POST /unload_lora_adapter `{lora_name}`: forgets it (the launch weights come
+  back when it was the one served). Both answer SGLang's `{success, error_message,
+  loaded_adapters}` (HTTP 400 when success is false).
 - GET|POST /flush_cache: drops the engine's cached sessions; 400 while requests run.
 - POST /abort_request `{rid, abort_all}`: the request (every sample of it) comes back
   HTTP 200 with finish_reason `{"type": "abort", ...}`. Unlike SGLang, an aborted
@@ -95,6 +103,18 @@ class CloseSessionBody(pydantic.BaseModel):
     session_id: str
 
 
+class LoadLoraBody(pydantic.BaseModel):
+    """SGLang's LoadLoRAAdapterReqInput (`pinned` is accepted and ignored)."""
+
+    lora_name: str
+    lora_path: str
+    pinned: bool = False
+
+
+class UnloadLoraBody(pydantic.BaseModel):
+    lora_name: str
+
+
 def hf_params_loader(dtype) -> Callable[[str], Any]:
     """`load_params` for build_app: the params of the HF folder at a path, in `dtype`
     (the dtype the engine was built from)."""
@@ -122,8 +142,12 @@ class _Service:
 
     def __init__(self, engine, *, tokenizer, model_path: str, context_length: int,
                  vocab_size: int, load_params: Callable[[str], Any], weight_version: str,
-                 server_args: dict[str, Any], max_sequences: int):
+                 server_args: dict[str, Any], max_sequences: int,
+                 load_adapter: Callable[[str, str], Any] | None):
         self.engine, self.tokenizer = engine, tokenizer
+        self.load_adapter = load_adapter
+        self.adapters: dict[str, str] = {}  # loaded LoRA adapters: name -> folder
+        self.adapter: str | None = None  # the one the engine's weights hold
         self.context_length, self.vocab_size = context_length, vocab_size
         self.load_params, self.max_sequences = load_params, max_sequences
         self.server_args = dict(server_args, model_path=model_path,
@@ -143,7 +167,8 @@ class _Service:
         try:
             items, single = parse_generate(
                 body, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
-                context_length=self.context_length, max_sequences=self.max_sequences)
+                context_length=self.context_length, max_sequences=self.max_sequences,
+                adapter=self.adapter)
             flights = self._register(items)
         except ValueError as error:
             return error_response(error)
@@ -282,32 +307,87 @@ class _Service:
                 return _update_failed(body, error)
             if body.abort_all_requests:
                 await self._stop_running("abort", "Aborted by /update_weights_from_disk")
-            paused = "paused" in self.holds
-            if not paused:
-                await self._set_hold("updating", True)
-            try:
-                if not paused and self.running:
-                    await asyncio.wait([flight.task for flight in self.running])
-                in_flight = len(self.running)
-                # On the event loop: LanedEngine's bookkeeping is not thread-safe. The
-                # swap itself is one cast of the weights plus a wait between two decode
-                # rounds.
-                self.engine.update_weights(params)
-            except (ValueError, RuntimeError) as error:
-                return _update_failed(body, error)
-            else:  # before generation resumes, so that its answers carry the new version
-                self.sessions.clear()  # update_weights ended the engine's sessions
+
+            def swapped():  # before generation resumes: answers carry the new version
                 self.server_args["model_path"] = body.model_path
-                message = "Succeeded to update model weights."
+                self.adapters.clear()
+                self.adapter = None
                 if body.weight_version is not None:
                     self.server_args["weight_version"] = body.weight_version
-                    message += f" Weight version updated to {body.weight_version}."
-            finally:
-                if not paused:
-                    await self._set_hold("updating", False)
+
+            try:
+                in_flight = await self._swap(params, swapped)
+            except (ValueError, RuntimeError) as error:
+                return _update_failed(body, error)
+        message = "Succeeded to update model weights."
+        if body.weight_version is not None:
+            message += f" Weight version updated to {body.weight_version}."
         logger.info("weights updated from %s (version %s)", body.model_path,
                     self.weight_version)
         return _update_answer(True, message, in_flight)
+
+    async def _swap(self, params, swapped: Callable[[], None]) -> int:
+        """Puts `params` into the engine between requests (module docstring: waits for
+        those in flight unless paused), calls `swapped()` before generation resumes;
+        returns the requests left running through the swap."""
+        paused = "paused" in self.holds
+        if not paused:
+            await self._set_hold("updating", True)
+        try:
+            if not paused and self.running:
+                await asyncio.wait([flight.task for flight in self.running])
+            in_flight = len(self.running)
+            # On the event loop: LanedEngine's bookkeeping is not thread-safe. The swap
+            # itself is one cast of the weights plus a wait between two decode rounds.
+            self.engine.update_weights(params)
+            self.sessions.clear()  # update_weights ended the engine's sessions
+            swapped()
+            return in_flight
+        finally:
+            if not paused:
+                await self._set_hold("updating", False)
+
+    async def load_lora_adapter(self, body: LoadLoraBody):
+        if self.load_adapter is None:
+            return _lora_answer(False, "LoRA is not enabled: launch the server with "
+                                       "--enable-lora", self.adapters)
+        if body.lora_name in self.adapters:
+            return _lora_answer(False, f"The lora name {body.lora_name!r} is already loaded",
+                                self.adapters)
+        async with self.update_lock:
+            try:  # off the event loop: reading and merging take a while
+                params = await asyncio.to_thread(self.load_adapter, body.lora_path,
+                                                 self.server_args["model_path"])
+
+                def swapped():
+                    self.adapters[body.lora_name] = body.lora_path
+                    self.adapter = body.lora_name
+
+                await self._swap(params, swapped)
+            except Exception as error:  # noqa: BLE001 - a bad adapter is the caller's error
+                return _lora_answer(False, f"{type(error).__name__}: {error}", self.adapters)
+        logger.info("LoRA adapter %s loaded from %s", body.lora_name, body.lora_path)
+        return _lora_answer(True, "", self.adapters)
+
+    async def unload_lora_adapter(self, body: UnloadLoraBody):
+        if body.lora_name not in self.adapters:
+            return _lora_answer(False, f"LoRA adapter {body.lora_name!r} is not loaded",
+                                self.adapters)
+        async with self.update_lock:
+            if body.lora_name == self.adapter:  # the launch weights come back
+                try:
+                    params = await asyncio.to_thread(self.load_params,
+                                                     self.server_args["model_path"])
+
+                    def swapped():
+                        self.adapter = None
+
+                    await self._swap(params, swapped)
+                except Exception as error:  # noqa: BLE001
+                    return _lora_answer(False, f"{type(error).__name__}: {error}",
+                                        self.adapters)
+            del self.adapters[body.lora_name]
+        return _lora_answer(True, "", self.adapters)
 
     async def flush_cache(self) -> Response:
         if self.flights:
@@ -356,6 +436,13 @@ class _Service:
                 "version": f"agentjax-{__version__}"}
 
 
+def _lora_answer(success: bool, error: str, adapters: dict[str, str]) -> JSONResponse:
+    """SGLang's LoadLoRAAdapterReqOutput (HTTP 400 when it failed)."""
+    return JSONResponse({"success": success, "error_message": error or None,
+                         "loaded_adapters": dict(adapters)},
+                        status_code=200 if success else 400)
+
+
 def _update_answer(success: bool, message: str, num_paused_requests: int) -> JSONResponse:
     return JSONResponse({"success": success, "message": message,
                          "num_paused_requests": num_paused_requests},
@@ -382,7 +469,8 @@ def _bad_request(message: str) -> JSONResponse:
 def build_app(engine, *, tokenizer, model_path: str, context_length: int, vocab_size: int,
               load_params: Callable[[str], Any], weight_version: str = "default",
               server_args: dict[str, Any] | None = None,
-              max_sequences: int = 65536) -> fastapi.FastAPI:
+              max_sequences: int = 65536,
+              load_adapter: Callable[[str, str], Any] | None = None) -> fastapi.FastAPI:
     """The FastAPI app serving `engine` with SGLang's native API (module docstring).
 
     Args:
@@ -396,6 +484,8 @@ def build_app(engine, *, tokenizer, model_path: str, context_length: int, vocab_
       weight_version: the version reported until an update sets another.
       server_args: extra fields reported by /get_server_info (the command-line flags).
       max_sequences: most sequences (requests x n) one /generate call may ask for.
+      load_adapter: (PEFT folder, base HF folder) -> params of the engine's structure:
+        the base with that adapter merged in (`main.adapter_loader`); None: LoRA is off.
 
     `app.state.service.shutting_down = True` makes /health answer 503 (scripts/serve.py
     sets it when a shutdown signal arrives).
@@ -403,7 +493,8 @@ def build_app(engine, *, tokenizer, model_path: str, context_length: int, vocab_
     service = _Service(engine, tokenizer=tokenizer, model_path=model_path,
                        context_length=context_length, vocab_size=vocab_size,
                        load_params=load_params, weight_version=weight_version,
-                       server_args=server_args or {}, max_sequences=max_sequences)
+                       server_args=server_args or {}, max_sequences=max_sequences,
+                       load_adapter=load_adapter)
     app = fastapi.FastAPI(title="agentjax SGLang-protocol server")
     app.state.service = service
 
@@ -432,4 +523,6 @@ def build_app(engine, *, tokenizer, model_path: str, context_length: int, vocab_
     app.add_api_route("/update_weights_from_disk", service.update_weights_from_disk,
                       methods=["POST"])
     app.add_api_route("/close_session", service.close_session, methods=["GET", "POST"])
+    app.add_api_route("/load_lora_adapter", service.load_lora_adapter, methods=["POST"])
+    app.add_api_route("/unload_lora_adapter", service.unload_lora_adapter, methods=["POST"])
     return app

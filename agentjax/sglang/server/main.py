@@ -9,6 +9,9 @@ Endpoints, request and response shapes: `agentjax/sglang/server/app.py` (SGLang'
 --tokenizer-path, --host, --port, --context-length, --max-running-requests, --random-seed,
 --dtype, --enable-deterministic-inference, --weight-version, --skip-server-warmup,
 --log-level); the others set the JaxEngine (--lanes, --decode-steps, --prefill-chunks).
+LoRA as SGLang serves it: `--enable-lora --max-lora-rank R --lora-target-modules q_proj
+... | all` accepts /load_lora_adapter of PEFT folders within those limits
+(`adapter_loader`: merged into the served weights in float32, cast once).
 `--dtype auto` is the checkpoint's own dtype (SGLang's auto serves float32 checkpoints
 in float16, which CPUs do not compute natively).
 
@@ -45,6 +48,8 @@ import uvicorn
 from flax import nnx
 
 from agentjax.models.hf import load_hf
+from agentjax.models.lora import TARGETS, add_adapters, fold_adapters
+from agentjax.models.peft import load_peft, read_peft_config
 from agentjax.models.tokenizer import load_tokenizer
 from agentjax.engine.jax.lanes import LanedEngine
 from agentjax.sglang.server.app import build_app, hf_params_loader
@@ -136,6 +141,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="seconds requests in flight get after SIGTERM / SIGINT")
     parser.add_argument("--parent-pid", type=int,
                         help="exit when this process (the launcher) is no longer the parent")
+    parser.add_argument("--enable-lora", action="store_true",
+                        help="accept /load_lora_adapter (PEFT folders) and lora_path")
+    parser.add_argument("--max-lora-rank", type=int, default=64,
+                        help="the largest adapter rank /load_lora_adapter accepts")
+    parser.add_argument("--lora-target-modules", nargs="+", default=["all"],
+                        help="projections adapters may target (q_proj ... down_proj, or all)")
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port} is not a TCP port")
@@ -157,6 +168,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.parent_pid is not None and args.parent_pid != os.getppid():
         parser.error(f"--parent-pid {args.parent_pid} is not this process's parent "
                      f"({os.getppid()})")
+    projections = set(TARGETS.values())
+    if args.lora_target_modules != ["all"] and not set(args.lora_target_modules) <= projections:
+        parser.error(f"--lora-target-modules {args.lora_target_modules}: choose among "
+                     f"{sorted(projections)} or all")
     if not os.path.isfile(os.path.join(args.model_path, "config.json")):
         parser.error(f"--model-path {args.model_path}: no config.json there")
     return args
@@ -169,6 +184,25 @@ def kv_pages_per_lane(args, context_length: int) -> int:
     if args.max_total_tokens is None:
         return args.max_running_requests // args.lanes * per_sequence
     return max(-(-args.max_total_tokens // (args.page_size * args.lanes)), per_sequence)
+
+
+def adapter_loader(dtype, *, max_rank: int, target_modules: list[str]):
+    """`load_adapter` for build_app: (PEFT folder, base HF folder) -> the base's params
+    with the adapter merged in (W + (alpha/r) A B in float32, cast once to `dtype`).
+    An adapter beyond the launch limits is a ValueError naming them."""
+    allowed = set(TARGETS.values()) if target_modules == ["all"] else set(target_modules)
+
+    def load(folder: str, base_path: str):
+        lora, _ = read_peft_config(folder)
+        if lora.rank > max_rank:
+            raise ValueError(f"{folder}: rank {lora.rank} exceeds --max-lora-rank {max_rank}")
+        if not set(lora.projections) <= allowed:
+            raise ValueError(f"{folder}: targets {list(lora.projections)} are not all among "
+                             f"--lora-target-modules {sorted(allowed)}")
+        base, _ = load_hf(base_path, dtype=dtype)
+        adapted = load_peft(add_adapters(base, lora, seed=0), folder)
+        return nnx.split(fold_adapters(adapted))[1]
+    return load
 
 
 def main(argv=None) -> None:
@@ -206,7 +240,10 @@ def main(argv=None) -> None:
     app = build_app(engine, tokenizer=tokenizer, model_path=args.model_path,
                     context_length=context_length, vocab_size=config.vocab_size,
                     load_params=hf_params_loader(dtype), weight_version=args.weight_version,
-                    server_args=server_args)
+                    server_args=server_args,
+                    load_adapter=adapter_loader(dtype, max_rank=args.max_lora_rank,
+                                                target_modules=args.lora_target_modules)
+                    if args.enable_lora else None)
 
     @contextlib.asynccontextmanager
     async def close_engine_at_exit(_):

@@ -97,7 +97,7 @@ class GenerateBody(pydantic.BaseModel):
     return_hidden_states: Any = False
 
 
-_UNSERVED_INPUTS = ("input_embeds", "image_data", "video_data", "audio_data", "lora_path",
+_UNSERVED_INPUTS = ("input_embeds", "image_data", "video_data", "audio_data",
                     "custom_logit_processor", "session_params", "return_hidden_states")
 
 
@@ -171,9 +171,12 @@ class GenerateItem:
 
 
 def parse_generate(body: GenerateBody, *, tokenizer, vocab_size: int, context_length: int,
-                   max_sequences: int) -> tuple[list[GenerateItem], bool]:
+                   max_sequences: int, adapter: str | None = None
+                   ) -> tuple[list[GenerateItem], bool]:
     """The requests of a /generate body, and whether it is a single request (answered
-    with one object, else with a list of `sum(n)` objects in item order).
+    with one object, else with a list of `sum(n)` objects in item order). `adapter`: the
+    LoRA adapter the engine's weights hold (None: the base), the one `lora_path` (one
+    name, or one per request) may name: the engine holds one set of weights.
 
     Raises:
       ValueError: the body is not a request this server can serve (the message says why;
@@ -185,9 +188,16 @@ def parse_generate(body: GenerateBody, *, tokenizer, vocab_size: int, context_le
     for name in _UNSERVED_INPUTS:
         if getattr(body, name) not in (None, False, [], {}):
             raise ValueError(f"{name} is not supported by this server (a text-only JAX "
-                             "engine without LoRA, sessions or hidden states)")
+                             "engine without multimodal inputs, session_params or hidden "
+                             "states)")
     inputs, single = _inputs(body)
     batch = len(inputs)
+    for name in _per_request(body.lora_path, batch, single, "lora_path", None):
+        if name != adapter:
+            raise ValueError(
+                f"lora_path {name!r}: this server samples one set of weights, "
+                + (f"the base model with the LoRA adapter {adapter!r} (name it)" if adapter
+                   else "the base model (no adapter loaded)"))
     sampling = _per_request(body.sampling_params, batch, single, "sampling_params", {})
     parsed = [_parse_sampling(params or {}, i if not single else None)
               for i, params in enumerate(sampling)]

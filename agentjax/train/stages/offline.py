@@ -32,12 +32,14 @@ from typing import Any, Callable
 import jax
 import ml_collections
 import numpy as np
+from flax import nnx
 
 from agentjax.agents.evaluation import solved
 from agentjax.core import atomic
 from agentjax.core.trajectory import collate
 from agentjax.data.offline_jsonl import read_episodes, read_pairs, write_episodes, write_pairs
 from agentjax.engine.protocol import SamplingParams
+from agentjax.models.lora import base_graphdef, has_adapters, split_adapters
 from agentjax.rl import objectives
 from agentjax.core.registry import Registry
 from agentjax.train import update as step_lib
@@ -240,14 +242,26 @@ def dpo_stage(ctx: _Context) -> OfflineStage:
                                        rows["action_mask"][size:]], axis=1)
         return batch, size
 
-    reference_logprobs = jax.jit(functools.partial(
-        objectives.pair_logprobs, graphdef, chunk_size=config.model.logprob_chunk))
+    reference = jax.jit(dpo_reference_logprobs(graphdef, ctx.policy.params,
+                                               chunk_size=config.model.logprob_chunk))
 
     def prepare(state, batch):
-        return {**batch, "ref_logp": reference_logprobs(state.ref_params, batch)}
+        ref_params = state.params if state.ref_params is None else state.ref_params
+        return {**batch, "ref_logp": reference(ref_params, batch)}
 
     return OfflineStage(objectives.dpo_loss(graphdef, dpo, chunk_size=config.model.logprob_chunk),
                         objectives.pair_norm, window, collect, make_batch, prepare)
+
+
+def dpo_reference_logprobs(graphdef, params, *, chunk_size: int):
+    """(reference params, pair batch) -> the reference's log-probs of the pairs: the
+    frozen starting policy's, or with LoRA the base model's over the policy's params
+    (its adapters left out: no copy)."""
+    if not has_adapters(params):
+        return functools.partial(objectives.pair_logprobs, graphdef, chunk_size=chunk_size)
+    base = base_graphdef(nnx.merge(graphdef, params))
+    return lambda params, batch: objectives.pair_logprobs(
+        base, split_adapters(params)[1], batch, chunk_size=chunk_size)
 
 
 # config.choices.STAGES after SFT other than "rl", and the pair levels of each dpo.pairs.

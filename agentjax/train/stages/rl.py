@@ -40,6 +40,7 @@ from agentjax.agents.sources import GROUPS_LOG, make_source
 from agentjax.core.trajectory import collate
 from agentjax.data.curriculum import make_sampler
 from agentjax.models import ValueModel
+from agentjax.models.lora import base_graphdef, has_adapters, split_adapters
 from agentjax.rl import objectives
 from agentjax.rl.advantages import needs_critic
 from agentjax.rl.prepare import build_prepare, critic_value_fn, model_logprob_fn
@@ -79,7 +80,13 @@ def _copy(tree):
 def init_rl_state(config: ml_collections.ConfigDict, graphdef: nnx.GraphDef, params):
     """(TrainState, optimizer, critic graphdef, critic optimizer) of an RL run from
     `params`: float32 masters, a critic initialized from the policy (GAE only), a frozen
-    reference copy (KL, or the DPO stage's reference)."""
+    reference copy (KL, or the DPO stage's reference).
+
+    With LoRA the optimizer state is the adapters', there is no reference copy (it is
+    the base with the adapters off: `reference_logprob_fn`), and the critic is a value
+    head plus adapters of its own (copies of the policy's) over the policy's frozen
+    base, not a second trunk: a 7B critic costs its adapters, head and their Adam
+    moments, and its values still adapt their features."""
     algo = config.algo
     optimizer = step_lib.make_optimizer(
         config.optim.lr, total_steps=optimizer_updates(config),
@@ -88,19 +95,24 @@ def init_rl_state(config: ml_collections.ConfigDict, graphdef: nnx.GraphDef, par
         grad_clip=config.optim.grad_clip)
     critic_graphdef = critic_optimizer = critic_params = critic_opt_state = None
     params = master_copy(params)
+    lora = has_adapters(params)
     if needs_critic(algo.advantage):
-        critic = ValueModel(nnx.merge(graphdef, _copy(params)))
-        critic_graphdef, critic_params = nnx.split(critic)
+        # With LoRA the trunk's base is the policy's own arrays (critic_join), the rest
+        # fresh copies: the state must not hold one buffer twice (it is donated).
+        critic_graphdef, critic_params = nnx.split(ValueModel(nnx.merge(
+            graphdef, params if lora else _copy(params))))
+        if lora:
+            critic_params = _copy(step_lib.critic_split(critic_params))
         critic_optimizer = optax.chain(optax.clip_by_global_norm(config.optim.grad_clip),
                                        optax.adamw(algo.critic_lr))
         critic_opt_state = critic_optimizer.init(critic_params)
+    needs_reference = (algo.kl_coef > 0 or config.stage == "dpo") and not lora
     state = step_lib.TrainState(step=jnp.int32(0), params=params,
-                                opt_state=optimizer.init(params),
+                                opt_state=step_lib.init_opt_state(optimizer, params),
                                 rng=jax.random.key(config.seed),
                                 critic_params=critic_params,
                                 critic_opt_state=critic_opt_state,
-                                ref_params=_copy(params) if algo.kl_coef > 0
-                                or config.stage == "dpo" else None)
+                                ref_params=_copy(params) if needs_reference else None)
     return state, optimizer, critic_graphdef, critic_optimizer
 
 
@@ -126,8 +138,33 @@ def build_rl_update(config: ml_collections.ConfigDict, runtime: Runtime, graphde
         num_groups=config.rollout.prompts_per_step,
         loss_on_observations=config.env.loss_on_observations,
         value_fn=critic_value_fn(critic_graphdef) if critic_graphdef else None,
-        offpolicy_metrics=config.rollout.mode == "async"))
+        offpolicy_metrics=config.rollout.mode == "async",
+        ref_logprob_fn=reference_logprob_fn(graphdef, params,
+                                            chunk_size=config.model.logprob_chunk)))
     return state, update, prepare
+
+
+def reference_logprob_fn(graphdef: nnx.GraphDef, params, *, chunk_size: int):
+    """The KL reference's LogprobFn: the model's at the reference params, or with LoRA
+    the base model's at the policy's params, the adapters left out (`prepare_inputs`
+    passes the policy's params as the reference's: no copy)."""
+    if not has_adapters(params):
+        return model_logprob_fn(graphdef, chunk_size=chunk_size)
+    base = model_logprob_fn(base_graphdef(nnx.merge(graphdef, params)), chunk_size=chunk_size)
+    return lambda params, batch, temperature: base(split_adapters(params)[1], batch,
+                                                   temperature)
+
+
+def prepare_inputs(state: step_lib.TrainState) -> tuple:
+    """(params, reference params, critic params) `prepare` reads from the state: with
+    LoRA the reference is the policy's params (its base) and the critic's params join
+    its trainable part with the policy's base (`update.critic_join`)."""
+    _, base = state.split_frozen()
+    if base is None:
+        return state.params, state.ref_params, state.critic_params
+    critic = (None if state.critic_params is None
+              else step_lib.critic_join(state.critic_params, base))
+    return state.params, state.params, critic
 
 
 def run_rl(config: ml_collections.ConfigDict, runtime: Runtime, policy: Policy,
@@ -169,8 +206,8 @@ def run_rl(config: ml_collections.ConfigDict, runtime: Runtime, policy: Policy,
         metrics = diagnostics.rollout_metrics(groups, batch)
         batch["temperature"] = np.full((rows,), temperature_at(config, step), np.float32)
         del batch["truncated"]
-        device_batch, prep_metrics = prepare(state.params, state.ref_params,
-                                             state.critic_params, runtime.device_batch(batch))
+        device_batch, prep_metrics = prepare(*prepare_inputs(state),
+                                             runtime.device_batch(batch))
         state, update_metrics = update(state, device_batch)
         jax.block_until_ready(state.params)
         metrics.update(jax.device_get(prep_metrics))

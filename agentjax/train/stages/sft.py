@@ -3,7 +3,8 @@ demonstrations with corpus documents mixed in.
 
     params = run_sft(config, runtime, policy, suite, params)
 
-Both stages pack whole trajectories into rows (`train.packing`) drawn from a seeded
+With LoRA each trains adapters over the policy it starts from (train/policy.py:
+`Policy.next_stage`). Both stages pack whole trajectories into rows (`train.packing`) drawn from a seeded
 endless stream (`shuffled_stream`), checkpoint into <workdir>/<stage> with the stream's
 cursor, and export their final policy to <workdir>/<stage>/hf.
 """
@@ -88,6 +89,9 @@ def run_sft(config: ml_collections.ConfigDict, runtime: Runtime, policy: Policy,
     if config.pretrain.steps:
         params = fit_next_token(config, runtime, policy, "pretrain", corpus, config.pretrain,
                                 params)
+        if config.sft.steps:
+            params = policy.next_stage(
+                params, os.path.join(runtime.workdir, "pretrain", HF_DIR), seed=config.seed)
     if config.sft.steps:
         demos = demonstration_trajectories(suite, tokenizer, config.rollout.max_tokens,
                                            runtime.log)
@@ -118,7 +122,7 @@ def fit_next_token(config: ml_collections.ConfigDict, runtime: Runtime, policy: 
                                         schedule="cosine", grad_clip=config.optim.grad_clip)
     params = master_copy(params)
     state = step_lib.TrainState(step=jnp.int32(0), params=params,
-                                opt_state=optimizer.init(params),
+                                opt_state=step_lib.init_opt_state(optimizer, params),
                                 rng=jax.random.key(config.seed))
     update, state = runtime.jit_update(step_lib.build_update(
         objectives.sft_loss(policy.graphdef, chunk_size=config.model.logprob_chunk), optimizer,

@@ -2,7 +2,7 @@
 native API as SGLang's source does (python/sglang/srt/entrypoints/http_server.py,
 managers/tokenizer_manager.py): generation equal to the in-process engine's for the same
 seed, stops, n > 1, rid uniqueness, 4xx for bad requests, weight updates from disk,
-pause / continue in each mode, aborts, health and info."""
+pause / continue in each mode, aborts, health and info, LoRA adapters."""
 import asyncio
 import json
 
@@ -12,9 +12,12 @@ import pytest
 from flax import nnx
 
 from agentjax.models.hf import load_hf, make_tiny_hf
+from agentjax.models.lora import LoraConfig, add_adapters, fold_adapters
+from agentjax.models.peft import save_peft
 from agentjax.engine.protocol import GenerateRequest, SamplingParams
 from agentjax.engine.jax.lanes import LanedEngine
 from agentjax.sglang.server.app import build_app, hf_params_loader
+from agentjax.sglang.server.main import adapter_loader
 from agentjax.sglang.server.requests import GenerateBody
 
 CONTEXT = 128
@@ -414,3 +417,51 @@ def test_a_request_whose_client_disconnects_is_aborted(loop, engine, folders, to
     assert out["meta_info"]["finish_reason"]["type"] == "abort"
     assert out["meta_info"]["finish_reason"]["message"] == "the client disconnected"
     assert held.waiting == 0 and not service.flights
+
+
+def test_lora_adapters_load_serve_and_unload_as_sglang_does(loop, engine, folders, tokenizer,
+                                                            tmp_path):
+    """A PEFT adapter over the served base: generation under it equals the engine's on
+    the merged weights; requests must name it; unloading it brings the base back."""
+    base, _ = load_hf(folders / "a")
+    lora = LoraConfig(rank=2, targets=("q", "v", "down"))
+    adapted = add_adapters(base, lora, seed=0)
+    for pair in adapted.lora.values():  # a trained adapter: B is not zero
+        pair["b"][...] = jnp.full(pair["b"].shape, 0.2, jnp.float32)
+    save_peft(adapted, tmp_path / "v1", base_model=str(folders / "a"))
+    merged = build_engine(folders / "a", tokenizer)
+    merged.update_weights(nnx.split(fold_adapters(adapted))[1])
+    app = build_app(engine, tokenizer=tokenizer, model_path=str(folders / "a"),
+                    context_length=CONTEXT, vocab_size=len(tokenizer),
+                    load_params=hf_params_loader(jnp.float32),
+                    load_adapter=adapter_loader(jnp.float32, max_rank=4,
+                                                target_modules=["all"]))
+
+    async def scenario(client):
+        async def generate(**fields):
+            answer = await client.post("/generate", json=generate_body(2, **fields))
+            return answer.status_code, answer.json()
+
+        on_base = await generate()
+        loaded = await client.post("/load_lora_adapter",
+                                   json={"lora_name": "v1", "lora_path": str(tmp_path / "v1")})
+        twice = await client.post("/load_lora_adapter",
+                                  json={"lora_name": "v1", "lora_path": str(tmp_path / "v1")})
+        on_adapter, unnamed = await generate(lora_path="v1"), await generate()
+        unloaded = await client.post("/unload_lora_adapter", json={"lora_name": "v1"})
+        return on_base, loaded, twice, on_adapter, unnamed, unloaded, await generate()
+    on_base, loaded, twice, on_adapter, unnamed, unloaded, back = serve(loop, app, scenario)
+    expected = loop.run(merged.generate([GenerateRequest(
+        PROMPT, SamplingParams(max_new_tokens=12, seed=2))]))[0][0]
+    merged.close()
+    assert loaded.status_code == 200 and loaded.json() == {
+        "success": True, "error_message": None,
+        "loaded_adapters": {"v1": str(tmp_path / "v1")}}
+    assert twice.status_code == 400 and "already loaded" in twice.json()["error_message"]
+    assert on_adapter[0] == 200 and on_adapter[1]["output_ids"] == list(expected.output_ids)
+    assert on_adapter[1]["output_ids"] != on_base[1]["output_ids"]
+    assert unnamed[0] == 400 and "with the LoRA adapter 'v1' (name it)" in str(unnamed[1])
+    assert unloaded.status_code == 200 and unloaded.json()["loaded_adapters"] == {}
+    assert back[1]["output_ids"] == on_base[1]["output_ids"]
+    assert back[1]["meta_info"]["output_token_logprobs"] == \
+        on_base[1]["meta_info"]["output_token_logprobs"]

@@ -66,7 +66,10 @@ def test_batches_rids_text_and_n_follow_sglang(tokenizer):
 @pytest.mark.parametrize("body,message", [
     (dict(input_ids=[1], stream=True), "stream=true is not supported"),
     (dict(input_ids=[1], image_data="x.png"), "image_data is not supported"),
-    (dict(input_ids=[1], lora_path="adapter"), "lora_path is not supported"),
+    (dict(input_ids=[1], lora_path="adapter"),
+     "lora_path 'adapter': this server samples one set of weights, the base model (no "
+     "adapter loaded)"),
+    (dict(input_ids=[[1], [2]], lora_path=["adapter", None]), "lora_path 'adapter'"),
     (dict(), "Either text, input_ids or input_embeds should be provided."),
     (dict(text="a", input_ids=[1]), "either text or input_ids, not both"),
     (dict(input_ids=[]), "input_ids cannot be empty."),
