@@ -25,7 +25,8 @@ Workloads (each warmed up once — it meets every program shape it will meet —
   agent       the main job's rollout shape (configs/grpo_search.py: 64 slots, 512-token
               cap, 24-token actions, deterministic): 64 sessions x 4 turns of 24 new +
               40 observation tokens over 160-token prompts, wall seconds.
-Every row prints the KV bytes: the pool the engine holds (the baseline reserves
+Seeded sampling (temperature 1) in float32: the last table counts the completions whose
+tokens equal the baseline's. Every row prints the KV bytes: the pool the engine holds (the baseline reserves
 max_slots x max_len) and the peak of pages in use (this checkout); and the host time
 between device calls per decode call (this checkout).
 
@@ -70,11 +71,13 @@ def run_workload(engine, name: str, rng_seed: int = 0) -> dict:
     sampling = lambda seed, n=1, new=64: SamplingParams(  # noqa: E731
         temperature=1.0, max_new_tokens=new, seed=seed, n=n)
     rounds: list[float] = []
+    outputs: list[list[int]] = []
 
     def timed_generate(requests):
         start = time.perf_counter()
         out = engine.generate_sync(requests)
         rounds.append(time.perf_counter() - start)
+        outputs.extend(c.output_ids for completions in out for c in completions)
         return out
 
     if name == "batch":
@@ -102,7 +105,7 @@ def run_workload(engine, name: str, rng_seed: int = 0) -> dict:
     else:
         raise ValueError(f"unknown workload {name!r}")
     moved = {k: v - before.get(k, 0) for k, v in engine.stats.items()}
-    return dict(rounds=rounds, wall=sum(rounds), **moved)
+    return dict(rounds=rounds, wall=sum(rounds), outputs=outputs, **moved)
 
 
 # Engine settings per workload: (max_slots, max_len, KV tokens of the pool).
@@ -291,9 +294,14 @@ def main():
         for (side, workload, max_len, det), r in results.items():
             if side == paged and (base, workload, max_len, det) in results:
                 b = results[base, workload, max_len, det]
+                pairs = [(x, y) for run_a, run_b in zip(r["runs"], b["runs"])
+                         for x, y in zip(run_a["outputs"], run_b["outputs"])]
+                same = sum(x == y for x, y in pairs)
                 rows.append([workload, max_len or "", "det" if det else "default",
-                             _ratio(_runs(r, "wall"), _runs(b, "wall"))])
-        table(["workload", "max_len", "mode", "paged / baseline"], rows)
+                             _ratio(_runs(r, "wall"), _runs(b, "wall")),
+                             f"{same} / {len(pairs)}"])
+        table(["workload", "max_len", "mode", "paged / baseline",
+               "completions token-exact"], rows)
 
 
 if __name__ == "__main__":
