@@ -525,7 +525,9 @@ def bench_engine(name: str, args, peak: Peak | None, probes: Probes) -> Measured
         engine.close()
     compiled = compile_line(before, 3 * args.repeats)
 
-    steps = args.new_tokens - 1  # the first new token is sampled by the prefill
+    # Prefill caches the prompt but its last token; every new token is sampled by a
+    # decode step (the first one feeds the prompt's last token).
+    steps = args.new_tokens
     generate = results["generate"]
     decoded = generate[0].stats.get("decode_tokens", 0)
     decode_s = best(run.stats["decode_s"] for run in generate)
