@@ -172,7 +172,9 @@ def measure(checkout: Path, spec: dict) -> dict:
     out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)],
                          env=env, cwd=str(checkout), capture_output=True, text=True)
     if out.returncode:
-        raise RuntimeError(f"worker {spec} on {checkout} failed:\n{out.stderr[-3000:]}")
+        why = ("killed by signal 9 (out of memory?)" if out.returncode == -9
+               else f"exit {out.returncode}: {out.stderr.strip().splitlines()[-1:]}")
+        return dict(error=why)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -236,11 +238,14 @@ def main():
             spec = dict(workload=workload, max_len=max_len, deterministic=det,
                         repeats=args.repeats)
             start = time.perf_counter()
-            results[side, workload, max_len, det] = r = measure(checkout, spec)
+            r = measure(checkout, spec)
             print(f"# {side}: {workload} max_len={max_len} deterministic={det}: "
                   f"{time.perf_counter() - start:.0f} s"
-                  + ("  (compiled while timed!)" if r["compiled_while_timed"] else ""),
+                  + (f"  FAILED: {r['error']}" if "error" in r else "")
+                  + ("  (compiled while timed!)" if r.get("compiled_while_timed") else ""),
                   flush=True)
+            if "error" not in r:
+                results[side, workload, max_len, det] = r
 
     print(f"\n## Engine bench ({next(iter(results.values()))['devices']}), best of "
           f"{args.repeats} runs after a warm-up run\n")
