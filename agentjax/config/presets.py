@@ -169,6 +169,9 @@ def _long(c, size: str):
     c.algo.micro_tokens = c.rollout.max_tokens  # one longest episode per forward-backward
     c.pretrain.steps = c.sft.steps = 0
     c.data.rl_excludes_demo_tasks = False  # no SFT: no question was demonstrated
+    # A 2,048-token episode of the test form took up to ~50 s alone on 2 cores, more
+    # than 120 s next to another test process.
+    c.rollout.episode_timeout_s = 600.0
     if not test:
         c.rollout.prompts_per_step, c.rollout.group_size = 2, 4
         c.rollout.engine_slots = c.rollout.concurrency = 8
