@@ -113,10 +113,6 @@ class HostItems:
     page: np.ndarray
     first_slot: np.ndarray
 
-    @property
-    def count(self) -> int:
-        return int(self.row.shape[0])
-
 
 # Items per tile of `paged_attention`: a tile holds consecutive pages of one row.
 ITEM_TILE = 4

@@ -92,12 +92,10 @@ PEAKS = {
                         "197 TFLOPs bf16"),
     "TPU v6 lite": Peak(1638e9, 918e12, "cloud.google.com/tpu/docs/v6e: 1638 GBps, "
                         "918 TFLOPs bf16"),
-    # v5p reports "TPU v5" (older runtimes) or "TPU v5p".
-    "TPU v5": Peak(2765e9, 459e12, "cloud.google.com/tpu/docs/v5p: 2765 GBps, "
-                   "459 TFLOPs bf16"),
     "TPU v5p": Peak(2765e9, 459e12, "cloud.google.com/tpu/docs/v5p: 2765 GBps, "
                     "459 TFLOPs bf16"),
 }
+PEAKS["TPU v5"] = PEAKS["TPU v5p"]  # what older runtimes call a v5p
 
 FLOPS_FORMULA = (
     "model FLOPs, as PaLM (appendix B) counts them: a forward pass is 2 N per token for "
