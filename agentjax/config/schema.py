@@ -315,6 +315,9 @@ ROLLOUT = Section(
     Key("engine", "jax", Choice(ENGINES), "'jax' (in-process) or 'sglang' (HTTP servers)"),
     Key("sglang.urls", "", URLS, "comma-separated server URLs (SGLang, a router, "
         "scripts/serve.py)"),
+    Key("sglang.router_url", "", URL, "an sglang-router in front of rollout.sglang.urls "
+        "(its workers): every /generate goes to it, weight syncs, pause / continue and "
+        "the startup check to the workers (docs/sglang.md)"),
     Key("sglang.launch", 0, COUNT, "or: start this many local scripts/serve.py servers"),
     Key("sglang.weights_dir", "", FOLDER_TO_CREATE, "where exported weight versions go "
         "for the servers to load ('': <workdir>/weights); remote servers need it on "
