@@ -95,6 +95,7 @@ from agentjax.sglang.protocol import (INT32, ROUTING_KEY_HEADER, MalformedRespon
                                      error_message, generate_payload, load_adapter,
                                      load_weights, parse_generate_response, read_answer,
                                      remove_from_router, sample_seed, served_version,
+                                     SERVER_SESSION_KEY,
                                      unload_adapter, validate_request)
 
 ExportFn = Callable[[Any, str], None]
@@ -446,8 +447,10 @@ class SGLangEngine:
         self.stats["attempts"] += 1
         # What the answer is checked against: the weights current when it was asked for.
         version, synced, loads = self.weight_version, self._folder is not None, server.loads
-        headers = ({ROUTING_KEY_HEADER: session_id}
-                   if server is self.router and session_id is not None else None)
+        headers = None
+        if server is self.router and session_id is not None:
+            prefix = SERVER_SESSION_KEY if self.server_sessions else ""
+            headers = {ROUTING_KEY_HEADER: prefix + session_id}
         try:
             async with state.client.post(server.url + "/generate", json=payload,
                                          headers=headers) as response:

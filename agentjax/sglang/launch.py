@@ -65,8 +65,10 @@ class _Process:
 class LocalServers:
     """Started servers (`urls` in start order); stop() ends them all."""
 
-    def __init__(self, processes: list[_Process]):
+    def __init__(self, processes: list[_Process], command: list[str], env: dict[str, str],
+                 timeout_s: float):
         self._processes = processes
+        self._command, self._env, self._timeout_s = command, env, timeout_s
 
     @classmethod
     def start(cls, model_path: str, *, count: int, flags: Sequence[str] = (),
@@ -78,10 +80,23 @@ class LocalServers:
                    "--model-path", os.path.abspath(model_path), "--port", "0",
                    "--parent-pid", str(os.getpid()), *flags]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        servers = cls([_Process(command, env) for _ in range(count)])
+        servers = cls([_Process(command, env) for _ in range(count)], command, env, timeout_s)
+        servers._wait(range(count))
+        return servers
+
+    def revive(self) -> None:
+        """Starts a server again in place of each that has exited (a new URL)."""
+        dead = [i for i, p in enumerate(self._processes) if p.popen.poll() is not None]
+        for index in dead:
+            self._processes[index] = _Process(self._command, self._env)
+        self._wait(dead)
+
+    def _wait(self, indices) -> None:
+        command, timeout_s = self._command, self._timeout_s
         deadline = time.monotonic() + timeout_s
         try:
-            for index, process in enumerate(servers._processes):
+            for index in indices:
+                process = self._processes[index]
                 process.ready.wait(max(deadline - time.monotonic(), 0))
                 if process.url is None:
                     state = (f"exited with status {process.popen.poll()}"
@@ -91,9 +106,8 @@ class LocalServers:
                         f"local rollout server {index} ({' '.join(command)}) {state}; "
                         "its last output:\n" + "\n".join(process.lines))
         except BaseException:
-            servers.stop()
+            self.stop()
             raise
-        return servers
 
     @property
     def urls(self) -> list[str]:
@@ -121,6 +135,15 @@ class LocalServers:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# The router flags docs/sglang.md recommends for rollouts (sglang-router 0.3.x): new
+# routing keys to the worker holding the fewest; a dead or failing worker leaves its
+# rotation after 2 failed answers or 1 failed health check a second, and is tried again
+# after 5 s; 3 retries, each picking a worker again.
+ROUTER_FLAGS = ("--assignment-mode", "min_group", "--cb-failure-threshold", "2",
+                "--cb-timeout-duration-secs", "5", "--health-check-interval-secs", "1",
+                "--health-failure-threshold", "1", "--retry-max-retries", "3")
 
 
 def free_port() -> int:

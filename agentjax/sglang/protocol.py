@@ -58,8 +58,10 @@ sglang-router (the sgl-model-gateway, pip package sglang-router 0.3.x; its
 docs/advanced_features/sgl_model_gateway.md): it parses /generate into a fixed struct
 and forwards only the fields it knows, so `session_id` never reaches the worker; of the
 request's headers it forwards `X-SMG-Routing-Key` (src/routers/header_utils.rs), which
-its `manual` policy maps to one worker for good (src/policies/manual.rs) and which
-scripts/serve.py reads as the session when the body names none. It answers 404 to
+its `manual` policy maps to one worker for good (src/policies/manual.rs); a key
+`agentjax-session:<id>` also makes scripts/serve.py keep session <id> when the body names
+none (a client sends it only when it closes its sessions: serve.py keeps a session's
+cache until /close_session). It answers 404 to
 /pause_generation and /update_weights_from_disk (it fans out only /flush_cache), so
 weights go to the workers themselves. Its worker list: GET /workers `{"workers": [{"id",
 "url", "is_healthy", ...}]}`, POST /workers `{"url"}` queues a registration (HTTP 202),
@@ -85,6 +87,9 @@ from agentjax.engine.protocol import Completion, GenerateRequest, SamplingParams
 
 INT32 = 2**31
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"  # sglang-router's session affinity (docstring)
+# A routing key that also asks scripts/serve.py to keep the session's cache: a client that
+# does not close its sessions sends the bare session id, which serve.py only routes by.
+SERVER_SESSION_KEY = "agentjax-session:"
 # log(softmax) of a near-certain token may round above 0 (SGLang takes log(probs)).
 LOGPROB_ROUNDING = 1e-4
 

@@ -77,6 +77,7 @@ def test_requests_go_through_the_router_sessions_keep_their_worker(routed, worke
     keys = {fake.url: collections.Counter(fake.routing_keys) for fake in (a, b)}
     assert sum(keys[a.url].values()) + sum(keys[b.url].values()) == 24
     assert not keys[a.url].keys() & keys[b.url].keys() and None not in keys[a.url]
+    assert all(key.startswith("agentjax-session:episode-") for k in keys.values() for key in k)
     assert len(keys[a.url]) == len(keys[b.url]) == 4  # min_group: 4 episodes each
     assert all(count == 3 for k in keys.values() for count in k.values())
     assert all("session_id" not in body and body["model"] is None
@@ -84,7 +85,8 @@ def test_requests_go_through_the_router_sessions_keep_their_worker(routed, worke
     # The router chose the worker, so each session is closed on both.
     closed = [{body["session_id"] for path, body in fake.calls if path == "close_session"}
               for fake in (a, b)]
-    assert closed[0] == closed[1] == set(keys[a.url]) | set(keys[b.url])
+    assert closed[0] == closed[1] == {key.split(":", 1)[1] for k in keys.values()
+                                      for key in k}
 
 
 def test_weights_reach_the_workers_and_a_failed_one_leaves_the_router(routed, workers,

@@ -16,9 +16,10 @@ python/sglang/srt/entrypoints/http_server.py and managers/tokenizer_manager.py):
   already in flight is a 400 ("Duplicate request ID detected"). A request whose client
   disconnects is aborted (SGLang polls for that as well). An optional `session_id`
   (SGLang's stable session identity) is passed to the engine, which then keeps the
-  session's KV cache between turns; a body without one takes the `X-SMG-Routing-Key`
-  header's value instead (sglang-router drops `session_id` from the body and forwards
-  that header); POST /close_session `{"session_id"}` frees it (a
+  session's KV cache between turns; a body without one takes <id> from an
+  `X-SMG-Routing-Key: agentjax-session:<id>` header instead (sglang-router drops
+  `session_id` from the body and forwards that header; other routing keys only route);
+  POST /close_session `{"session_id"}` frees it (a
   deterministic engine never evicts a session: keep open ones within its rows). The
   tokenizer is the one loaded at startup, whatever weights are loaded later.
 - GET /health: 200 while the engine runs (503 once shutting down); GET /health_generate:
@@ -71,7 +72,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentjax import __version__
 from agentjax.engine.protocol import Completion, GenerateRequest, SamplingParams
-from agentjax.sglang.protocol import ROUTING_KEY_HEADER
+from agentjax.sglang.protocol import ROUTING_KEY_HEADER, SERVER_SESSION_KEY
 from agentjax.sglang.server.requests import (GenerateBody, GenerateItem, aborted,
                                               parse_generate, response_json)
 
@@ -169,9 +170,10 @@ class _Service:
 
     async def generate(self, body: GenerateBody, request: fastapi.Request):
         started = time.perf_counter()
-        routing_key = request.headers.get(ROUTING_KEY_HEADER)
-        if body.session_id is None and routing_key:
-            body = body.model_copy(update={"session_id": routing_key})
+        routing_key = request.headers.get(ROUTING_KEY_HEADER) or ""
+        if body.session_id is None and routing_key.startswith(SERVER_SESSION_KEY):
+            body = body.model_copy(
+                update={"session_id": routing_key[len(SERVER_SESSION_KEY):]})
         try:
             items, single = parse_generate(
                 body, tokenizer=self.tokenizer, vocab_size=self.vocab_size,

@@ -385,12 +385,14 @@ def test_health_info_sessions_and_shutdown(loop, engine, folders, tokenizer):
         turn["input_ids"] = PROMPT + first["output_ids"] + PROMPT
         second = (await client.post("/generate", json=turn)).json()
         # The same turns through sglang-router: no session_id, its routing key header.
-        routed = {"X-SMG-Routing-Key": "routed"}
+        routed = {"X-SMG-Routing-Key": "agentjax-session:routed"}
         del turn["session_id"]
         turn["input_ids"] = PROMPT
         await client.post("/generate", json=turn, headers=routed)
         turn["input_ids"] = PROMPT + first["output_ids"] + PROMPT
         routed_second = (await client.post("/generate", json=turn, headers=routed)).json()
+        # A bare routing key only routes: no session kept.
+        await client.post("/generate", json=turn, headers={"X-SMG-Routing-Key": "bare"})
         sessions = set(service.sessions)
         closed = await client.post("/close_session", json={"session_id": "episode"})
         service.shutting_down = True
