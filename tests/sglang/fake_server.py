@@ -251,16 +251,17 @@ class DroppingServer:
         self._socket.close()
 
 
-def start_processes(specs: list[tuple[int, str, float]]) -> list[subprocess.Popen]:
-    """Fake server processes, one per (port, log path, delay); returns once each
-    answers /health."""
+def start_processes(specs: list[tuple[int, str, float]],
+                    flags: tuple[str, ...] = ()) -> list[subprocess.Popen]:
+    """Fake server processes, one per (port, log path, delay), with extra `flags`;
+    returns once each answers /health."""
     processes = []
     for port, log, delay in specs:
         with open(log + ".stderr", "w") as stderr:
             processes.append(subprocess.Popen(
                 [sys.executable, "-m", "tests.sglang.fake_server", "--port", str(port),
-                 "--log", log, "--delay", str(delay)], cwd=REPO, stdout=subprocess.DEVNULL,
-                stderr=stderr))
+                 "--log", log, "--delay", str(delay), *flags], cwd=REPO,
+                stdout=subprocess.DEVNULL, stderr=stderr))
     deadline = time.monotonic() + 60
     for process, (port, log, _) in zip(processes, specs):
         while True:
@@ -296,5 +297,9 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--fail-generate", type=int, default=None,
+                        help="an HTTP status every /generate answers (a wedged server)")
     args = parser.parse_args()
-    _Server(args.port, FakeState(args.delay, args.log)).serve_forever()
+    state = FakeState(args.delay, args.log)
+    state.fail_generate = args.fail_generate
+    _Server(args.port, state).serve_forever()
