@@ -42,7 +42,14 @@ attempt in flight on it; each is re-issued on another server under a fresh rid
 managers/tokenizer_manager.py), so nothing is lost and no completion is returned twice.
 When /health answers, the failure is the request's: retried like HTTP 5xx and abort
 finishes, with exponential backoff up to `retries` times, after which the sample comes
-back as an "abort" Completion (the agent loop flags the episode). HTTP 4xx raises
+back as an "abort" Completion (the agent loop flags the episode). A server whose answers
+fail `failure_threshold` times in a row (5xx or aborts, not those of a weight load) is
+taken out like a dead one and its requests re-issued: least-outstanding balancing would
+otherwise keep choosing the server that fails fastest. Its /health may still answer (a
+wedged server): each time it rejoins and fails again it waits twice as long before the
+next probe. An answer from older weights than those current when it was asked for (a
+server restarted unnoticed with its launch weights) is re-issued and takes its server
+out, to rejoin with the current weights. HTTP 4xx raises
 RequestRejected, a malformed answer MalformedResponse. Servers out of rotation are
 probed every `health_interval_s` and rejoin when /health answers and, once weights have
 been synced, after reloading the current ones (a restarted server comes back with its
@@ -56,8 +63,19 @@ so each completion comes from one version (meta["weight_version"], as the server
 it). A server that fails is logged by URL and stays out of rotation until it has loaded
 the weights; none succeeding raises EnginesUnavailable. Servers resolve model_path on
 their own file systems: weights_dir must be shared storage at the same path. The last
-`keep_versions` exported folders are kept. Behind an sglang-router, list the workers'
-URLs (this engine balances by itself) unless the router forwards the calls to each.
+`keep_versions` exported folders are kept.
+
+Router (`router_url`): every /generate goes to an sglang-router, which balances `urls`
+(its workers), retries and takes failing workers out itself; up to `max_in_flight` per
+worker in rotation are in flight. Weight syncs, pause / continue and the startup check
+go to the workers (the router forwards none of them). A worker that fails a load leaves
+the router before generation resumes and rejoins it once it has loaded the current
+weights; an answer from other weights (above) makes every worker that reports other
+weights on /model_info leave it, requests waiting meanwhile. A session's turns carry its
+id in the X-SMG-Routing-Key header (the router drops `session_id` from the body), which
+its `manual` policy maps to one worker; with `server_sessions` the key is
+`agentjax-session:<id>`, which scripts/serve.py adopts as the session, and an ended
+session is closed on every worker.
 
 LoRA (`lora=True`): `export_fn` writes a PEFT adapter folder per version instead
 (models/peft.py), which every server loads as adapter "v0000000v" under the same pause
