@@ -108,13 +108,12 @@ import aiohttp
 
 from agentjax.engine.protocol import (LOGPROB_DISTRIBUTIONS, Completion, EnginesUnavailable,
                                      GenerateRequest, reported_distribution)
-from agentjax.sglang.protocol import (INT32, ROUTING_KEY_HEADER, MalformedResponse,
-                                     RequestRejected, add_to_router, answers_health,
-                                     error_message, generate_payload, load_adapter,
-                                     load_weights, parse_generate_response, read_answer,
-                                     remove_from_router, sample_seed, served_version,
-                                     SERVER_SESSION_KEY,
-                                     unload_adapter, validate_request)
+from agentjax.sglang.protocol import (INT32, ROUTING_KEY_HEADER, SERVER_SESSION_KEY,
+                                     MalformedResponse, RequestRejected, add_to_router,
+                                     answers_health, error_message, generate_payload,
+                                     load_adapter, load_weights, parse_generate_response,
+                                     read_answer, remove_from_router, sample_seed,
+                                     served_version, unload_adapter, validate_request)
 
 ExportFn = Callable[[Any, str], None]
 
@@ -309,6 +308,7 @@ class SGLangEngine:
             if folder in self._exported:  # a version exported again: one folder to prune
                 self._exported.remove(folder)
             self._exported.append(folder)
+
         async def load_everywhere(client):
             errors = await asyncio.gather(*(self._load(client, s, folder, version)
                                             for s in self.servers))
