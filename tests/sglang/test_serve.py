@@ -206,7 +206,7 @@ def test_through_the_router_completions_caches_and_a_sync_under_load_match_direc
                                     _generate(routed, probe)} == {1}
         # Each completion is wholly one version's: the old outputs or the new ones.
         for k, [completion] in enumerate(during):
-            one_version = {(old, before[k % len(probe)][0]), (1, after[k % len(probe)][0])}
+            one_version = [(old, before[k % len(probe)][0]), (1, after[k % len(probe)][0])]
             assert (completion.meta["weight_version"], completion.output_ids) in one_version
 
 
