@@ -1,6 +1,7 @@
 """scripts/train.py stops a config no run can use within seconds, before building
 anything: one line `error: config key ...` on stderr, exit status 2, no traceback."""
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -64,3 +65,27 @@ def test_a_rerun_that_changes_the_experiment_stops_before_anything_is_built(tmp_
         "error: --allow_config_change names 'algo.lr', which is not a config key; did you "
         "mean "), stderr[-2000:]
     assert seconds < 60
+
+
+def test_sigterm_stops_a_run_the_way_ctrl_c_does():
+    """The run's `finally` blocks (checkpoints committed and closed, servers and
+    threads stopped) run, and the exit status says SIGTERM."""
+    script = os.path.join(ROOT, "scripts", "train.py")
+    program = "\n".join([
+        "import importlib.util, signal, time",
+        f"spec = importlib.util.spec_from_file_location('train', {script!r})",
+        "train = importlib.util.module_from_spec(spec)",
+        "spec.loader.exec_module(train)",
+        "signal.signal(signal.SIGTERM, train.stop_on_sigterm)",
+        "try:",
+        "    print('running', flush=True)",
+        "    time.sleep(60)",
+        "finally:",
+        "    print('closed', flush=True)",
+    ])
+    process = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE,
+                               text=True, cwd=ROOT)
+    assert process.stdout.readline() == "running\n"
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=60)
+    assert (process.returncode, out) == (128 + signal.SIGTERM, "closed\n")
