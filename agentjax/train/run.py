@@ -62,8 +62,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
     validate(config)
     changes = check_resume(config, workdir, allow_config_change)
     runtime, suite, policy, rollouts = set_up(config, workdir, record_config=changes is None)
-    record_start(config, runtime, changes)
     try:
+        record_start(config, runtime, changes)
         results = baseline_results(suite)
         params = policy.params
         if (config.pretrain.steps or config.sft.steps) and not config.init_from:
@@ -84,7 +84,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
         atomic.write_json(os.path.join(runtime.workdir, "final.json"), results)
         print(report_table(results, agent="RL agent" if config.stage in ("rl", "sft")
                            else f"{config.stage.upper()} agent"))
-        print(changes_report(runtime.workdir))
+        accepted = changes_report(runtime.workdir)
+        if accepted:
+            print(accepted)
     return results
 
 
