@@ -12,7 +12,6 @@ other folder is refused, its files left alone (train/policy.py: export_refusal).
 """
 import datetime
 import json
-import os
 import sys
 
 from absl import app, flags, logging
@@ -33,9 +32,9 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
     # Imported after flag validation: a wrong flag fails before JAX loads.
-    from agentjax.config import load_saved
+    from agentjax.config.resume import config_in_effect
 
-    config = load_saved(os.path.join(_WORKDIR.value, "config.json"))
+    config = config_in_effect(_WORKDIR.value)
     from agentjax.train.policy import EXPORT_MARKER, Policy, export_refusal
     from agentjax.train.runtime import Runtime
     from agentjax.train.stages.rl import init_rl_state
