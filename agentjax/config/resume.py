@@ -30,9 +30,9 @@ from typing import Any, Iterable
 import ml_collections
 
 from agentjax.config.errors import ConfigError
-from agentjax.core import atomic
 from agentjax.config.saved import is_run_folder, load_saved
 from agentjax.config.schema import KEYS, ON_RESUME
+from agentjax.core import atomic
 
 CHANGES_FILE = "config_changes.jsonl"
 ROW_FIELDS = {"stage", "step", "key", "old", "new", "time"}

@@ -1,5 +1,6 @@
 """What a config key may hold: the kinds of rule (Integer, Real, Choice, Flag, Text,
-Path) and the rules several keys share.
+Path) and the rules several keys share; and what a key may do when a run resumes
+(Fixed, Free, Grows).
 
 A rule answers `allows(value)` and says in words what it allows (`allowed`), which a
 ConfigError quotes. A number rule never allows NaN or an infinity; a rule allows only its
@@ -218,9 +219,13 @@ POSITIVE_REAL = Real("(0, inf)")
 ANY_REAL = Real("(-inf, inf)")
 
 
-# What a key may do when a run resumes (config/resume.py compares the config in effect in
-# the workdir with the rerun's). `refusal(old, new, config)` is None when the change
-# leaves the experiment as it was, else why not ("" when the key simply defines it).
+class OnResume(Protocol):
+    """What a key may do when a run resumes (config/resume.py compares the config in
+    effect in the workdir with the rerun's): `refusal(old, new, config)` is None when
+    the change leaves the experiment as it was, else why not ("" when the key simply
+    defines it)."""
+
+    def refusal(self, old, new, config) -> str | None: ...
 
 
 @dataclasses.dataclass(frozen=True)

@@ -66,6 +66,7 @@ from agentjax.config.rules import (
     Flag,
     Grows,
     Integer,
+    OnResume,
     Path,
     Real,
     Rule,
@@ -82,7 +83,7 @@ class Key:
     default: Any
     rule: Rule
     doc: str
-    resume: Any = FIXED
+    resume: OnResume = FIXED
 
 
 class Section:
@@ -100,6 +101,7 @@ DTYPES = ("float32", "bfloat16")
 OFF = ((0, "off"),)
 ONLY_AFTER_THE_LAST_STEP = ((0, "only after the last step"),)
 MESH_AXIS = Integer(1, special=((-1, "the remaining devices"),))
+
 
 def _planned_over_total_steps(config) -> str | None:
     """What the run plans over total_steps, so that more steps would change the steps
