@@ -41,6 +41,8 @@ class Runtime:
       checkpoint: the config's `checkpoint` section (every, keep, async_save).
       progress: show progress bars.
       tensorboard: write TensorBoard events beside metrics.jsonl.
+      config_changes: stage folder -> how many config keys a resume changed, logged as
+        `config/changes` on the first metrics row that stage writes (train/provenance.py).
     """
 
     workdir: str
@@ -50,14 +52,15 @@ class Runtime:
     checkpoint: ml_collections.ConfigDict
     progress: bool = True
     tensorboard: bool = True
+    config_changes: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def start(cls, config: ml_collections.ConfigDict, workdir: str, *,
               record_config: bool = True) -> "Runtime":
         """Joins the other hosts (multihost.enabled), builds the mesh, records the
         config in <workdir>/config.json (unless not `record_config`: a tool reading a
-        finished run) and checks that every batch divides over the data-parallel
-        devices."""
+        finished run, or a resumed run, whose config.json keeps the config it started
+        with) and checks that every batch divides over the data-parallel devices."""
         workdir = os.path.abspath(workdir)
         os.makedirs(workdir, exist_ok=True)
         if config.multihost.enabled:
@@ -148,9 +151,13 @@ class Runtime:
         """(state, host state, checkpointer, metrics writer) of a stage checkpointing
         into <folder>/checkpoints and logging into <folder>: the latest committed
         checkpoint's state and host state when there is one, else `state` and {}; the
-        writer continues after the restored step."""
+        writer continues after the restored step. The caller closes both."""
         checkpointer = self.checkpointer(folder)
-        restored = checkpointer.restore(state)
+        try:
+            restored = checkpointer.restore(state)
+        except BaseException:
+            checkpointer.close()
+            raise
         host = {}
         if restored is not None:
             state, host = restored
