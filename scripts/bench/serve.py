@@ -58,6 +58,7 @@ import functools
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -377,7 +378,10 @@ def bench_failover(work: Workload, servers: LocalServers, repeats: int, referenc
 
 def bench_router(work: Workload, servers: LocalServers, repeats: int,
                  reference: Rollout) -> None:
-    from tests.sglang.fake_server import start_processes  # a wedged worker
+    # The wedged worker is the tests' fake server (tests/ is not part of the installed
+    # package: the repository root goes on the path).
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.sglang.fake_server import start_processes
 
     urls = servers.urls[:2]
     total = len(work.tasks) * work.group_size
