@@ -42,6 +42,7 @@ from agentjax.config.choices import (
     SCHEDULES,
     SGLANG_LORA_MODES,
     STAGES,
+    WANDB_MODES,
 )
 from agentjax.config.rules import (
     ANY_REAL,
@@ -52,12 +53,16 @@ from agentjax.config.rules import (
     HOST_PORT,
     JSON_OBJECT,
     LORA_TARGET_LIST,
+    NAME,
     NON_NEGATIVE,
+    ONE_LINE,
     POSITIVE,
     POSITIVE_REAL,
     PROBABILITY,
     SERVED_MODEL,
+    TAGS,
     TEMPLATE_KWARGS,
+    TRACKING_URI,
     URL,
     URLS,
     Choice,
@@ -66,6 +71,7 @@ from agentjax.config.rules import (
     Path,
     Real,
     Rule,
+    Text,
 )
 
 
@@ -523,7 +529,27 @@ LOG = Section(
     Key("tensorboard", True, Flag(), "metrics also as TensorBoard events"),
     Key("progress", True, Flag(), "progress bars"),
     Key("samples", 4, COUNT, "episodes written to <workdir>/samples/ per rollout step "
-        "(0: none)"),
+        "(0: none); also a table of the trackers that are on"),
+    Key("name", "", ONE_LINE, "the run's name in the trackers ('': the workdir's folder "
+        "name)"),
+    Key("group", "", ONE_LINE, "the run's group in the trackers (W&B group, MLflow tag "
+        "'group'); scripts/sweep.py sets it to the sweep's name"),
+    Key("tags", "", TAGS, "the run's tags in the trackers (a 'key=value' tag is MLflow "
+        "tag key=value); scripts/sweep.py sets the arm's overrides"),
+    Key("artifacts", False, Flag(), "the final exported HF folder (and a LoRA run's "
+        "adapter) also as an artifact of the trackers that are on"),
+    Key("wandb.mode", "disabled", Choice(WANDB_MODES), "a Weights & Biases run: 'online', "
+        "'offline' (files under <workdir>/wandb to `wandb sync`) or 'disabled' (needs "
+        "`pip install wandb`)"),
+    Key("wandb.project", "agentjax", NAME, "the W&B project"),
+    Key("wandb.entity", "", Text("'' (the login's default one) or a name", lambda text:
+                                 text == "" or NAME.allows(text)),
+        "the W&B user or team the project belongs to"),
+    Key("mlflow.tracking_uri", "", TRACKING_URI, "an MLflow run on this tracking server or "
+        "store ('': none; needs `pip install mlflow-skinny`)"),
+    Key("mlflow.experiment", "agentjax", Text("a non-empty line of text", lambda text:
+                                              text.strip() != "" and ONE_LINE.allows(text)),
+        "the MLflow experiment the run belongs to (created if missing)"),
 )
 
 SECTIONS = (RUN, MODEL, TOKENIZER, DATA, ENV, RETRIEVAL, REWARD, PRETRAIN, SFT, ROLLOUT,

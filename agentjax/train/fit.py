@@ -140,7 +140,6 @@ def fit(runtime: Runtime, loop: Loop, state, *, checkpoint_every: int):
     finally:
         loop.close()
     checkpointer.wait()
-    writer.close()
     return state
 
 
