@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 from typing import Mapping
 
 from agentjax.train.tracking import TRACKERS, RunInfo, Table
@@ -22,7 +23,9 @@ class TensorBoardEvents:
     def start(self, run_id: str | None) -> None:
         from tensorboardX import SummaryWriter
 
-        self._writer = SummaryWriter(self.folder)
+        # Event files are named by the second they were opened in: a rerun within that
+        # second must not replace the file of the run before it.
+        self._writer = SummaryWriter(self.folder, filename_suffix=f".{secrets.token_hex(4)}")
         return None
 
     def log_metrics(self, stage: str, step: int, metrics: Mapping[str, float]) -> None:
