@@ -218,6 +218,10 @@ LORA_TARGET_LIST = Text("comma-separated projections, each once, among q, k, v, 
 ONE_LINE = Text("one line of text", lambda text: "\n" not in text)
 NAME = Text("a name: no whitespace, '/', '\\', '#', '?', '%' or ':'",
             lambda text: re.fullmatch(r"[^\s/\\#?%:]+", text) is not None)
+NAME_OR_DEFAULT = Text("'' (the login's default) or a name: no whitespace, '/', '\\', "
+                       "'#', '?', '%' or ':'", lambda text: text == "" or NAME.allows(text))
+TITLE = Text("a non-empty line of text",
+             lambda text: text.strip() != "" and ONE_LINE.allows(text))
 TAGS = Text("'' or comma-separated tags of 1 to 64 characters each", _tags)
 TRACKING_URI = Text("'' (off) or a tracking URI with its scheme: file:<folder>, "
                     "http(s)://host:port, sqlite:///<file>, databricks", _tracking_uri)

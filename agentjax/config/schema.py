@@ -54,6 +54,7 @@ from agentjax.config.rules import (
     JSON_OBJECT,
     LORA_TARGET_LIST,
     NAME,
+    NAME_OR_DEFAULT,
     NON_NEGATIVE,
     ONE_LINE,
     POSITIVE,
@@ -62,6 +63,7 @@ from agentjax.config.rules import (
     SERVED_MODEL,
     TAGS,
     TEMPLATE_KWARGS,
+    TITLE,
     TRACKING_URI,
     URL,
     URLS,
@@ -71,7 +73,6 @@ from agentjax.config.rules import (
     Path,
     Real,
     Rule,
-    Text,
 )
 
 
@@ -542,13 +543,10 @@ LOG = Section(
         "'offline' (files under <workdir>/wandb to `wandb sync`) or 'disabled' (needs "
         "`pip install wandb`)"),
     Key("wandb.project", "agentjax", NAME, "the W&B project"),
-    Key("wandb.entity", "", Text("'' (the login's default one) or a name", lambda text:
-                                 text == "" or NAME.allows(text)),
-        "the W&B user or team the project belongs to"),
+    Key("wandb.entity", "", NAME_OR_DEFAULT, "the W&B user or team the project belongs to"),
     Key("mlflow.tracking_uri", "", TRACKING_URI, "an MLflow run on this tracking server or "
         "store ('': none; needs `pip install mlflow-skinny`)"),
-    Key("mlflow.experiment", "agentjax", Text("a non-empty line of text", lambda text:
-                                              text.strip() != "" and ONE_LINE.allows(text)),
+    Key("mlflow.experiment", "agentjax", TITLE,
         "the MLflow experiment the run belongs to (created if missing)"),
 )
 

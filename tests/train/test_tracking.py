@@ -15,39 +15,7 @@ from agentjax.config import default_config
 from agentjax.train.metrics import MetricsWriter, read_metrics
 from agentjax.train.tracking import STATE_FILE, Table, Tracking, flat_config
 from tests.train import tracker_files
-
-
-class FakeTracker:
-    """Records its calls; `fail_at` (a metrics step) raises there, `block` waits."""
-
-    def __init__(self, run_id="fake-run", fail_at=None, block=None):
-        self.calls, self.run_id, self.fail_at, self.block = [], run_id, fail_at, block
-
-    def start(self, run_id):
-        self.calls.append(("start", run_id))
-        return run_id or self.run_id
-
-    def log_metrics(self, stage, step, metrics):
-        if self.block is not None:
-            self.block.wait()
-        if step == self.fail_at:
-            raise ConnectionError("tracking server unreachable\nretrying...")
-        self.calls.append(("metrics", stage, step, dict(metrics)))
-
-    def log_table(self, key, step, table):
-        self.calls.append(("table", key, step, table.rows))
-
-    def log_summary(self, metrics, step):
-        self.calls.append(("summary", step, dict(metrics)))
-
-    def log_artifact(self, folder, name):
-        self.calls.append(("artifact", folder, name))
-
-    def finish(self, failed):
-        self.calls.append(("finish", failed))
-
-    def steps(self, stage="rl"):
-        return [c[2] for c in self.calls if c[0] == "metrics" and c[1] == stage]
+from tests.train.tracker_files import FakeTracker
 
 
 def _write(folder, tracking, steps, *, resume_step=0, stage="rl"):

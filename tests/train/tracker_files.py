@@ -1,4 +1,5 @@
-"""What the trackers wrote, read back from their local files for the tests.
+"""What the trackers wrote, read back from their local files for the tests; and a fake
+tracker that records its calls.
 
 W&B offline: `<workdir>/wandb/offline-run-<time>-<id>/run-<id>.wandb`, one folder per
 process that ran (a resumed run adds one with the same id). In offline mode W&B writes
@@ -123,3 +124,36 @@ def tensorboard_scalars(folder) -> list[tuple[str, int, float]]:
             pos += 12 + length + 4
             scalars += [(v.tag, event.step, v.simple_value) for v in event.summary.value]
     return scalars
+
+
+class FakeTracker:
+    """Records its calls; `fail_at` (a metrics step) raises there, `block` waits."""
+
+    def __init__(self, run_id="fake-run", fail_at=None, block=None):
+        self.calls, self.run_id, self.fail_at, self.block = [], run_id, fail_at, block
+
+    def start(self, run_id):
+        self.calls.append(("start", run_id))
+        return run_id or self.run_id
+
+    def log_metrics(self, stage, step, metrics):
+        if self.block is not None:
+            self.block.wait()
+        if step == self.fail_at:
+            raise ConnectionError("tracking server unreachable\nretrying...")
+        self.calls.append(("metrics", stage, step, dict(metrics)))
+
+    def log_table(self, key, step, table):
+        self.calls.append(("table", key, step, table.rows))
+
+    def log_summary(self, metrics, step):
+        self.calls.append(("summary", step, dict(metrics)))
+
+    def log_artifact(self, folder, name):
+        self.calls.append(("artifact", folder, name))
+
+    def finish(self, failed):
+        self.calls.append(("finish", failed))
+
+    def steps(self, stage="rl"):
+        return [c[2] for c in self.calls if c[0] == "metrics" and c[1] == stage]
