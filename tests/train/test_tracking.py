@@ -120,12 +120,16 @@ def wandb_offline(tmp_path, monkeypatch):
     wandb.teardown()
 
 
+SFT_EVAL = {"sft/success_greedy": 0.5, "sft/success_greedy/hops=1": 0.25}
+
+
 def _two_attempts(config, workdir):
     """An SFT stage of 2 steps, RL steps 1-5 (checkpoint at 3, killed), then the rerun:
     SFT restored at its end, RL 4-7."""
     for sft_steps, resume_step, steps in (([1, 2], 0, range(1, 6)), ([], 3, range(4, 8))):
         tracking = Tracking.start(config, str(workdir), enabled=True, log=print)
         _write(workdir / "sft", tracking, sft_steps, stage="sft", resume_step=2 - len(sft_steps))
+        tracking.log_evaluation("sft", 2, SFT_EVAL)
         _write(workdir, tracking, steps, resume_step=resume_step)
         tracking.close()
 
@@ -160,15 +164,19 @@ def test_wandb_offline_run_holds_every_row_once_and_the_config(tmp_path, wandb_o
     assert records[0]["config"] == json.loads(json.dumps(flat_config(config)))
     history = tracker_files.wandb_history(first) + tracker_files.wandb_history(resumed)
     assert _same(tracker_files.stage_rows(history, "rl"), _jsonl(workdir))
-    assert _same(tracker_files.stage_rows(history, "sft"), _jsonl(workdir / "sft"))
+    sft_rows = tracker_files.stage_rows(history, "sft")
+    assert _same([r for r in sft_rows if "loss" in r], _jsonl(workdir / "sft"))
+    assert [r for r in sft_rows if "loss" not in r] == [
+        {"step": 2, "success_greedy": 0.5, "success_greedy/hops=1": 0.25}]  # taken once
     assert [r["rl/step"] for r in tracker_files.wandb_history(resumed) if "rl/step" in r] == [6, 7]
 
 
-def test_mlflow_file_store_run_holds_every_row_once_and_the_config(tmp_path):
+def test_mlflow_file_store_run_holds_every_row_once_and_the_config(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
     uri = f"file:{tmp_path / 'mlruns'}"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the tracker would set it too
     config = _config(tmp_path, mlflow__tracking_uri=uri, group="grpo_search-kl",
                      tags="arm=kl0,algo.kl_coef=0.0")
     workdir = tmp_path / "run"
@@ -185,6 +193,17 @@ def test_mlflow_file_store_run_holds_every_row_once_and_the_config(tmp_path):
             history = client.get_metric_history(run.info.run_id, f"{stage}/{key}")
             assert _same([(m.step, m.value) for m in history],
                          [(row["step"], row[key]) for row in _jsonl(folder)])
+    grouped = client.get_metric_history(run.info.run_id, "sft/success_greedy.hops_1")
+    assert [(m.step, m.value) for m in grouped] == [(2, 0.25)]
+
+
+def test_mlflow_keys_nest_once_so_a_file_store_can_hold_every_key():
+    from agentjax.train.trackers.mlflow_run import mlflow_key
+
+    assert mlflow_key("sft/success_sampled") == "sft/success_sampled"
+    assert mlflow_key("sft/success_sampled/pass@2") == "sft/success_sampled.pass_2"
+    assert mlflow_key("rl/eval/success/hops=1") == "rl/eval.success.hops_1"
+    assert mlflow_key("algo.kl_coef") == "algo.kl_coef" and mlflow_key("a=b") == "a_b"
 
 
 def test_tensorboard_has_each_step_once_after_a_resume(tmp_path):

@@ -97,15 +97,16 @@ def wandb_summary(records) -> dict:
 
 
 def stage_rows(history: list[dict], stage: str) -> list[dict]:
-    """A stage's metrics rows as metrics.jsonl has them: `<stage>/step` as "step", the
-    stage's prefix dropped (tables and evaluations left out)."""
+    """A stage's rows as metrics.jsonl has them: `<stage>/step` as "step", the stage's
+    prefix dropped (a table's row, its keys `<key>/_type`, `<key>/path`..., included)."""
     prefix = f"{stage}/"
-    rows = []
-    for row in history:
-        if f"{prefix}step" in row and not any(isinstance(v, dict) for v in row.values()):
-            rows.append({("step" if k == f"{prefix}step" else k[len(prefix):]): v
-                         for k, v in row.items()})
-    return rows
+    return [{("step" if k == f"{prefix}step" else k[len(prefix):]): v for k, v in row.items()}
+            for row in history if f"{prefix}step" in row]
+
+
+def wandb_table_steps(history: list[dict], key: str, stage: str) -> list[int]:
+    """The `<stage>/step` of each table logged under `key`."""
+    return [row[f"{stage}/step"] for row in history if row.get(f"{key}/_type") == "table-file"]
 
 
 def tensorboard_scalars(folder) -> list[tuple[str, int, float]]:

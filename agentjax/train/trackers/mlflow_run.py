@@ -1,8 +1,7 @@
 """MLflow (log.mlflow): one MLflow run per training run in experiment
 log.mlflow.experiment, its id in the workdir's tracking.json. The flattened config is the
 run's params (and config.json an artifact, values unclipped), the group and tags run tags
-(a 'key=value' tag as tag key=value; keys with characters MLflow refuses have
-'_' for them); tables are JSON artifacts in pandas' "split" form
+(a 'key=value' tag as tag key=value); metric keys are `mlflow_key`s; tables are JSON artifacts in pandas' "split" form
 (MLflow's own table format), a step's table <key>_<step>.json; the report's numbers are
 metrics at the last step."""
 from __future__ import annotations
@@ -12,16 +11,19 @@ import re
 import time
 from typing import Mapping
 
-from agentjax.train.tracking import TRACKERS, RunInfo, Table
+from agentjax.train.trackers.base import TRACKERS, RunInfo, Table
 
 PARAM_CHARS = 6000  # MLflow refuses longer param values
 BATCH = 100  # params per log_batch call (MLflow's limit; metrics allow 1000)
 
 
 def mlflow_key(key: str) -> str:
-    """A metric or tag key as MLflow allows it: '=' and the other characters it refuses
-    become '_' ("eval/success_sampled/hops=1" -> "eval/success_sampled/hops_1")."""
-    return re.sub(r"[^/\w.\- ]", "_", key)
+    """A metric or tag key as MLflow takes it: '/' only after the first part (the stage,
+    MLflow's chart section), '.' for the others — a file store keeps a metric in a file
+    named by its key, so "a/b" could not also have "a/b/c" — and '_' for '=' and the
+    other characters MLflow refuses ("rl/eval/success/hops=1" -> "rl/eval.success.hops_1")."""
+    head, slash, rest = key.partition("/")
+    return re.sub(r"[^/\w.\- ]", "_", head + slash + rest.replace("/", "."))
 
 
 def param_value(value) -> str:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 import os
-import secrets
+import time
 from typing import Mapping
 
-from agentjax.train.tracking import TRACKERS, RunInfo, Table
+from agentjax.train.trackers.base import TRACKERS, RunInfo, Table
 
 FOLDER = "tb"  # in the workdir
 
@@ -24,8 +24,8 @@ class TensorBoardEvents:
         from tensorboardX import SummaryWriter
 
         # Event files are named by the second they were opened in: a rerun within that
-        # second must not replace the file of the run before it.
-        self._writer = SummaryWriter(self.folder, filename_suffix=f".{secrets.token_hex(4)}")
+        # second must neither replace the file before it nor sort before it.
+        self._writer = SummaryWriter(self.folder, filename_suffix=f".{time.time_ns()}")
         return None
 
     def log_metrics(self, stage: str, step: int, metrics: Mapping[str, float]) -> None:

@@ -9,7 +9,7 @@ import re
 import secrets
 from typing import Mapping
 
-from agentjax.train.tracking import TRACKERS, RunInfo, Table
+from agentjax.train.trackers.base import TRACKERS, RunInfo, Table
 
 TAG_CHARS = 64  # W&B refuses longer tags
 
