@@ -40,6 +40,8 @@ def main(argv):
     config = load_saved(os.path.join(_WORKDIR.value, "config.json"))
     config.init_from = _MODEL.value or os.path.join(_WORKDIR.value, "hf")
     config.eval.samples = _SAMPLES.value
+    # The results go to <workdir>/evaluate, not to a tracker run of their own.
+    config.log.wandb.mode, config.log.mlflow.tracking_uri = "disabled", ""
     out_dir = os.path.join(_WORKDIR.value, "evaluate")
     _, suite, policy, rollouts = set_up(config, out_dir)
     tasks = suite.test_tasks if _SPLIT.value == "test" else suite.train_tasks

@@ -248,3 +248,30 @@ def test_a_process_that_does_not_write_has_no_trackers(tmp_path):
     config = _config(tmp_path, wandb__mode="offline", mlflow__tracking_uri="file:/x")
     assert Tracking.start(config, str(tmp_path), enabled=False, log=print).names == ()
     assert not os.path.exists(tmp_path / STATE_FILE)
+
+
+@pytest.mark.parametrize("stage, folder", [("rl", ""), ("sft", "sft")])
+def test_the_end_of_a_run_sends_the_report_and_the_exports_once(tmp_path, stage, folder):
+    """log.artifacts: the final stage's HF export and, with LoRA, its adapter beside it;
+    a rerun of the finished run sends neither the report nor them again."""
+    from types import SimpleNamespace
+
+    from agentjax.train.run import track_end
+
+    for name in ("hf", "adapter"):
+        (tmp_path / folder / name).mkdir(parents=True)
+    config = default_config()
+    config.stage, config.log.artifacts = stage, True
+    results = {"eval/success_sampled": 0.5}
+    fakes = []
+    for _ in range(2):
+        fakes.append(FakeTracker())
+        runtime = SimpleNamespace(workdir=str(tmp_path), tracking=Tracking(
+            {"fake": fakes[-1]}, workdir=str(tmp_path)))
+        track_end(config, runtime, results, "RL agent")
+    sent = [c for c in fakes[0].calls if c[0] in ("artifact", "summary")]
+    last = config.sft.steps if stage == "sft" else config.total_steps
+    assert sent == [("summary", last, {"final/eval/success_sampled": 0.5}),
+                    ("artifact", str(tmp_path / folder / "hf"), "hf"),
+                    ("artifact", str(tmp_path / folder / "adapter"), "adapter")]
+    assert fakes[1].calls == [("start", "fake-run"), ("finish", False)]

@@ -11,9 +11,6 @@ from typing import Mapping
 
 from agentjax.train.trackers.base import TRACKERS, RunInfo, Table
 
-TAG_CHARS = 64  # W&B refuses longer tags
-
-
 class WandbRun:
     def __init__(self, section, info: RunInfo):
         self.section, self.info = section, info
@@ -29,7 +26,7 @@ class WandbRun:
         # someone else's in this process is left alone.
         self._run = wandb.init(
             project=s.project, entity=s.entity or None, name=info.name,
-            group=info.group or None, tags=[tag[:TAG_CHARS] for tag in info.tags] or None,
+            group=info.group or None, tags=list(info.tags) or None,
             config=info.config, id=run_id, resume="allow", mode=s.mode, dir=info.workdir,
             reinit="create_new", settings=wandb.Settings(console="off", quiet=True))
         return run_id
