@@ -15,10 +15,11 @@ the exported policy as an artifact.
 A stage's metric `key` is `<stage>/<key>` in the trackers ("rl/reward/mean", "sft/nll"),
 each stage with its own x-axis `<stage>/step`: the stages' step counters all start at 1.
 
-The local files are the record; a tracker only mirrors them, and never stops or slows a
-run: each tracker works on a thread of its own, in call order, and the first error it
-raises (a server that cannot be reached, a missing login) is one warning, after which
-the run goes on without it. `close` waits for each at most CLOSE_TIMEOUT_S.
+The local files are the record; a tracker only mirrors them, never stops the run nor
+makes it wait on a server: each tracker works on a thread of its own, in call order,
+and the first error it raises (a server that cannot be reached, a missing login, the
+workdir's tracking.json unwritable) is one warning, after which the run goes on without
+it. `close` waits for them at most CLOSE_TIMEOUT_S.
 
 Resume: <workdir>/tracking.json keeps, per tracker, its run id (a rerun in the workdir
 continues the same tracker run) and the last step of each stream it took (a stage's
@@ -102,10 +103,14 @@ def _read_state(path: str) -> dict:
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}: not json ({error}); it holds the tracker runs' ids "
                              "and progress (delete it to start new tracker runs)") from None
-    if not isinstance(state, dict) or not all(
-            isinstance(v, dict) and isinstance(v.get("done"), dict) for v in state.values()):
-        raise ValueError(f"{path}: expected {{tracker: {{'run_id': ..., 'done': {{...}}}}}}, "
-                         f"got {str(state)[:200]}")
+    def well_formed(entry) -> bool:
+        return (isinstance(entry, dict) and isinstance(entry.get("done"), dict)
+                and all(isinstance(step, int) for step in entry["done"].values()))
+
+    if not isinstance(state, dict) or not all(map(well_formed, state.values())):
+        raise ValueError(f"{path}: expected {{tracker: {{'run_id': ..., 'done': {{stream: "
+                         f"step}}}}}}, got {str(state)[:200]} (delete it to start new "
+                         "tracker runs)")
     return state
 
 
@@ -151,8 +156,12 @@ class _Worker:
             stream, step, call = item
             if self.failed or (stream is not None and step <= self.mine["done"].get(stream, -1)):
                 continue
-            if self._guarded(lambda: call(self.tracker)) and stream is not None:
-                self.progress.update(self.name, stream=stream, step=step)
+            self._guarded(lambda: self._take(stream, step, call))
+
+    def _take(self, stream: str | None, step: int | None, call: Callable[[Tracker], None]):
+        call(self.tracker)
+        if stream is not None:
+            self.progress.update(self.name, stream=stream, step=step)
 
     def _start(self) -> None:
         run_id = self.tracker.start(self.mine["run_id"])

@@ -275,3 +275,10 @@ def test_the_end_of_a_run_sends_the_report_and_the_exports_once(tmp_path, stage,
                     ("artifact", str(tmp_path / folder / "hf"), "hf"),
                     ("artifact", str(tmp_path / folder / "adapter"), "adapter")]
     assert fakes[1].calls == [("start", "fake-run"), ("finish", False)]
+
+
+@pytest.mark.parametrize("text", ["{", '{"fake": {"run_id": "x", "done": {"rl": "3"}}}', "[]"])
+def test_a_broken_tracking_file_stops_the_run_at_setup_naming_it(tmp_path, text):
+    (tmp_path / STATE_FILE).write_text(text)
+    with pytest.raises(ValueError, match=f"{STATE_FILE}: .*delete it to start new tracker runs"):
+        Tracking({"fake": FakeTracker()}, workdir=str(tmp_path))
