@@ -7,6 +7,8 @@ import json
 import math
 import os
 import socket
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -282,3 +284,11 @@ def test_a_broken_tracking_file_stops_the_run_at_setup_naming_it(tmp_path, text)
     (tmp_path / STATE_FILE).write_text(text)
     with pytest.raises(ValueError, match=f"{STATE_FILE}: .*delete it to start new tracker runs"):
         Tracking({"fake": FakeTracker()}, workdir=str(tmp_path))
+
+
+def test_neither_tracker_package_is_imported_until_a_tracker_starts():
+    code = ("import sys, agentjax.train.tracking, agentjax.train.metrics; "
+            "print(sorted({'wandb', 'mlflow', 'tensorboardX'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
