@@ -3,7 +3,8 @@
     python scripts/evaluate.py --workdir runs/grpo_search [--model runs/grpo_search/hf]
         [--split test] [--num_tasks 200] [--samples 4]
 
-Uses the run's own config (<workdir>/config.json) to rebuild its world, env and reward;
+Uses the run's own config (<workdir>/config.json with the changes its resumes accepted,
+config_changes.jsonl) to rebuild its world, env and reward;
 `--model` is any HF folder of a policy (default: the run's final export <workdir>/hf).
 """
 import os
@@ -34,16 +35,15 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
     # Imported after flag validation: a wrong flag fails before JAX loads.
-    from agentjax.config import load_saved
+    from agentjax.config.resume import config_in_effect
     from agentjax.train.run import set_up
 
-    config = load_saved(os.path.join(_WORKDIR.value, "config.json"))
+    config = config_in_effect(_WORKDIR.value)
     config.init_from = _MODEL.value or os.path.join(_WORKDIR.value, "hf")
     config.eval.samples = _SAMPLES.value
-    # The results go to <workdir>/evaluate, not to a tracker run of their own.
-    config.log.wandb.mode, config.log.mlflow.tracking_uri = "disabled", ""
     out_dir = os.path.join(_WORKDIR.value, "evaluate")
-    _, suite, policy, rollouts = set_up(config, out_dir)
+    # The results go to <workdir>/evaluate, not to a tracker run of their own.
+    _, suite, policy, rollouts = set_up(config, out_dir, tracked=False)
     tasks = suite.test_tasks if _SPLIT.value == "test" else suite.train_tasks
     order = np.random.default_rng(0).permutation(len(tasks))[:_NUM_TASKS.value]
     try:

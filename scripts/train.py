@@ -8,20 +8,31 @@
 one key (unknown keys fail at once). `--workdir` defaults to runs/<config>-<variant>;
 rerunning with the same workdir resumes the run exactly. A value no run can use stops
 the script at once with `error: <the key, its value, what is allowed>` (exit status 2).
+
+A rerun whose config changes a key that defines the experiment (the model, data,
+algorithm, ...) stops the same way, naming each such key with both values; the keys of
+`--allow_config_change=key1,key2` may change, and the change is recorded in
+<workdir>/config_changes.jsonl (agentjax/config/resume.py). SIGTERM stops a run as
+Ctrl-C does: pending checkpoint writes finish, servers and threads are closed (exit
+status 143).
 """
 import os
 import re
+import signal
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from agentjax.config import exit_on_config_error, renamed_in_flags, validate
+from agentjax.config import check_resume, exit_on_config_error, renamed_in_flags, validate
 from agentjax.config.preflight import MissingDependency, check_runtime
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "config file[:variant]",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run folder (resumes if it has checkpoints)")
+_ALLOW_CONFIG_CHANGE = flags.DEFINE_list(
+    "allow_config_change", [], "config keys a resume may change although they define the "
+    "experiment, e.g. optim.lr,rollout.group_size (recorded in config_changes.jsonl)")
 flags.mark_flags_as_required(["config"])
 
 
@@ -41,7 +52,10 @@ def enable_compilation_cache() -> None:
 @exit_on_config_error
 def main(argv):
     del argv
-    validate(_CONFIG.value)  # before the trainer's imports and the task suite
+    workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
+    # Before the trainer's imports and the task suite:
+    validate(_CONFIG.value)
+    check_resume(_CONFIG.value, workdir, _ALLOW_CONFIG_CHANGE.value)
     try:
         check_runtime(_CONFIG.value)
     except MissingDependency as error:
@@ -54,12 +68,19 @@ def main(argv):
     from agentjax.train.fit import TrainingDiverged
     from agentjax.train.run import run
 
-    workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
-        run(_CONFIG.value, workdir)
+        run(_CONFIG.value, workdir, allow_config_change=_ALLOW_CONFIG_CHANGE.value)
     except (EpisodesFailed, TrainingDiverged, EnginesUnavailable,
             ServerStartError) as error:  # the run says why it stopped
         fail(error, status=1)
+
+
+def stop_on_sigterm(signum, frame):
+    """SIGTERM (a scheduler's stop, `kill`) raises SystemExit where the run is, so the
+    run's `finally` blocks run as they do for Ctrl-C's KeyboardInterrupt."""
+    del signum, frame
+    sys.exit(128 + signal.SIGTERM)
 
 
 def parse_flags(argv):

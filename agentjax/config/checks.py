@@ -285,7 +285,7 @@ def _check_sglang(config) -> None:
     rollout, algo = config.rollout, config.algo
     s = rollout.sglang
     if rollout.engine != "sglang":
-        for key in ("urls", "launch"):
+        for key in ("urls", "router_url", "launch"):
             if s[key]:
                 reject(f"rollout.sglang.{key}", s[key],
                        "it is used only with rollout.engine='sglang'")
@@ -293,6 +293,15 @@ def _check_sglang(config) -> None:
     if bool(s.urls) == bool(s.launch):
         reject("rollout.engine", "sglang", "it needs exactly one of rollout.sglang.urls "
                "(running servers) and rollout.sglang.launch > 0 (local servers)")
+    if s.router_url:
+        workers = {u.strip().rstrip("/") for u in s.urls.split(",")} if s.urls else set()
+        if not workers:
+            reject("rollout.sglang.router_url", s.router_url, "the router's workers must be "
+                   "listed in rollout.sglang.urls (weights, pause and continue go to each; "
+                   "the router forwards none of them)")
+        if s.router_url.rstrip("/") in workers:
+            reject("rollout.sglang.router_url", s.router_url, "it is also listed in "
+                   "rollout.sglang.urls, which holds the router's workers")
     if config.multihost.enabled:
         reject("rollout.engine", "sglang", "weights are not synced to servers from a "
                "multi-host run yet; use 'jax'")

@@ -1,5 +1,6 @@
 """What a config key may hold: the kinds of rule (Integer, Real, Choice, Flag, Text,
-Path) and the rules several keys share.
+Path) and the rules several keys share; and what a key may do when a run resumes
+(Fixed, Free, Grows).
 
 A rule answers `allows(value)` and says in words what it allows (`allowed`), which a
 ConfigError quotes. A number rule never allows NaN or an infinity; a rule allows only its
@@ -234,3 +235,46 @@ PROBABILITY = Real("[0, 1]")
 NON_NEGATIVE = Real("[0, inf)")
 POSITIVE_REAL = Real("(0, inf)")
 ANY_REAL = Real("(-inf, inf)")
+
+
+class OnResume(Protocol):
+    """What a key may do when a run resumes (config/resume.py compares the config in
+    effect in the workdir with the rerun's): `refusal(old, new, config)` is None when
+    the change leaves the experiment as it was, else why not ("" when the key simply
+    defines it)."""
+
+    def refusal(self, old, new, config) -> str | None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Fixed:
+    """The key defines the experiment: a resumed run keeps it (unless the change is
+    accepted by name, --allow_config_change)."""
+
+    def refusal(self, old, new, config) -> str | None:
+        return ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Free:
+    """How the run is watched, saved or served, never what it trains: free to change
+    on resume."""
+
+    def refusal(self, old, new, config) -> str | None:
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Grows:
+    """A length that may grow on resume, while `depends(config)` names nothing the
+    length is part of (a schedule over it); None when nothing is."""
+
+    depends: Callable[..., str | None]
+
+    def refusal(self, old, new, config) -> str | None:
+        if new < old:
+            return "it may only grow on resume"
+        return self.depends(config)
+
+
+FIXED, FREE = Fixed(), Free()

@@ -47,6 +47,8 @@ from agentjax.config.choices import (
 from agentjax.config.rules import (
     ANY_REAL,
     COUNT,
+    FIXED,
+    FREE,
     FOLDER_TO_CREATE,
     HOP_COUNTS,
     HOP_FRACTIONS,
@@ -69,7 +71,9 @@ from agentjax.config.rules import (
     URLS,
     Choice,
     Flag,
+    Grows,
     Integer,
+    OnResume,
     Path,
     Real,
     Rule,
@@ -79,12 +83,14 @@ from agentjax.config.rules import (
 @dataclasses.dataclass(frozen=True)
 class Key:
     """One key of its section: `name` (dotted within the section), its default, what its
-    values may be, and what it means."""
+    values may be, what it means, and whether a resumed run may change it (`resume`:
+    config/rules.py's FIXED, the default, FREE or Grows; config/resume.py)."""
 
     name: str
     default: Any
     rule: Rule
     doc: str
+    resume: OnResume = FIXED
 
 
 class Section:
@@ -103,11 +109,27 @@ OFF = ((0, "off"),)
 ONLY_AFTER_THE_LAST_STEP = ((0, "only after the last step"),)
 MESH_AXIS = Integer(1, special=((-1, "the remaining devices"),))
 
+
+def _planned_over_total_steps(config) -> str | None:
+    """What the run plans over total_steps, so that more steps would change the steps
+    it has taken (None: nothing)."""
+    if config.stage == "sft":
+        return None
+    if config.stage in ("rft", "dpo"):
+        return f"stage={config.stage!r} plans its rounds over total_steps"
+    if config.optim.schedule != "constant":
+        return f"optim.schedule={config.optim.schedule!r} decays the lr over total_steps"
+    if config.rollout.final_temperature != config.rollout.temperature:
+        return "the rollout temperature moves to rollout.final_temperature over total_steps"
+    return None
+
+
 RUN = Section(
     "", "The run: its seed, length and stage, what it starts from, the devices and hosts.",
     Key("seed", 0, COUNT, "seeds the run's initialization, sampling and task order"),
     Key("total_steps", 60, POSITIVE, "steps of the stage that follows SFT (an RL step is "
-        "one rollout batch: algo.ppo_epochs x algo.minibatches updates)"),
+        "one rollout batch: algo.ppo_epochs x algo.minibatches updates)",
+        resume=Grows(_planned_over_total_steps)),
     Key("stage", "rl", Choice(STAGES), "what follows SFT: 'rl', 'sft' (nothing: the run "
         "stops after SFT), 'rft' or 'dpo' (train/stages/offline.py)"),
     Key("init_from", "", Path("folder", "a run's workdir, checkpoint folder or HF folder"),
@@ -121,7 +143,7 @@ RUN = Section(
         "'' keeps the defaults"),
     Key("multihost.enabled", False, Flag(), "one run over several hosts (jax.distributed)"),
     Key("multihost.coordinator", "", HOST_PORT, "host:port of process 0, which the others "
-        "connect to"),
+        "connect to", resume=FREE),
     Key("multihost.num_processes", 1, POSITIVE, "how many processes (hosts) the run spans"),
     Key("multihost.process_id", -1,
         Integer(0, special=((-1, "from the cluster environment"),)),
@@ -241,7 +263,7 @@ RETRIEVAL = Section(
     "retrieval", "The search tool's retriever (envs/retrieval.py).",
     Key("kind", "bm25", Choice(RETRIEVERS), "'bm25' (an index in-process) or 'http' (a "
         "retrieval server at retrieval.url)"),
-    Key("url", "", URL, "the retrieval server (retrieval.kind='http')"),
+    Key("url", "", URL, "the retrieval server (retrieval.kind='http')", resume=FREE),
     Key("timeout_s", 10.0, POSITIVE_REAL, "seconds a search request may take"),
     Key("latency_s", 0.0, NON_NEGATIVE, "every search waits this long before answering, as "
         "a remote retrieval server would (50-500 ms): benchmarks against slow tools"),
@@ -263,7 +285,8 @@ REWARD = Section(
         "tasks (the intermediate entities reached)"),
     Key("length_weight", 0.0, NON_NEGATIVE, "a linear penalty on turns beyond two; DAPO's "
         "overlong shaping on the sampled tokens is algo.overlong_buffer"),
-    Key("judge.url", "", URL, "the judge's chat server, e.g. 'http://127.0.0.1:30000'"),
+    Key("judge.url", "", URL, "the judge's chat server, e.g. 'http://127.0.0.1:30000'",
+        resume=FREE),
     Key("judge.model", "", SERVED_MODEL, "the model name the judge server serves"),
     Key("judge.votes", 1, POSITIVE, "judge replies per episode, the majority decides; a "
         "judge that gives no verdict fails the episode"),
@@ -321,8 +344,12 @@ ROLLOUT = Section(
     "updates.",
     Key("engine", "jax", Choice(ENGINES), "'jax' (in-process) or 'sglang' (HTTP servers)"),
     Key("sglang.urls", "", URLS, "comma-separated server URLs (SGLang, a router, "
-        "scripts/serve.py)"),
-    Key("sglang.launch", 0, COUNT, "or: start this many local scripts/serve.py servers"),
+        "scripts/serve.py)", resume=FREE),
+    Key("sglang.router_url", "", URL, "an sglang-router in front of rollout.sglang.urls "
+        "(its workers): every /generate goes to it, weight syncs, pause / continue and "
+        "the startup check to the workers (docs/sglang.md)", resume=FREE),
+    Key("sglang.launch", 0, COUNT, "or: start this many local scripts/serve.py servers",
+        resume=FREE),
     Key("sglang.weights_dir", "", FOLDER_TO_CREATE, "where exported weight versions go "
         "for the servers to load ('': <workdir>/weights); remote servers need it on "
         "shared storage at the same path"),
@@ -339,11 +366,12 @@ ROLLOUT = Section(
         "'adapter' writes a PEFT folder per weight version that servers load with "
         "/load_lora_adapter and every /generate names (servers run with --enable-lora); "
         "'merged' exports full merged weights for servers without LoRA"),
-    Key("sglang.max_in_flight", 128, POSITIVE, "requests in flight per server"),
+    Key("sglang.max_in_flight", 128, POSITIVE, "requests in flight per server",
+        resume=FREE),
     Key("sglang.grace_s", 120.0, POSITIVE_REAL, "all servers down this long: the run saves "
-        "and stops"),
+        "and stops", resume=FREE),
     Key("sglang.startup_timeout_s", 600.0, POSITIVE_REAL, "seconds launched servers may "
-        "take to start"),
+        "take to start", resume=FREE),
     Key("prompts_per_step", 16, POSITIVE, "questions (groups) an RL step rolls out"),
     Key("group_size", 8, POSITIVE, "episodes per question"),
     Key("temperature", 1.0, NON_NEGATIVE, "the sampling temperature"),
@@ -510,7 +538,8 @@ DPO = Section(
 EVAL = Section(
     "eval", "Held-out evaluation.",
     Key("every", 20, Integer(1, special=ONLY_AFTER_THE_LAST_STEP), "steps between "
-        "evaluations; the run also evaluates after its last step (0: only then)"),
+        "evaluations; the run also evaluates after its last step (0: only then)",
+        resume=FREE),
     Key("num_tasks", 200, POSITIVE, "held-out tasks evaluated"),
     Key("samples", 4, Integer(1, special=((0, "greedy only"),)), "sampled attempts per "
         "task besides the greedy one (pass@k and sampled success); 0: greedy only"),
@@ -519,35 +548,39 @@ EVAL = Section(
 CHECKPOINT = Section(
     "checkpoint", "Checkpoints (a rerun with the same workdir resumes from the latest).",
     Key("every", 20, Integer(1, special=ONLY_AFTER_THE_LAST_STEP), "steps between "
-        "checkpoints; the run also saves after its last step (0: only then)"),
-    Key("keep", 2, POSITIVE, "checkpoints kept"),
-    Key("async_save", True, Flag(), "checkpoints are written while training goes on"),
+        "checkpoints; the run also saves after its last step (0: only then)", resume=FREE),
+    Key("keep", 2, POSITIVE, "checkpoints kept", resume=FREE),
+    Key("async_save", True, Flag(), "checkpoints are written while training goes on",
+        resume=FREE),
 )
 
 LOG = Section(
     "log", "What the run writes as it goes.",
-    Key("every", 1, POSITIVE, "steps between metrics rows"),
-    Key("tensorboard", True, Flag(), "metrics also as TensorBoard events"),
-    Key("progress", True, Flag(), "progress bars"),
+    Key("every", 1, POSITIVE, "steps between metrics rows", resume=FREE),
+    Key("tensorboard", True, Flag(), "metrics also as TensorBoard events", resume=FREE),
+    Key("progress", True, Flag(), "progress bars", resume=FREE),
     Key("samples", 4, COUNT, "episodes written to <workdir>/samples/ per rollout step "
-        "(0: none); also a table of the trackers that are on"),
+        "(0: none); also a table of the trackers that are on", resume=FREE),
     Key("name", "", ONE_LINE, "the run's name in the trackers ('': the workdir's folder "
-        "name)"),
+        "name)", resume=FREE),
     Key("group", "", ONE_LINE, "the run's group in the trackers (W&B group, MLflow tag "
-        "'group'); scripts/sweep.py sets it to the sweep's name"),
+        "'group'); scripts/sweep.py sets it to the sweep's name", resume=FREE),
     Key("tags", "", TAGS, "the run's tags in the trackers (a 'key=value' tag is MLflow "
-        "tag key=value); scripts/sweep.py sets the arm's overrides"),
+        "tag key=value); scripts/sweep.py sets the arm's overrides", resume=FREE),
     Key("artifacts", False, Flag(), "the final exported HF folder (and a LoRA run's "
-        "adapter) also as an artifact of the trackers that are on"),
+        "adapter) also as an artifact of the trackers that are on", resume=FREE),
+    # A tracker whose destination changes on resume starts a new run there
+    # (train/tracking.py).
     Key("wandb.mode", "disabled", Choice(WANDB_MODES), "a Weights & Biases run: 'online', "
         "'offline' (files under <workdir>/wandb to `wandb sync`) or 'disabled' (needs "
-        "`pip install wandb`)"),
-    Key("wandb.project", "agentjax", NAME, "the W&B project"),
-    Key("wandb.entity", "", NAME_OR_DEFAULT, "the W&B user or team the project belongs to"),
+        "`pip install wandb`)", resume=FREE),
+    Key("wandb.project", "agentjax", NAME, "the W&B project", resume=FREE),
+    Key("wandb.entity", "", NAME_OR_DEFAULT, "the W&B user or team the project belongs "
+        "to", resume=FREE),
     Key("mlflow.tracking_uri", "", TRACKING_URI, "an MLflow run on this tracking server or "
-        "store ('': none; needs `pip install mlflow-skinny`)"),
-    Key("mlflow.experiment", "agentjax", TITLE,
-        "the MLflow experiment the run belongs to (created if missing)"),
+        "store ('': none; needs `pip install mlflow-skinny`)", resume=FREE),
+    Key("mlflow.experiment", "agentjax", TITLE, "the MLflow experiment the run belongs to "
+        "(created if missing)", resume=FREE),
 )
 
 SECTIONS = (RUN, MODEL, TOKENIZER, DATA, ENV, RETRIEVAL, REWARD, PRETRAIN, SFT, ROLLOUT,
@@ -576,6 +609,8 @@ def _keys() -> dict[str, Key]:
 KEYS = _keys()
 # What each key allows: validate() checks every value against its key's rule.
 RULES = {dotted: key.rule for dotted, key in KEYS.items()}
+# What each key may do when a run resumes (config/resume.py).
+ON_RESUME = {dotted: key.resume for dotted, key in KEYS.items()}
 
 
 def default_config() -> ml_collections.ConfigDict:

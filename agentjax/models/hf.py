@@ -330,7 +330,8 @@ def _hf_tensors(model: Decoder, cfg: ModelConfig, dtype: Any) -> Iterator[tuple[
 
 def save_hf(model: Decoder, config: ModelConfig, path: str | os.PathLike, *,
             dtype: Any = None, tokenizer: Any = None,
-            max_shard_bytes: int = 4 * 2**30) -> None:
+            max_shard_bytes: int = 4 * 2**30,
+            extra_files: Mapping[str, str] | None = None) -> None:
     """Writes config.json + safetensors that transformers (and SGLang) load.
 
     Args:
@@ -343,6 +344,8 @@ def save_hf(model: Decoder, config: ModelConfig, path: str | os.PathLike, *,
         transformers 4 too; plus a generation_config.json.
       max_shard_bytes: above this total size the weights are split into
         model-0000k-of-0000n.safetensors files plus model.safetensors.index.json.
+      extra_files: file name -> text, written into the folder with the rest (e.g. a
+        record of what wrote it).
     """
     if not isinstance(model, Decoder):
         raise TypeError(f"save_hf expects a Decoder, got {type(model).__name__} "
@@ -383,6 +386,8 @@ def save_hf(model: Decoder, config: ModelConfig, path: str | os.PathLike, *,
         (out / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2))
         if tokenizer is not None:
             _save_tokenizer(tokenizer, config, out)
+        for name, text in (extra_files or {}).items():
+            (out / name).write_text(text)
 
 
 def _tokenizer_source(tokenizer: Any) -> Path | None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import numpy as np
@@ -69,9 +69,11 @@ def _from_peft(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return x.T.reshape(shape)
 
 
-def save_peft(model: Any, folder: str | os.PathLike, *, base_model: str) -> None:
+def save_peft(model: Any, folder: str | os.PathLike, *, base_model: str,
+              extra_files: Mapping[str, str] | None = None) -> None:
     """Writes `model`'s adapters (a Decoder with config.lora) as a PEFT folder, replaced
-    as a whole (atomically); `base_model` is the base_model_name_or_path it records."""
+    as a whole (atomically); `base_model` is the base_model_name_or_path it records,
+    `extra_files` file name -> text written into the folder with the adapter."""
     lora = model.config.lora
     if lora is None:
         raise ValueError("save_peft needs a Decoder with LoRA adapters (config.lora)")
@@ -99,6 +101,9 @@ def save_peft(model: Any, folder: str | os.PathLike, *, base_model: str) -> None
             json.dump(config, f, indent=2)
         for name in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
             os.chmod(os.path.join(out, name), 0o644)  # servers may run as another user
+        for name, text in (extra_files or {}).items():
+            with open(os.path.join(out, name), "w") as f:
+                f.write(text)
 
 
 def read_peft_config(folder: str | os.PathLike) -> tuple[LoraConfig, str]:

@@ -42,7 +42,14 @@ attempt in flight on it; each is re-issued on another server under a fresh rid
 managers/tokenizer_manager.py), so nothing is lost and no completion is returned twice.
 When /health answers, the failure is the request's: retried like HTTP 5xx and abort
 finishes, with exponential backoff up to `retries` times, after which the sample comes
-back as an "abort" Completion (the agent loop flags the episode). HTTP 4xx raises
+back as an "abort" Completion (the agent loop flags the episode). A server whose answers
+fail `failure_threshold` times in a row (5xx or aborts, not those of a weight load) is
+taken out like a dead one and its requests re-issued: least-outstanding balancing would
+otherwise keep choosing the server that fails fastest. Its /health may still answer (a
+wedged server): each time it rejoins and fails again it waits twice as long before the
+next probe. An answer from older weights than those current when it was asked for (a
+server restarted unnoticed with its launch weights) is re-issued and takes its server
+out, to rejoin with the current weights. HTTP 4xx raises
 RequestRejected, a malformed answer MalformedResponse. Servers out of rotation are
 probed every `health_interval_s` and rejoin when /health answers and, once weights have
 been synced, after reloading the current ones (a restarted server comes back with its
@@ -56,8 +63,19 @@ so each completion comes from one version (meta["weight_version"], as the server
 it). A server that fails is logged by URL and stays out of rotation until it has loaded
 the weights; none succeeding raises EnginesUnavailable. Servers resolve model_path on
 their own file systems: weights_dir must be shared storage at the same path. The last
-`keep_versions` exported folders are kept. Behind an sglang-router, list the workers'
-URLs (this engine balances by itself) unless the router forwards the calls to each.
+`keep_versions` exported folders are kept.
+
+Router (`router_url`): every /generate goes to an sglang-router, which balances `urls`
+(its workers), retries and takes failing workers out itself; up to `max_in_flight` per
+worker in rotation are in flight. Weight syncs, pause / continue and the startup check
+go to the workers (the router forwards none of them). A worker that fails a load leaves
+the router before generation resumes and rejoins it once it has loaded the current
+weights; an answer from other weights (above) makes every worker that reports other
+weights on /model_info leave it, requests waiting meanwhile. A session's turns carry its
+id in the X-SMG-Routing-Key header (the router drops `session_id` from the body), which
+its `manual` policy maps to one worker; with `server_sessions` the key is
+`agentjax-session:<id>`, which scripts/serve.py adopts as the session, and an ended
+session is closed on every worker.
 
 LoRA (`lora=True`): `export_fn` writes a PEFT adapter folder per version instead
 (models/peft.py), which every server loads as adapter "v0000000v" under the same pause
@@ -76,6 +94,7 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -89,11 +108,12 @@ import aiohttp
 
 from agentjax.engine.protocol import (LOGPROB_DISTRIBUTIONS, Completion, EnginesUnavailable,
                                      GenerateRequest, reported_distribution)
-from agentjax.sglang.protocol import (INT32, MalformedResponse, RequestRejected,
-                                              answers_health, error_message,
-                                              generate_payload, load_adapter, load_weights,
-                                              parse_generate_response, read_answer,
-                                              sample_seed, unload_adapter, validate_request)
+from agentjax.sglang.protocol import (INT32, ROUTING_KEY_HEADER, SERVER_SESSION_KEY,
+                                     MalformedResponse, RequestRejected, add_to_router,
+                                     answers_health, error_message, generate_payload,
+                                     load_adapter, load_weights, parse_generate_response,
+                                     read_answer, remove_from_router, sample_seed,
+                                     served_version, unload_adapter, validate_request)
 
 ExportFn = Callable[[Any, str], None]
 
@@ -117,6 +137,10 @@ class _Server:
     version: int | None = None  # weights it loaded from this engine (None: unknown)
     adapter: str | None = None  # the LoRA adapter it holds (lora=True)
     attempts: set = dataclasses.field(default_factory=set)
+    failures: int = 0  # 5xx or aborted answers in a row
+    strikes: int = 0  # times taken out for failed answers since its last good one
+    probe_after: float = 0.0  # time.monotonic() before which it is not probed to rejoin
+    loads: int = 0  # weight loads started on it (an answer one aborted is no failure)
 
     @property
     def in_rotation(self) -> bool:
@@ -150,7 +174,11 @@ class SGLangEngine:
     """Engine protocol over SGLang servers (module docstring).
 
     Args:
-      urls: server base URLs (http://host:port); one may be an sglang-router.
+      urls: server base URLs (http://host:port): the servers themselves, or with
+        router_url the router's workers, which weight syncs, pause / continue and the
+        startup check reach directly.
+      router_url: an sglang-router in front of `urls`: every /generate goes to it
+        (module docstring: router).
       tokenizer: optional; its eos and chat-template end-of-turn ids are added to every
         request's stop_token_ids, the ids JaxEngine always stops on.
       weights_dir: where exported versions go (shared storage the servers read).
@@ -161,6 +189,8 @@ class SGLangEngine:
       request_timeout_s, connect_timeout_s, health_timeout_s, weight_sync_timeout_s:
         HTTP timeouts of a generation, of connecting, of /health, of each sync call.
       retries: retries of a sample after 5xx / abort / timeout answers.
+      failure_threshold: 5xx or aborted answers in a row that take a server out of
+        rotation (without a router).
       backoff_s: first retry delay, doubled per retry up to 16x.
       health_interval_s: how often servers out of rotation are probed.
       grace_s: how long no server may be in rotation before EnginesUnavailable.
@@ -184,18 +214,25 @@ class SGLangEngine:
                  backoff_s: float = 0.5, health_interval_s: float = 1.0, grace_s: float = 120.0,
                  keep_versions: int = 2, seed: int = 0,
                  log: Callable[[str], None] | None = None, server_sessions: bool = False,
-                 lora: bool = False):
+                 lora: bool = False, router_url: str | None = None,
+                 failure_threshold: int = 3):
         urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
-        if not urls or any(not u.startswith(("http://", "https://")) for u in urls):
-            raise ValueError(f"SGLangEngine needs http(s):// server URLs, got {urls!r}")
-        if len(set(urls)) != len(urls):
-            raise ValueError(f"SGLangEngine got a URL twice: {urls!r}")
+        router_url = router_url.rstrip("/") if router_url else None
+        every = urls + ([router_url] if router_url else [])
+        if not urls or any(not u.startswith(("http://", "https://")) for u in every):
+            raise ValueError(f"SGLangEngine needs http(s):// server URLs, got {every!r}")
+        if len(set(every)) != len(every):
+            raise ValueError(f"SGLangEngine got a URL twice: {every!r}")
         if logprob_distribution not in LOGPROB_DISTRIBUTIONS:
             raise ValueError(f"logprob_distribution must be one of {LOGPROB_DISTRIBUTIONS}, "
                              f"got {logprob_distribution!r}")
-        if min(max_in_flight, keep_versions) < 1 or retries < 0:
-            raise ValueError("need max_in_flight >= 1, keep_versions >= 1, retries >= 0")
+        if min(max_in_flight, keep_versions, failure_threshold) < 1 or retries < 0:
+            raise ValueError("need max_in_flight >= 1, keep_versions >= 1, "
+                             "failure_threshold >= 1, retries >= 0")
         self.servers = [_Server(url, i) for i, url in enumerate(urls)]
+        self.router = _Server(router_url, len(urls)) if router_url else None
+        self._members = self.servers + ([self.router] if self.router else [])
+        self.failure_threshold = failure_threshold
         self.stop_ids: tuple[int, ...] = ()
         if tokenizer is not None:
             from agentjax.models.tokenizer import stop_token_ids
@@ -271,11 +308,19 @@ class SGLangEngine:
             if folder in self._exported:  # a version exported again: one folder to prune
                 self._exported.remove(folder)
             self._exported.append(folder)
+
+        async def load_everywhere(client):
+            errors = await asyncio.gather(*(self._load(client, s, folder, version)
+                                            for s in self.servers))
+            # Before they leave `updating`, so no request of this engine reaches them.
+            await asyncio.gather(*(self._leave_router(client, s)
+                                   for s, error in zip(self.servers, errors) if error))
+            return errors
+
         for server in self.servers:
             server.updating = True
         try:
-            errors = self._run_sync(lambda client: asyncio.gather(*(
-                self._load(client, s, folder, version) for s in self.servers)))
+            errors = self._run_sync(load_everywhere)
         finally:
             for server in self.servers:
                 server.updating = False
@@ -290,25 +335,33 @@ class SGLangEngine:
 
     def health(self) -> bool:
         """True when a server answers /health and holds the current weights (a server
-        out of rotation is given the chance to rejoin first)."""
+        out of rotation is given the chance to rejoin first), and the router, if any,
+        answers /health."""
         async def check(client, server):
             if server.out_reason is not None:
                 await self._try_rejoin(None, client, server)
             return server.in_rotation and await self._answers_health(client, server)
-        return any(self._run_sync(lambda client: asyncio.gather(*(
-            check(client, s) for s in self.servers))))
+        answers = self._run_sync(lambda client: asyncio.gather(*(
+            check(client, s) for s in self._members)))
+        return any(answers[:len(self.servers)]) and all(answers[len(self.servers):])
 
     def end_session(self, session_id: str) -> None:
-        server = self._pins.pop(session_id, None)
-        if server is None:
-            return
-        server.pinned -= 1
+        if self.router is None:
+            server = self._pins.pop(session_id, None)
+            if server is None:
+                return
+            server.pinned -= 1
+            holders = [server]
+        else:  # the router chose the worker: whichever holds the session frees it
+            holders = self.servers
         state = self._state
         if self.server_sessions and state is not None and not state.loop.is_closed():
             # Called from the episode's coroutine: the close runs beside it. One cancelled
             # when the loop ends only delays the free: a weight update drops every session.
-            state.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(
-                self._close_session(state.client, server, session_id)))
+            for server in holders:
+                state.loop.call_soon_threadsafe(functools.partial(
+                    asyncio.ensure_future,
+                    self._close_session(state.client, server, session_id)))
 
     async def _close_session(self, client: aiohttp.ClientSession, server: _Server,
                              session_id: str) -> None:
@@ -321,13 +374,14 @@ class SGLangEngine:
             pass  # a server that is gone holds no session
 
     def wait_until_ready(self, timeout_s: float) -> None:
-        """Waits until every server answers /health; else EnginesUnavailable naming the
-        servers that did not within timeout_s (for a trainer's startup check)."""
+        """Waits until every server (and the router) answers /health; else
+        EnginesUnavailable naming those that did not within timeout_s (for a trainer's
+        startup check)."""
         deadline = time.monotonic() + timeout_s
         while True:
             answers = self._run_sync(lambda client: asyncio.gather(*(
-                self._answers_health(client, s) for s in self.servers)))
-            silent = [s.url for s, ok in zip(self.servers, answers) if not ok]
+                self._answers_health(client, s) for s in self._members)))
+            silent = [s.url for s, ok in zip(self._members, answers) if not ok]
             if not silent:
                 return
             if time.monotonic() > deadline:
@@ -367,7 +421,7 @@ class SGLangEngine:
                 session_id=request.session_id if self.server_sessions else None,
                 lora_name=adapter_name(self.weight_version) if self.lora else None)
             server = await self._acquire(state, request.session_id)
-            kind, value = await self._attempt(state, server, payload)
+            kind, value = await self._attempt(state, server, payload, request.session_id)
             if kind == _DONE:
                 value.meta.update(server=server.url, attempts=attempts,
                                   logprob_distribution=reported_distribution(
@@ -387,11 +441,11 @@ class SGLangEngine:
             await asyncio.sleep(self.backoff_s * 2 ** min(failures - 1, 4)
                                 * random.uniform(0.5, 1.0))
 
-    async def _attempt(self, state: _LoopState, server: _Server,
-                       payload: dict) -> tuple[str, Any]:
+    async def _attempt(self, state: _LoopState, server: _Server, payload: dict,
+                       session_id: str | None) -> tuple[str, Any]:
         """One POST /generate as a task the server's eviction can cancel; releases the
         server's slot. (kind, Completion or why it failed)."""
-        task = asyncio.ensure_future(self._post_generate(state, server, payload))
+        task = asyncio.ensure_future(self._post_generate(state, server, payload, session_id))
         server.attempts.add(task)
         try:
             await asyncio.wait({task})
@@ -405,12 +459,19 @@ class SGLangEngine:
             return _REISSUE, f"{server.url} left the rotation"
         return task.result()
 
-    async def _post_generate(self, state: _LoopState, server: _Server,
-                             payload: dict) -> tuple[str, Any]:
+    async def _post_generate(self, state: _LoopState, server: _Server, payload: dict,
+                             session_id: str | None) -> tuple[str, Any]:
         where = f"{server.url} (rid {payload['rid']})"
         self.stats["attempts"] += 1
+        # What the answer is checked against: the weights current when it was asked for.
+        version, synced, loads = self.weight_version, self._folder is not None, server.loads
+        headers = None
+        if server is self.router and session_id is not None:
+            prefix = SERVER_SESSION_KEY if self.server_sessions else ""
+            headers = {ROUTING_KEY_HEADER: prefix + session_id}
         try:
-            async with state.client.post(server.url + "/generate", json=payload) as response:
+            async with state.client.post(server.url + "/generate", json=payload,
+                                         headers=headers) as response:
                 code, body, text = await read_answer(response)
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
             connecting = isinstance(error, (aiohttp.ClientConnectorError,
@@ -426,7 +487,8 @@ class SGLangEngine:
             self._take_out(state, server, f"{what}; no /health answer")
             return _REISSUE, where
         if code >= 500:
-            return _RETRY, f"{where}: HTTP {code}: {error_message(body, text[:200])}"
+            return self._failed_answer(state, server, loads,
+                                       f"{where}: HTTP {code}: {error_message(body, text[:200])}")
         if code >= 400:
             raise RequestRejected(f"{where}: HTTP {code}: {error_message(body, text[:200])}")
         if body is None:
@@ -436,10 +498,64 @@ class SGLangEngine:
             body, where=where, rid=payload["rid"], prompt_len=len(payload["input_ids"]),
             max_new_tokens=payload["sampling_params"]["max_new_tokens"])
         if completion.finish_reason == "abort":
-            return _RETRY, completion.meta["error"]
+            return self._failed_answer(state, server, loads, completion.meta["error"])
+        reported = completion.meta["weight_version"]
         if "lora_path" in payload:  # the server reports its base's version
             completion.meta["weight_version"] = int(payload["lora_path"][1:])
+        elif synced and reported is not None and not (
+                isinstance(reported, int) and reported >= version):
+            self._stale(state, server, reported)
+            return _REISSUE, f"{where} sampled with weights version {reported!r}"
+        server.failures = server.strikes = 0
         return _DONE, completion
+
+    def _failed_answer(self, state: _LoopState, server: _Server, loads: int,
+                       message: str) -> tuple[str, str]:
+        """A 5xx or aborted answer: retried; re-issued elsewhere when it takes its server
+        out of rotation (failure_threshold in a row). The router's answers are its
+        workers' after its own retries, and a weight load aborts what is in flight:
+        neither counts."""
+        if server.out_reason is not None:
+            return _REISSUE, message
+        if server is self.router or server.updating or server.loads != loads:
+            return _RETRY, message
+        server.failures += 1
+        if server.failures < self.failure_threshold:
+            return _RETRY, message
+        self._take_out(state, server, f"{server.failures} failed answers in a row, the "
+                                      f"last: {message}")
+        # A wedged server's /health may answer: each time it fails again it waits twice
+        # as long before it is probed.
+        server.strikes += 1
+        server.probe_after = (time.monotonic()
+                              + self.health_interval_s * 2 ** min(server.strikes - 1, 6))
+        return _REISSUE, message
+
+    def _stale(self, state: _LoopState, server: _Server, reported: Any) -> None:
+        """An answer from weights older than those current when it was asked for (a
+        server restarted with its launch weights): that server leaves the rotation and
+        rejoins with the current ones. Behind a router, whichever workers serve other
+        weights leave it; requests wait meanwhile."""
+        if self.router is None:
+            self._take_out(state, server, f"sampled with weights version {reported!r}, "
+                                          f"not {self.weight_version}")
+        elif not self.router.updating:
+            self.router.updating = True
+            asyncio.ensure_future(self._drop_stale_workers(state))
+
+    async def _drop_stale_workers(self, state: _LoopState) -> None:
+        try:
+            versions = await asyncio.gather(*(
+                served_version(state.client, s.url, self.health_timeout_s)
+                for s in self.servers))
+            for server, served in zip(self.servers, versions):
+                if server.in_rotation and served != self.weight_version:
+                    self._take_out(state, server, f"serves weights version {served!r}, not "
+                                                  f"{self.weight_version}")
+                    await self._leave_router(state.client, server)
+        finally:
+            self.router.updating = False
+            state.notify()
 
     # ---------------------------------------------------------------- rotation
 
@@ -452,9 +568,10 @@ class SGLangEngine:
             if server is not None:
                 server.outstanding += 1
                 return server
-            if any(s.out_reason is not None for s in self.servers):
+            if any(s.out_reason is not None for s in self._members):
                 self._ensure_prober(state)
-            if not any(s.in_rotation or s.updating for s in self.servers):
+            if not (any(s.in_rotation or s.updating for s in self.servers)
+                    and (self.router is None or self.router.out_reason is None)):
                 now = time.monotonic()
                 self._unavailable_since = self._unavailable_since or now
                 if now - self._unavailable_since > self.grace_s:
@@ -465,6 +582,10 @@ class SGLangEngine:
                 pass
 
     def _pick(self, session_id: str | None) -> _Server | None:
+        if self.router is not None:  # it balances, max_in_flight per worker in rotation
+            workers = sum(s.in_rotation for s in self.servers)
+            fits = self.router.outstanding < self.max_in_flight * workers
+            return self.router if self.router.in_rotation and fits else None
         pinned = self._pins.get(session_id) if session_id is not None else None
         if pinned is not None and pinned.in_rotation:
             return pinned if pinned.outstanding < self.max_in_flight else None
@@ -499,20 +620,28 @@ class SGLangEngine:
 
     async def _probe(self, state: _LoopState) -> None:
         """Brings servers back into rotation while any is out."""
-        while not self._closed and any(s.out_reason is not None for s in self.servers):
+        while not self._closed and any(s.out_reason is not None for s in self._members):
             await asyncio.sleep(self.health_interval_s)
             await asyncio.gather(*(self._try_rejoin(state, state.client, s)
-                                   for s in self.servers if s.out_reason is not None))
+                                   for s in self._members if s.out_reason is not None))
 
     async def _try_rejoin(self, state: _LoopState | None, client: aiohttp.ClientSession,
                           server: _Server) -> None:
-        if not await self._answers_health(client, server):
+        if time.monotonic() < server.probe_after or not await self._answers_health(
+                client, server):
             return
-        if self._folder is not None and server.version != self.weight_version:
-            error = await self._load(client, server, self._folder, self.weight_version)
-            if error is not None:
-                server.out_reason = error
-                return
+        if server is not self.router:
+            if self._folder is not None and server.version != self.weight_version:
+                error = await self._load(client, server, self._folder, self.weight_version)
+                if error is not None:
+                    server.out_reason = error
+                    return
+            if self.router is not None:
+                error = await add_to_router(client, self.router.url, server.url,
+                                            self.weight_sync_timeout_s)
+                if error is not None:
+                    server.out_reason = error
+                    return
         server.out_reason, self._unavailable_since = None, None
         self.stats["rejoined"] += 1
         self.log(f"SGLangEngine: {server.url} back in rotation")
@@ -520,7 +649,8 @@ class SGLangEngine:
             state.notify()
 
     def _unavailable_message(self) -> str:
-        reasons = "; ".join(f"{s.url}: {s.out_reason or 'updating'}" for s in self.servers)
+        reasons = "; ".join(f"{s.url}: {s.out_reason or 'updating'}" for s in self._members
+                            if not s.in_rotation)
         return (f"no SGLang server in rotation for {self.grace_s}s (servers: {reasons}); "
                 "restart them, then resume the run")
 
@@ -556,8 +686,16 @@ class SGLangEngine:
     async def _answers_health(self, client: aiohttp.ClientSession, server: _Server) -> bool:
         return await answers_health(client, server.url, self.health_timeout_s)
 
+    async def _leave_router(self, client: aiohttp.ClientSession, server: _Server) -> None:
+        if self.router is not None:
+            error = await remove_from_router(client, self.router.url, server.url,
+                                             self.weight_sync_timeout_s)
+            if error is not None:
+                self.log(f"SGLangEngine: {error}")
+
     async def _load(self, client: aiohttp.ClientSession, server: _Server, folder: str,
                     version: int) -> str | None:
+        server.loads += 1
         if not self.lora:
             error = await load_weights(client, server.url, folder, version,
                                        self.weight_sync_timeout_s)

@@ -50,6 +50,23 @@ Weights (docs/advanced_features/sglang_for_rl.md, "pause_generation --- update w
 `{success, message}`; flush_cache drops radix entries of the old weights), then
 /continue_generation, which is sent even when the update failed.
 
+Weight version of a server (entrypoints/http_server.py `model_info`): GET /model_info
+answers `{"weight_version", "model_path", ...}` (0.5.6 to 0.5.23; /get_weight_version is
+gone in 0.5.23).
+
+sglang-router (the sgl-model-gateway, pip package sglang-router 0.3.x; its
+docs/advanced_features/sgl_model_gateway.md): it parses /generate into a fixed struct
+and forwards only the fields it knows, so `session_id` never reaches the worker; of the
+request's headers it forwards `X-SMG-Routing-Key` (src/routers/header_utils.rs), which
+its `manual` policy maps to one worker for good (src/policies/manual.rs); a key
+`agentjax-session:<id>` also makes scripts/serve.py keep session <id> when the body names
+none (a client sends it only when it closes its sessions: serve.py keeps a session's
+cache until /close_session). It answers 404 to
+/pause_generation and /update_weights_from_disk (it fans out only /flush_cache), so
+weights go to the workers themselves. Its worker list: GET /workers `{"workers": [{"id",
+"url", "is_healthy", ...}]}`, POST /workers `{"url"}` queues a registration (HTTP 202),
+DELETE /workers/{id} a removal (HTTP 202).
+
 LoRA (docs/advanced_features/lora.md; servers launched with --enable-lora
 --max-lora-rank R --lora-target-modules ...): `load_adapter` pauses the same way, posts
 /load_lora_adapter {lora_name, lora_path} (a PEFT folder) and continues; every /generate
@@ -69,6 +86,10 @@ import numpy as np
 from agentjax.engine.protocol import Completion, GenerateRequest, SamplingParams, check_request
 
 INT32 = 2**31
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"  # sglang-router's session affinity (docstring)
+# A routing key that also asks scripts/serve.py to keep the session's cache: a client that
+# does not close its sessions sends the bare session id, which serve.py only routes by.
+SERVER_SESSION_KEY = "agentjax-session:"
 # log(softmax) of a near-certain token may round above 0 (SGLang takes log(probs)).
 LOGPROB_ROUNDING = 1e-4
 
@@ -315,3 +336,78 @@ async def unload_adapter(client: aiohttp.ClientSession, url: str, name: str,
     except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError) as error:
         return f"unloading LoRA adapter {name} failed: {type(error).__name__}: {error}"
     return None
+
+
+async def served_version(client: aiohttp.ClientSession, url: str,
+                         timeout_s: float) -> int | str | None:
+    """The weight version a server reports on /model_info (None when it does not
+    answer)."""
+    try:
+        async with client.get(url + "/model_info",
+                              timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            code, answer, _ = await read_answer(response)
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return None
+    if code != 200 or not isinstance(answer, dict):
+        return None
+    return weight_version(answer.get("weight_version"))
+
+
+async def _router_call(client: aiohttp.ClientSession, method: str, url: str,
+                       timeout_s: float, body: dict | None = None) -> Any:
+    """The JSON answer of a router worker-list call; RuntimeError unless HTTP 2xx."""
+    async with client.request(method, url, json=body,
+                              timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+        code, answer, text = await read_answer(response)
+    if not 200 <= code < 300:
+        raise RuntimeError(f"{method} {url}: HTTP {code}: {error_message(answer, text[:200])}")
+    return answer
+
+
+async def router_workers(client: aiohttp.ClientSession, router_url: str,
+                         timeout_s: float) -> dict[str, str]:
+    """{worker URL: the router's worker id} of the workers a router routes to."""
+    answer = await _router_call(client, "GET", router_url + "/workers", timeout_s)
+    workers = answer.get("workers") if isinstance(answer, dict) else None
+    if not isinstance(workers, list):
+        raise RuntimeError(f"GET {router_url}/workers: no worker list in {str(answer)[:200]!r}")
+    return {str(w["url"]).rstrip("/"): str(w["id"]) for w in workers
+            if isinstance(w, dict) and "url" in w and "id" in w}
+
+
+async def _set_routed(client: aiohttp.ClientSession, router_url: str, worker_url: str,
+                      routed: bool, timeout_s: float, poll_s: float) -> str | None:
+    """Queues the worker's registration (routed) or removal at the router, then waits
+    until GET /workers shows it done (the router does both in the background); None, or
+    why that failed."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    what = "adding" if routed else "removing"
+    try:
+        workers = await router_workers(client, router_url, timeout_s)
+        if routed and worker_url not in workers:
+            await _router_call(client, "POST", router_url + "/workers", timeout_s,
+                               {"url": worker_url})
+        elif not routed and worker_url in workers:
+            await _router_call(client, "DELETE",
+                               f"{router_url}/workers/{workers[worker_url]}", timeout_s)
+        while (worker_url in await router_workers(client, router_url, timeout_s)) != routed:
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"GET /workers does not show it done within {timeout_s}s")
+            await asyncio.sleep(poll_s)
+    except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError) as error:
+        return (f"{what} {worker_url} at the router {router_url} failed: "
+                f"{type(error).__name__}: {error}")
+    return None
+
+
+async def add_to_router(client: aiohttp.ClientSession, router_url: str, worker_url: str,
+                        timeout_s: float, poll_s: float = 0.05) -> str | None:
+    """Has the router route to `worker_url` again; None, or why that failed."""
+    return await _set_routed(client, router_url, worker_url, True, timeout_s, poll_s)
+
+
+async def remove_from_router(client: aiohttp.ClientSession, router_url: str, worker_url: str,
+                             timeout_s: float, poll_s: float = 0.05) -> str | None:
+    """Has the router stop routing to `worker_url` (a no-op when it does not); None, or
+    why that failed."""
+    return await _set_routed(client, router_url, worker_url, False, timeout_s, poll_s)

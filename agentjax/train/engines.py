@@ -3,7 +3,8 @@
   "jax"     in-process LanedEngine (engine/jax/lanes.py): the default, weights swapped in
             device memory.
   "sglang"  SGLangEngine (sglang/client.py) over `rollout.sglang.urls` (SGLang
-            servers, an sglang-router, or agentjax's scripts/serve.py), or over
+            servers or agentjax's scripts/serve.py; with `rollout.sglang.router_url`,
+            the workers of that sglang-router, which every request goes through), or over
             `rollout.sglang.launch` local serve.py servers started here from the run's
             initial weights and stopped when the run ends. Weights reach the servers as
             HF folders under `rollout.sglang.weights_dir` (default <workdir>/weights).
@@ -112,7 +113,8 @@ def build_engine(config, *, graphdef: nnx.GraphDef, params: Any, model_config, t
         weights_dir=s.weights_dir or os.path.join(workdir, WEIGHTS_DIR),
         logprob_distribution=sglang_logprob_distribution(config), max_in_flight=s.max_in_flight,
         grace_s=s.grace_s, seed=config.seed, log=log,
-        server_sessions=bool(s.launch) or s.server_sessions, lora=adapters)
+        server_sessions=bool(s.launch) or s.server_sessions, lora=adapters,
+        router_url=s.router_url or None)
 
     def close():
         engine.close()

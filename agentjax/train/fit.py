@@ -104,12 +104,12 @@ def fit(runtime: Runtime, loop: Loop, state, *, checkpoint_every: int):
     to loop.steps; returns the final state (module docstring)."""
     state, host, checkpointer, writer = runtime.restore_or_start(loop.folder, state, loop.name)
     start = host.get("step", 0)
-    loop.resume(state, host)
-    bar = runtime.progress_bar(range(start, loop.steps), loop.desc)
     bad_steps = 0
 
     def log(step, state, metrics):
-        row = writer.write(step, metrics)
+        changed = runtime.config_changes.pop(loop.folder, None)
+        row = writer.write(step, metrics if changed is None
+                           else {**metrics, "config/changes": changed})
         bar.set_postfix(**loop.postfix(row))
         loop.on_log(step, row)
 
@@ -119,6 +119,8 @@ def fit(runtime: Runtime, loop: Loop, state, *, checkpoint_every: int):
     # In this order: the log row holds the evaluation, the checkpoint its result.
     hooks = [*loop.hooks, Hook(loop.log_every, log), Hook(checkpoint_every, save)]
     try:
+        loop.resume(state, host)
+        bar = runtime.progress_bar(range(start, loop.steps), loop.desc)
         for step in bar:
             resume = (step, loop.host_state(step))
             try:
@@ -135,11 +137,12 @@ def fit(runtime: Runtime, loop: Loop, state, *, checkpoint_every: int):
             except ROLLOUT_STOPPED:
                 if resume is not None:
                     checkpointer.save(resume[0], state, resume[1], force=True)
-                checkpointer.wait()
                 raise
     finally:
         loop.close()
-    checkpointer.wait()
+        # However the loop ends (an error, KeyboardInterrupt, SIGTERM's SystemExit):
+        # pending asynchronous saves commit, orbax's threads end.
+        checkpointer.close()
     return state
 
 

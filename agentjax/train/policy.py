@@ -42,6 +42,9 @@ ADAPTER_DIR = "adapter"  # and with LoRA its PEFT adapter here, beside HF_DIR
 # batches of this many episodes.
 WIDE_RANK, LARGE_BATCH = 64, 128
 TINY_MODEL_DIR = "init_model"
+# What scripts/export_hf.py writes into each folder it exports to (the run and step):
+# a folder with it is an earlier export, which a new one may replace.
+EXPORT_MARKER = "agentjax_export.json"
 
 
 @dataclasses.dataclass
@@ -106,18 +109,22 @@ class Policy:
     def lora(self) -> LoraConfig | None:
         return self.model_config.lora
 
-    def export(self, params, folder: str) -> None:
+    def export(self, params, folder: str, *, extra_files: dict[str, str] | None = None
+               ) -> None:
         """Saves `params` as an HF folder, in the compute dtype, what inference runs: a
         bfloat16 model exports bfloat16 (as it was published), not its float32
         training masters. With LoRA: the merged weights (`lora.fold_adapters`), and the
-        PEFT adapter over `base_path` in the sibling folder ADAPTER_DIR."""
+        PEFT adapter over `base_path` in the sibling folder ADAPTER_DIR. Each folder
+        (export_folders) is replaced as a whole; `extra_files` (name -> text) are
+        written into each."""
         model = nnx.merge(self.graphdef, params)
-        if self.lora is not None:
-            save_peft(model, os.path.join(os.path.dirname(folder), ADAPTER_DIR),
-                      base_model=self.base_path)
+        hf_folder, *adapter_folder = export_folders(folder, lora=self.lora is not None)
+        if adapter_folder:
+            save_peft(model, adapter_folder[0], base_model=self.base_path,
+                      extra_files=extra_files)
             model = fold_adapters(model)
-        save_hf(model, model.config, folder, dtype=self.model_config.dtype,
-                tokenizer=self.tokenizer)
+        save_hf(model, model.config, hf_folder, dtype=self.model_config.dtype,
+                tokenizer=self.tokenizer, extra_files=extra_files)
 
     def next_stage(self, params, exported: str, *, seed: int):
         """The params a stage after another starts from: without LoRA `params`; with it
@@ -129,6 +136,36 @@ class Policy:
         folded = fold_adapters(nnx.merge(self.graphdef, params))
         self.base_path = exported
         return nnx.state(add_adapters(folded, self.lora, seed=seed))
+
+
+def export_folders(folder: str, *, lora: bool) -> list[str]:
+    """The folders `Policy.export(params, folder)` replaces: `folder`, and with LoRA
+    its sibling ADAPTER_DIR."""
+    folder = os.path.normpath(folder)  # "out/" is "out": its sibling, not a subfolder
+    return [folder] + ([os.path.join(os.path.dirname(folder), ADAPTER_DIR)] if lora else [])
+
+
+def export_refusal(folder: str, *, lora: bool) -> str | None:
+    """Why scripts/export_hf.py must not export into `folder`: a folder it replaces
+    (export_folders) holds something that is not an earlier export of the script (one
+    with EXPORT_MARKER). None when each is missing, empty or such an export."""
+    why = []
+    for target in export_folders(folder, lora=lora):
+        if not os.path.lexists(target):
+            continue
+        if not os.path.isdir(target):
+            why.append(f"{target} is a file")
+            continue
+        names = sorted(os.listdir(target))
+        if names and EXPORT_MARKER not in names:
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more"
+                                            if len(names) > 5 else "")
+            why.append(f"{target} holds {shown} and is no earlier export (it has no "
+                       f"{EXPORT_MARKER})")
+    if not why:
+        return None
+    return ("an export replaces its folder as a whole, and " + "; ".join(why)
+            + ": choose a missing or empty folder")
 
 
 def lora_config(config: ml_collections.ConfigDict, model_config: ModelConfig,

@@ -20,23 +20,29 @@ data order and random streams. What a rerun reads back is written atomically
 (core/atomic.py; orbax commits checkpoints by renaming), and which stage is done is
 decided from committed checkpoints and sft/eval.json, never from a folder's existence: a
 kill at any point, repeated any number of times, gives the uninterrupted run.
+
+A rerun resumes only the experiment the workdir holds: its config is compared with the
+one in effect there before anything is built (config/resume.py), config.json keeps the
+config the run started with, and what each start ran and changed is recorded
+(train/provenance.py: code_versions.jsonl, config_changes.jsonl).
 """
 from __future__ import annotations
 
 import json
 import os
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import ml_collections
 
 from agentjax.agents.evaluation import group_of
 from agentjax.config.preflight import check_runtime
-from agentjax.config import validate
+from agentjax.config import check_resume, validate
 from agentjax.core import atomic
 from agentjax.envs.registry import TaskSuite, build_suite
 from agentjax.train.checkpoint import latest_committed_step
 from agentjax.train.policy import ADAPTER_DIR, HF_DIR, Policy
+from agentjax.train.provenance import changes_report, record_start
 from agentjax.train.rollouts import Rollouts
 from agentjax.train.runtime import CHECKPOINTS, Runtime
 from agentjax.train.stages.offline import run_offline
@@ -47,12 +53,19 @@ from agentjax.train.tracking import Table
 SFT_RESULTS = os.path.join("sft", "eval.json")  # written once SFT has finished
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def run(config: ml_collections.ConfigDict, workdir: str, *,
+        allow_config_change: Sequence[str] = ()) -> dict[str, Any]:
     """Pretraining and SFT (if configured), RL, RFT or DPO (config.stage; none for
-    "sft"), then the final report (module docstring)."""
+    "sft"), then the final report (module docstring). A rerun in a workdir holding a
+    run resumes it when `config` changes no key that would make it another experiment,
+    or only such keys named in `allow_config_change` (config/resume.py: else a
+    ConfigError, before anything is built)."""
     started = time.perf_counter()
-    runtime, suite, policy, rollouts = set_up(config, workdir)
+    validate(config)
+    changes = check_resume(config, workdir, allow_config_change)
+    runtime, suite, policy, rollouts = set_up(config, workdir, record_config=changes is None)
     try:
+        record_start(config, runtime, changes)
         results = baseline_results(suite)
         params = policy.params
         if (config.pretrain.steps or config.sft.steps) and not config.init_from:
@@ -76,6 +89,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if runtime.is_main:
         atomic.write_json(os.path.join(runtime.workdir, "final.json"), results)
         print(report_table(results, agent=agent))
+        accepted = changes_report(runtime.workdir)
+        if accepted:
+            print(accepted)
     track_end(config, runtime, results, agent)
     return results
 
@@ -95,13 +111,14 @@ def track_end(config: ml_collections.ConfigDict, runtime: Runtime, results: dict
     runtime.tracking.close()
 
 
-def set_up(config: ml_collections.ConfigDict, workdir: str
-           ) -> tuple[Runtime, TaskSuite, Policy, Rollouts]:
+def set_up(config: ml_collections.ConfigDict, workdir: str, *, record_config: bool = True,
+           tracked: bool = True) -> tuple[Runtime, TaskSuite, Policy, Rollouts]:
     """Steps 1-4 of a run (module docstring): what its stages, the evaluation script
-    and the tests start from. The caller closes the rollouts."""
+    and the tests start from; `record_config`: write <workdir>/config.json; `tracked`:
+    open the run's experiment trackers. The caller closes the rollouts."""
     validate(config)
     check_runtime(config)
-    runtime = Runtime.start(config, workdir)
+    runtime = Runtime.start(config, workdir, record_config=record_config, tracked=tracked)
     suite = load_suite(config, runtime)
     policy = Policy.load(config, runtime, texts=lambda: suite.texts)
     return runtime, suite, policy, Rollouts.build(config, runtime, policy, suite)

@@ -44,6 +44,8 @@ class Runtime:
       progress: show progress bars.
       tracking: the experiment trackers every stage's metrics rows also go to (none on
         a process that does not write, nor for a tool reading a finished run).
+      config_changes: stage folder -> how many config keys a resume changed, logged as
+        `config/changes` on the first metrics row that stage writes (train/provenance.py).
     """
 
     workdir: str
@@ -53,14 +55,16 @@ class Runtime:
     checkpoint: ml_collections.ConfigDict
     progress: bool = True
     tracking: Tracking = dataclasses.field(default_factory=Tracking)
+    config_changes: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def start(cls, config: ml_collections.ConfigDict, workdir: str, *,
-              record_config: bool = True) -> "Runtime":
+              record_config: bool = True, tracked: bool = True) -> "Runtime":
         """Joins the other hosts (multihost.enabled), builds the mesh, records the
-        config in <workdir>/config.json and opens the run's trackers (unless not
-        `record_config`: a tool reading a finished run), and checks that every batch
-        divides over the data-parallel devices."""
+        config in <workdir>/config.json (unless not `record_config`: a tool reading a
+        finished run, or a resumed run, whose config.json keeps the config it started
+        with), opens the run's trackers (unless not `tracked`: a tool reading a finished
+        run) and checks that every batch divides over the data-parallel devices."""
         workdir = os.path.abspath(workdir)
         os.makedirs(workdir, exist_ok=True)
         if config.multihost.enabled:
@@ -80,7 +84,7 @@ class Runtime:
                                                    if config.rules else None),
                       is_main=is_main, checkpoint=config.checkpoint,
                       progress=config.log.progress)
-        runtime.tracking = Tracking.start(config, workdir, enabled=is_main and record_config,
+        runtime.tracking = Tracking.start(config, workdir, enabled=is_main and tracked,
                                           log=runtime.log)
         runtime.log(f"mesh {dict(mesh.shape)} on {jax.device_count()} "
                     f"{jax.default_backend()} device(s)")
@@ -153,9 +157,13 @@ class Runtime:
         """(state, host state, checkpointer, metrics writer) of a stage checkpointing
         into <folder>/checkpoints and logging into <folder>: the latest committed
         checkpoint's state and host state when there is one, else `state` and {}; the
-        writer continues after the restored step."""
+        writer continues after the restored step. The caller closes the checkpointer."""
         checkpointer = self.checkpointer(folder)
-        restored = checkpointer.restore(state)
+        try:
+            restored = checkpointer.restore(state)
+        except BaseException:
+            checkpointer.close()
+            raise
         host = {}
         if restored is not None:
             state, host = restored

@@ -22,7 +22,8 @@ workdir's tracking.json unwritable) is one warning, after which the run goes on 
 it. `close` waits for them at most CLOSE_TIMEOUT_S.
 
 Resume: <workdir>/tracking.json keeps, per tracker, its run id (a rerun in the workdir
-continues the same tracker run) and the last step of each stream it took (a stage's
+continues the same tracker run, unless the tracker is somewhere else now: another
+server, project or experiment) and the last step of each stream it took (a stage's
 rows, its samples, an evaluation, the error rows). A call at a step the tracker took
 already is skipped, so the steps a resumed run redoes after its last checkpoint never
 appear twice; the rows a resumed stage keeps in its metrics.jsonl are passed again
@@ -72,7 +73,8 @@ def run_info(config: ml_collections.ConfigDict, workdir: str) -> RunInfo:
 
 
 class _Progress:
-    """<workdir>/tracking.json: per tracker, {"run_id": ..., "done": {stream: last step}},
+    """<workdir>/tracking.json: per tracker, {"run_id": ..., "where": ..., "done": {stream:
+    last step}},
     rewritten atomically whenever a tracker took a call (from the trackers' threads:
     each changes only its own entry, under the lock)."""
 
@@ -84,13 +86,14 @@ class _Progress:
         with self._lock:
             return self.state.setdefault(tracker, {"run_id": None, "done": {}})
 
-    def update(self, tracker: str, *, run_id: str | None = None, stream: str | None = None,
-               step: int | None = None) -> None:
-        """Records a new run id (and forgets the old run's progress) or a stream's step."""
+    def update(self, tracker: str, *, run: tuple[str | None, str] | None = None,
+               stream: str | None = None, step: int | None = None) -> None:
+        """Records a new run (id, where; the old run's progress is forgotten) or a
+        stream's step."""
         with self._lock:
             mine = self.state[tracker]
-            if stream is None:
-                mine["run_id"], mine["done"] = run_id, {}
+            if run is not None:
+                (mine["run_id"], mine["where"]), mine["done"] = run, {}
             else:
                 mine["done"][stream] = step
             atomic.write_json(self.path, self.state)
@@ -164,9 +167,14 @@ class _Worker:
             self.progress.update(self.name, stream=stream, step=step)
 
     def _start(self) -> None:
+        where = self.tracker.where
+        if self.mine.get("where", where) != where:
+            self.log(f"{self.name}: the run's tracker is now {where} (was "
+                     f"{self.mine['where']}): a new {self.name} run there")
+            self.progress.update(self.name, run=(None, where))
         run_id = self.tracker.start(self.mine["run_id"])
-        if run_id != self.mine["run_id"]:
-            self.progress.update(self.name, run_id=run_id)
+        if run_id != self.mine["run_id"] or "where" not in self.mine:
+            self.progress.update(self.name, run=(run_id, where))
 
     def _guarded(self, fn: Callable[[], None]) -> bool:
         if self.failed:

@@ -2,7 +2,7 @@
 in-process engine in the same run.
 
     python scripts/bench/serve.py                        # all three (~6 min, 2 shared cores)
-    python scripts/bench/serve.py --only overhead        # overhead | failover | sync
+    python scripts/bench/serve.py --only overhead        # overhead | failover | sync | router
     python scripts/bench/serve.py --prompts 16 --repeats 5   # the trainer's full step
 
 Workload: one rollout step of the search suite as the trainer builds it for
@@ -30,7 +30,15 @@ SGLangEngine over local servers for "sglang"; the servers are serve_main process
    what it would have sampled on the first; "0 lost, 0 differ" is checked, not assumed.
    The killed server is replaced by a fresh one (untimed, warmed by one untimed group)
    before the next run.
-3. sync: `update_weights` of the in-process engine vs SGLangEngine's on two servers
+3. router: the same rollout over two servers through a real sglang-router (the pip
+   package; `sglang/launch.py: LocalRouter`, the flags of `ROUTER_FLAGS`) vs SGLangEngine
+   over the same servers directly (goal >= 0.95x), with the manual policy (each episode's
+   routing key) and with cache_aware (prefix matching on the input ids): episodes/s and
+   the share of prompt tokens the servers found cached. Then failover through the
+   router: a worker SIGKILLed midway, and a wedged worker (a fake that answers every
+   /generate with HTTP 500 while /health answers) beside one real server, through the
+   router and directly: episodes lost and seconds.
+4. sync: `update_weights` of the in-process engine vs SGLangEngine's on two servers
    (export with save_hf into weights_dir, then every server pauses, loads, continues),
    and SGLangEngine's loads alone (an already exported folder); then a table on paper
    for Qwen2.5-0.5B / 3B / 7B (parameter counts from their config.json shapes,
@@ -67,7 +75,7 @@ from agentjax.models.hf import load_hf, make_tiny_hf
 from agentjax.models.tokenizer import AGENT_TAGS, build_tokenizer, load_tokenizer
 from agentjax.agents.loop import EpisodeLimits
 from agentjax.engine.protocol import SamplingParams
-from agentjax.sglang.launch import LocalServers
+from agentjax.sglang.launch import ROUTER_FLAGS, LocalRouter, LocalServers, free_port
 from agentjax.agents.pool import RolloutPool
 from agentjax.train.engines import WEIGHTS_DIR, build_engine, server_flags
 from agentjax.config.presets import search_config
@@ -102,11 +110,12 @@ class Workload:
                             model_config=self.model_config, tokenizer=self.tokenizer,
                             model_path=self.model_path, workdir=str(self.folder), log=print)
 
-    def client(self, urls):
+    def client(self, urls, router_url=""):
         """(SGLangEngine, close) over running serve_main servers (their log-probs, their
-        session caches)."""
+        session caches), through the router at `router_url` if given."""
         return self.engine(engine="sglang", sglang=dict(
-            urls=",".join(urls), logprob_distribution="sampling", server_sessions=True))
+            urls=",".join(urls), logprob_distribution="sampling", server_sessions=True,
+            router_url=router_url))
 
     def start_servers(self, count: int) -> LocalServers:
         return LocalServers.start(self.model_path, count=count,
@@ -222,6 +231,23 @@ class WithoutSessions:
 
     def end_session(self, session_id: str) -> None:
         pass
+
+
+class CachedTokens:
+    """An engine whose completions' cached and prompt tokens are counted."""
+
+    def __init__(self, engine):
+        self.engine, self.cached, self.prompt = engine, 0, 0
+
+    async def generate(self, requests):
+        results = await self.engine.generate(requests)
+        for completion in (c for result in results for c in result):
+            self.cached += completion.meta.get("cached_tokens") or 0
+            self.prompt += completion.meta.get("prompt_tokens") or 0
+        return results
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
 
 
 def rollout_rows(results: dict, baseline: str, total: int, reference: Rollout,
@@ -349,6 +375,80 @@ def bench_failover(work: Workload, servers: LocalServers, repeats: int, referenc
     return second["servers"].urls[second["index"]]
 
 
+def bench_router(work: Workload, servers: LocalServers, repeats: int,
+                 reference: Rollout) -> None:
+    from tests.sglang.fake_server import start_processes  # a wedged worker
+
+    urls = servers.urls[:2]
+    total = len(work.tasks) * work.group_size
+    direct_name = "SGLangEngine over 2 servers, direct"
+    shares = collections.defaultdict(list)
+    with contextlib.ExitStack() as stack:
+        routers = {policy: stack.enter_context(LocalRouter.start(urls, policy=policy,
+                                                                 flags=ROUTER_FLAGS))
+                   for policy in ("manual", "cache_aware")}
+        clients = {direct_name: work.client(urls)}
+        for policy, router in routers.items():
+            clients[f"through sglang-router, {policy}"] = work.client(urls, router.url)
+        for _, close in clients.values():
+            stack.callback(close)
+
+        def run(name):
+            engine = CachedTokens(clients[name][0])
+            result = rollout(engine, work)
+            shares[name].append(engine.cached / max(engine.prompt, 1))
+            return result
+        results = measure({name: functools.partial(run, name) for name in clients}, repeats)
+    print(f"\n## Through sglang-router: {total} episodes over two servers, best of {repeats} "
+          f"interleaved runs (router flags: {' '.join(ROUTER_FLAGS)})")
+    rows = rollout_rows(results, direct_name, total, reference)
+    for row, name in zip(rows, results):
+        row.append("/".join(f"{share:.0%}" for share in shares[name]))
+    table(ROLLOUT_HEADERS + ["prompt tokens cached"], rows)
+
+    # Failover through the router (manual policy): one worker SIGKILLed midway.
+    failover = []
+    with LocalRouter.start(urls, policy="manual", flags=ROUTER_FLAGS) as router:
+        engine, close = work.client(urls, router.url)
+        killed = []
+
+        def kill_midway(progress):
+            if not killed and progress.episodes_done >= total // 4:
+                os.kill(servers.pids[1], signal.SIGKILL)
+                killed.append(progress.episodes_done)
+        start = time.perf_counter()
+        result = rollout(engine, work, on_progress=kill_midway)
+        failover.append(["through the router, manual: one of two SIGKILLed midway",
+                         result, time.perf_counter() - start])
+        close()
+    servers.revive()
+    # A wedged worker beside one real server: through the router, then directly.
+    port = free_port()
+    with tempfile.TemporaryDirectory() as logs:
+        [wedged] = start_processes([(port, os.path.join(logs, "wedged"), 0.0)],
+                                   flags=("--fail-generate", "500"))
+        wedged_url = f"http://127.0.0.1:{port}"
+        try:
+            with LocalRouter.start([urls[0], wedged_url], policy="manual",
+                                   flags=ROUTER_FLAGS) as router:
+                for name, router_url in (("through the router, manual", router.url),
+                                         ("direct (SGLangEngine takes it out)", "")):
+                    engine, close = work.client([urls[0], wedged_url], router_url)
+                    start = time.perf_counter()
+                    result = rollout(engine, work)
+                    failover.append([f"{name}: one of two answers 500 to every /generate",
+                                     result, time.perf_counter() - start])
+                    close()
+        finally:
+            wedged.kill()
+            wedged.wait()
+    print(f"\n## Failover through sglang-router: {total} episodes, one run each")
+    table(["run", "episodes (failed)", "lost", "differ from the in-process run", "s"],
+          [[name, f"{r.episodes} ({r.failed})",
+            total - len(r.tokens_by_episode) + r.failed, r.differing(reference),
+            f"{seconds:.1f}"] for name, r, seconds in failover])
+
+
 def bench_sync(work: Workload, urls: list[str], repeats: int) -> None:
     local, close_local = work.engine(engine="jax")
     http, close_http = work.client(urls)
@@ -409,7 +509,7 @@ def paper_sync(args) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="overhead,failover,sync")
+    parser.add_argument("--only", default="overhead,failover,router,sync")
     parser.add_argument("--prompts", type=int, default=8, help="tasks per rollout")
     parser.add_argument("--group-size", type=int, default=8, help="episodes per task")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each row")
@@ -439,7 +539,7 @@ def main():
               f"d={work.model_config.hidden_size}, vocab {work.model_config.vocab_size}; "
               f"server flags {' '.join(server_flags(work.config))} "
               f"({time.perf_counter() - start:.0f} s)")
-        count = 2 if chosen & {"failover", "sync"} else 1
+        count = 2 if chosen & {"failover", "router", "sync"} else 1
         start = time.perf_counter()
         with contextlib.ExitStack() as keep:
             servers = keep.enter_context(work.start_servers(count))
@@ -448,12 +548,15 @@ def main():
             reference = None
             if "overhead" in chosen:
                 reference = bench_overhead(work, servers, args.repeats)
+            if chosen & {"failover", "router"} and reference is None:
+                local, close = work.engine(engine="jax")
+                local.warmup()
+                reference = rollout(local, work)
+                close()
+            if "router" in chosen:
+                bench_router(work, servers, args.repeats, reference)
+                urls = servers.urls
             if "failover" in chosen:
-                if reference is None:
-                    local, close = work.engine(engine="jax")
-                    local.warmup()
-                    reference = rollout(local, work)
-                    close()
                 urls = [urls[0], bench_failover(work, servers, args.failover_repeats,
                                                 reference, keep)]
             if "sync" in chosen:

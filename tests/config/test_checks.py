@@ -83,6 +83,14 @@ COMBINATIONS = [
      "only with rollout.engine='sglang'"),
     (_search(rollout__sglang__urls="http://h:30000"), "rollout.sglang.urls",
      "only with rollout.engine='sglang'"),
+    (_search(rollout__sglang__router_url="http://h:30100"), "rollout.sglang.router_url",
+     "only with rollout.engine='sglang'"),
+    (_search(rollout__engine="sglang", rollout__sglang__launch=1,
+             rollout__sglang__router_url="http://h:30100"), "rollout.sglang.router_url",
+     "workers must be listed in rollout.sglang.urls"),
+    (_search(rollout__engine="sglang", rollout__sglang__urls="http://h:30000,http://h:30100/",
+             rollout__sglang__router_url="http://h:30100"), "rollout.sglang.router_url",
+     "also listed in rollout.sglang.urls"),
     (_search(rollout__engine="sglang", rollout__sglang__launch=1, multihost__enabled=True,
              multihost__coordinator="h:1234", multihost__num_processes=2),
      "rollout.engine", "multi-host"),
@@ -153,6 +161,12 @@ def test_reported_bad_values_are_rejected_naming_the_key(key, value):
     config = presets.search_config("grpo", "cpu")
     sweep_plan.set_dotted(config, key, value)
     assert _error(config).startswith(f"config key {key!r} is {value!r}; allowed: ")
+
+
+def test_a_router_in_front_of_the_listed_workers_is_accepted():
+    config_lib.validate(_search(rollout__engine="sglang",
+                                rollout__sglang__urls="http://h:30000,http://h:30001",
+                                rollout__sglang__router_url="http://h:30100"))
 
 
 @pytest.mark.parametrize("overrides", [

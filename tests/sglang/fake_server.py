@@ -80,8 +80,10 @@ class FakeState:
         self.version = "default"  # server_args.weight_version's default
         self.script: collections.deque = collections.deque()  # per-/generate steps
         self.fail_updates = False
+        self.fail_generate: int | None = None  # an HTTP status every /generate answers
         self.adapters: dict[str, str] = {}  # loaded LoRA adapters: name -> path
         self.calls: list[tuple[str, dict]] = []
+        self.routing_keys: list[str | None] = []  # each /generate's X-SMG-Routing-Key
         self.in_flight = self.max_in_flight = 0
         self.log_path = log_path
         self._lock = threading.Lock()
@@ -98,6 +100,8 @@ class FakeState:
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             step = self.script.popleft() if self.script else {}
+            if self.fail_generate is not None:
+                step = {"status": self.fail_generate, "message": "wedged", "delay": 0.0}
             time.sleep(step.get("delay", self.delay_s))
             if step.get("drop"):
                 return None, None  # the connection closes without an answer
@@ -126,8 +130,10 @@ class FakeState:
         return 200, {"success": True, "message": "Succeeded to update model weights.",
                      "num_paused_requests": 0}
 
-    def post(self, path: str, body: dict) -> tuple[int, dict | str]:
+    def post(self, path: str, body: dict, headers=None) -> tuple[int, dict | str]:
         self.calls.append((path.lstrip("/"), body))
+        if path == "/generate":
+            self.routing_keys.append((headers or {}).get("X-SMG-Routing-Key"))
         if path == "/generate":
             return self.generate(body)
         if path == "/update_weights_from_disk":
@@ -173,12 +179,15 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/health":  # http_server.py: `return Response(status_code=200)`
             time.sleep(state.health_delay_s)
             self._reply(200, "")
+        elif self.path == "/model_info":  # http_server.py model_info (part of it)
+            self._reply(200, {"model_path": "fake", "is_generation": True,
+                              "weight_version": state.version})
         else:
             self._reply(404, {"detail": "Not Found"})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        status, answer = self.server.state.post(self.path, body)
+        status, answer = self.server.state.post(self.path, body, self.headers)
         if status is None:
             self.close_connection = True
         else:
@@ -242,16 +251,17 @@ class DroppingServer:
         self._socket.close()
 
 
-def start_processes(specs: list[tuple[int, str, float]]) -> list[subprocess.Popen]:
-    """Fake server processes, one per (port, log path, delay); returns once each
-    answers /health."""
+def start_processes(specs: list[tuple[int, str, float]],
+                    flags: tuple[str, ...] = ()) -> list[subprocess.Popen]:
+    """Fake server processes, one per (port, log path, delay), with extra `flags`;
+    returns once each answers /health."""
     processes = []
     for port, log, delay in specs:
         with open(log + ".stderr", "w") as stderr:
             processes.append(subprocess.Popen(
                 [sys.executable, "-m", "tests.sglang.fake_server", "--port", str(port),
-                 "--log", log, "--delay", str(delay)], cwd=REPO, stdout=subprocess.DEVNULL,
-                stderr=stderr))
+                 "--log", log, "--delay", str(delay), *flags], cwd=REPO,
+                stdout=subprocess.DEVNULL, stderr=stderr))
     deadline = time.monotonic() + 60
     for process, (port, log, _) in zip(processes, specs):
         while True:
@@ -287,5 +297,9 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--fail-generate", type=int, default=None,
+                        help="an HTTP status every /generate answers (a wedged server)")
     args = parser.parse_args()
-    _Server(args.port, FakeState(args.delay, args.log)).serve_forever()
+    state = FakeState(args.delay, args.log)
+    state.fail_generate = args.fail_generate
+    _Server(args.port, state).serve_forever()

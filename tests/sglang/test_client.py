@@ -112,7 +112,8 @@ def test_requests_in_flight_per_server_are_bounded():
 def test_5xx_and_aborts_are_retried_4xx_and_malformed_answers_raise():
     request = GenerateRequest([4, 2], SamplingParams(max_new_tokens=3))
     with FakeSGLang() as fake:
-        engine = _engine([fake.url], retries=2)
+        # Its retries run out before its failures in a row would take the server out.
+        engine = _engine([fake.url], retries=2, failure_threshold=4)
         fake.script.extend([{"status": 500, "message": "boom"},
                             {"abort": "Abort in waiting queue"}])
         [[ok]] = _run(engine, request)
@@ -330,3 +331,59 @@ def test_lora_sync_loads_an_adapter_per_version_names_it_and_unloads_the_old(tmp
         assert a.calls[-1][0] == "continue_generation"
     with pytest.raises(FileNotFoundError, match="no adapter_config.json"):
         SGLangEngine([a.url], lora=True).update_weights(str(tmp_path))
+
+
+def test_a_server_failing_every_request_leaves_the_rotation_and_costs_no_episode(
+        tokenizer, tmp_path):
+    with FakeSGLang() as bad, FakeSGLang() as good:
+        bad.fail_generate = 500  # /health answers: only its answers tell
+        logs = []
+        engine = _engine([bad.url, good.url], logs, tokenizer=tokenizer,
+                         weights_dir=str(tmp_path), export_fn=_export)
+        pool = RolloutPool(engine, ToyEnv, tokenizer, concurrency=8,
+                           limits=EpisodeLimits(max_turns=2, max_context_tokens=400))
+        sampling = SamplingParams(max_new_tokens=4)
+        groups = pool.collect_sync([Task(f"t{i}", f"question {i}") for i in range(4)],
+                                   group_size=2, sampling=sampling)
+        params = {"max_new_tokens": 4, "stop_token_ids": list(stop_token_ids(tokenizer))}
+        for traj in (t for group in groups for t in group):
+            assert not traj.metadata["failed"] and len(traj.turns) == 2
+            context = list(traj.prompt_ids)
+            for turn in traj.turns:
+                assert turn.action_ids == fake_completion(context, params, "default")[0]
+                context += turn.action_ids + turn.observation_ids
+        assert len(good.generate_bodies()) == 16  # 8 episodes x 2 turns, each once
+        # Out after 3 failed answers in a row; each rejoin (it answers /health) costs
+        # one failed answer, re-issued, and doubles its wait before the next.
+        assert engine.stats["taken_out"] >= 1
+        assert "3 failed answers in a row, the last: " in logs[0] and "wedged" in logs[0]
+        failed = len(bad.generate_bodies())
+        assert failed <= 3 + engine.stats["rejoined"]
+
+        engine.update_weights({"step": 1})  # the bad server loads it as well
+        bad.fail_generate = None  # it recovers: back after its wait, current weights
+        deadline = time.monotonic() + 5
+        while not (engine.health() and engine.servers[0].out_reason is None):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        back = _run(engine, *[GenerateRequest([i + 1], sampling) for i in range(4)])
+        assert {r[0].meta["server"] for r in back} == {bad.url, good.url}
+        assert {r[0].meta["weight_version"] for r in back} == {1}
+        assert engine.servers[0].failures == engine.servers[0].strikes == 0
+        pool.close()
+
+
+def test_a_server_answering_with_other_weights_reloads_before_it_serves_again(tmp_path):
+    request = GenerateRequest([3, 4], SamplingParams(max_new_tokens=3))
+    with FakeSGLang() as a, FakeSGLang() as b:
+        logs = []
+        engine = _engine([a.url, b.url], logs, weights_dir=str(tmp_path), export_fn=_export)
+        engine.update_weights({"step": 1})
+        a.version = "default"  # restarted with its launch weights, unnoticed
+        results = _run(engine, *[request] * 4)
+        assert {r[0].meta["weight_version"] for r in results} == {1}
+        assert engine.stats["reissued"] >= 1
+        assert any("sampled with weights version 'default', not 1" in line for line in logs)
+        assert engine.health() and a.version == "1"  # reloaded before it rejoined
+        assert [c[0] for c in a.calls if c[0] != "generate"][-3:] == [
+            "pause_generation", "update_weights_from_disk", "continue_generation"]

@@ -1,8 +1,13 @@
 """SGLangEngine against two real scripts/serve.py servers (agentjax's engine behind
 SGLang's native API): the same completions as the in-process engine, stop strings and
 ids, n > 1, a session's turns on one server reusing its cache there, and weight updates
-that change the outputs and the reported version."""
+that change the outputs and the reported version. Then the same servers behind a real
+sglang-router: the same completions and session caches through it, a weight sync to the
+workers while requests go through it, a worker SIGKILLed mid-rollout."""
 import asyncio
+import os
+import signal
+import threading
 
 import jax
 import pytest
@@ -12,9 +17,12 @@ from agentjax.models.hf import load_hf, make_tiny_hf, save_hf
 from agentjax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentjax.engine.protocol import GenerateRequest, SamplingParams
 from agentjax.engine.jax.lanes import LanedEngine
-from agentjax.sglang.launch import LocalServers
+from agentjax.core.task import Task
+from agentjax.agents.loop import EpisodeLimits
+from agentjax.agents.pool import RolloutPool
+from agentjax.sglang.launch import ROUTER_FLAGS, LocalRouter, LocalServers
 from agentjax.sglang.client import SGLangEngine
-from tests.agents.fakes import CORPUS
+from tests.agents.fakes import CORPUS, ToyEnv
 
 CONTEXT = 128
 FLAGS = ["--context-length", str(CONTEXT), "--max-running-requests", "4",
@@ -32,6 +40,17 @@ def served(tmp_path_factory):
     make_tiny_hf(path, tokenizer=build_tokenizer(CORPUS * 4, vocab_size=384))
     with LocalServers.start(path, count=2, flags=FLAGS) as servers:
         yield path, load_tokenizer(path), servers
+
+
+@pytest.fixture
+def router(served):
+    """A router (manual policy, the flags docs/sglang.md recommends) over the servers,
+    any a test killed started again first."""
+    pytest.importorskip("sglang_router.launch_router",
+                        reason="sglang-router is not installed (pip install -e '.[dev]')")
+    served[2].revive()
+    with LocalRouter.start(served[2].urls, policy="manual", flags=ROUTER_FLAGS) as router:
+        yield router
 
 
 def _generate(engine, requests):
@@ -120,3 +139,109 @@ def test_sessions_stay_on_one_server_and_weight_updates_reach_every_server(serve
         again = _generate(engine, probe)
     assert [c.output_ids for [c] in again] == [c.output_ids for [c] in before]
     assert all(c.meta["weight_version"] == 2 for [c] in again)
+
+
+def _export_fn(path, tokenizer):
+    model, config = load_hf(path)
+    graphdef, params = nnx.split(model)
+
+    def export(weights, folder):
+        save_hf(nnx.merge(graphdef, weights), config, folder, tokenizer=tokenizer)
+    return export, params
+
+
+@pytest.mark.slow
+def test_through_the_router_completions_caches_and_a_sync_under_load_match_direct(
+        served, router, tmp_path):
+    path, tokenizer, servers = served
+    export, params = _export_fn(path, tokenizer)
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+
+    def engine(**kwargs):
+        return SGLangEngine(servers.urls, tokenizer=tokenizer, weights_dir=str(tmp_path),
+                            export_fn=export, logprob_distribution="sampling",
+                            server_sessions=True, **kwargs)
+
+    def two_turns(engine, sessions):
+        """Each session's second-turn (completion, cached tokens)."""
+        async def episode(session):
+            context = [5, 6, 7]
+            [[first]] = await engine.generate([GenerateRequest(context, greedy,
+                                                               session_id=session)])
+            context = context + first.output_ids + [8]
+            [[second]] = await engine.generate([GenerateRequest(context, greedy,
+                                                                session_id=session)])
+            engine.end_session(session)
+            return second.output_ids, second.meta["cached_tokens"]
+
+        async def main():
+            return await asyncio.gather(*(episode(s) for s in sessions))
+        return asyncio.run(main())
+
+    requests = _requests(tokenizer)
+    with engine() as direct, engine(router_url=router.url) as routed:
+        assert _outputs(_generate(routed, requests)) == _outputs(_generate(direct, requests))
+        # The router pins each session to a worker, which keeps its cache between turns.
+        direct_turns = two_turns(direct, [f"d{i}" for i in range(4)])
+        assert two_turns(routed, [f"r{i}" for i in range(4)]) == direct_turns
+        assert all(cached > 0 for _, cached in direct_turns)
+
+        probe = [GenerateRequest([5, 6, 7 + i], greedy) for i in range(8)]
+        before_run = _generate(routed, probe)
+        before = _outputs(before_run)
+        # The servers are the module's: earlier tests may have left other weights loaded.
+        [old] = {c.meta["weight_version"] for [c] in before_run}
+        shifted = jax.tree.map(lambda x: x + 0.5, params)
+        syncing = threading.Thread(target=routed.update_weights, args=(shifted,))
+
+        async def sync_under_load():
+            tasks = [asyncio.ensure_future(routed.generate(probe)) for _ in range(3)]
+            await asyncio.sleep(0.05)
+            syncing.start()
+            return [o for task in tasks for o in await task]
+        during = asyncio.run(sync_under_load())
+        syncing.join()
+        after = _outputs(_generate(routed, probe))
+        assert after != before and {c.meta["weight_version"] for [c] in
+                                    _generate(routed, probe)} == {1}
+        # Each completion is wholly one version's: the old outputs or the new ones.
+        for k, [completion] in enumerate(during):
+            one_version = [(old, before[k % len(probe)][0]), (1, after[k % len(probe)][0])]
+            assert (completion.meta["weight_version"], completion.output_ids) in one_version
+
+
+def _outputs(results):
+    return [(c.output_ids, c.finish_reason) for [c] in results]
+
+
+@pytest.mark.slow
+def test_a_worker_sigkilled_mid_rollout_behind_the_router_loses_no_episode(served, router):
+    path, tokenizer, servers = served
+    victim = servers.pids[1]
+
+    def rollout(engine, kill_after=None):
+        pool = RolloutPool(engine, ToyEnv, tokenizer, concurrency=8,
+                           limits=EpisodeLimits(max_turns=2, max_context_tokens=CONTEXT),
+                           progress=kill_after)
+        groups = pool.collect_sync([Task(f"t{i}", f"question {i}") for i in range(4)],
+                                   group_size=2,
+                                   sampling=SamplingParams(max_new_tokens=6, seed=5),
+                                   first_group_id=0)
+        pool.close()
+        return [[(t.action_ids, t.observation_ids) for t in traj.turns]
+                for group in groups for traj in group], groups
+
+    def kill_after_two(progress):
+        if progress.episodes_done >= 2 and not killed:
+            os.kill(victim, signal.SIGKILL)
+            killed.append(progress.episodes_done)
+
+    killed = []
+    with SGLangEngine(servers.urls, router_url=router.url, tokenizer=tokenizer,
+                      logprob_distribution="sampling") as engine:
+        uninterrupted, _ = rollout(engine)
+        got, groups = rollout(engine, kill_after_two)
+    assert killed and all(not t.metadata["failed"] for g in groups for t in g)
+    # Seeded requests on batch-invariant servers: a request re-run on the survivor
+    # samples what it would have on the victim.
+    assert got == uninterrupted

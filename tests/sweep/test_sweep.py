@@ -15,6 +15,7 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
+from agentjax.config import resume
 from agentjax.sweep import cli, launch, plan
 from agentjax.sweep import report as sweep_report
 
@@ -341,3 +342,24 @@ def test_a_sweeps_arms_share_a_tracker_group_and_are_tagged_by_their_values(tmp_
                               "tags.group = 'tracked-kl'")
     assert sorted((r.info.run_name, r.data.tags["arm"], r.data.tags["algo.kl_coef"])
                   for r in runs) == [("hops/seed3", "hops", "0.5"), ("kl0/seed3", "kl0", "0.0")]
+
+
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # ml_collections
+def test_a_sweep_rerun_of_an_arm_resumes_its_run_with_no_config_change(tmp_path):
+    """Each arm's command gives the config its run saved, read back through
+    config.json: the rerun resumes, with nothing to refuse or record."""
+    config_arg = f"{REPO / 'configs' / 'grpo_search.py'}:test"
+    arms, _ = plan.load_arms(config_arg, "algorithm")
+    for run in plan.expand(arms, [3], str(tmp_path)):
+
+        def parsed():
+            argv = plan.train_command(run, config_arg)[1:]
+            flag_values = flags.FlagValues()
+            config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
+            flags.DEFINE_string("workdir", None, "", flag_values=flag_values)
+            flag_values(argv)
+            return flag_values.config
+
+        os.makedirs(os.path.join(run.workdir, "init_model"))  # work began
+        Path(run.workdir, "config.json").write_text(parsed().to_json_best_effort(indent=1))
+        assert resume.check_resume(parsed(), run.workdir) == [], run.name

@@ -1,5 +1,12 @@
-"""Hooks run at their interval and at the last step, in list order."""
-from agentjax.train.fit import Hook, run_hooks
+"""Hooks run at their interval and at the last step, in list order; the loop's
+checkpointer is closed however the loop ends."""
+import jax.numpy as jnp
+import ml_collections
+import pytest
+
+from agentjax.train.checkpoint import Checkpointer, latest_committed_step
+from agentjax.train.fit import Hook, Loop, fit, run_hooks
+from agentjax.train.runtime import Runtime
 
 
 def test_hooks_run_every_n_steps_and_at_the_last_in_order():
@@ -22,3 +29,35 @@ def test_a_later_hook_sees_what_an_earlier_one_added():
     for step in (1, 2):
         run_hooks(hooks, step, 5, state=None, metrics={})
     assert seen == [{}, {"eval": 2}]
+
+
+@pytest.mark.parametrize("stop", [None, RuntimeError("rollout broke"), KeyboardInterrupt(),
+                                  SystemExit(143)])
+def test_the_checkpointer_is_closed_however_the_loop_ends(stop, tmp_path, monkeypatch):
+    """Normal end, an error, Ctrl-C, SIGTERM (scripts/train.py raises SystemExit): the
+    asynchronous save of step 1 is committed and orbax's manager closed."""
+    closed = []
+    close = Checkpointer.close
+    monkeypatch.setattr(Checkpointer, "close", lambda self: (closed.append(self.directory),
+                                                             close(self)))
+    runtime = Runtime(workdir=str(tmp_path), mesh=None, rules={}, is_main=True,
+                      checkpoint=ml_collections.ConfigDict(
+                          {"every": 1, "keep": 2, "async_save": True}),
+                      progress=False)
+
+    def draw(state, step):
+        if step == 1 and stop is not None:
+            raise stop
+        return None
+
+    loop = Loop(name="test", desc="test", folder=str(tmp_path), steps=2, draw=draw,
+                train=lambda state, data, step: (state, {"loss": 1.0}),
+                host_state=lambda done: {"step": done}, log_every=1,
+                postfix=lambda row: {})
+    if stop is None:
+        fit(runtime, loop, {"w": jnp.zeros(2)}, checkpoint_every=1)
+    else:
+        with pytest.raises(type(stop)):
+            fit(runtime, loop, {"w": jnp.zeros(2)}, checkpoint_every=1)
+    assert closed == [str(tmp_path / "checkpoints")]
+    assert latest_committed_step(str(tmp_path / "checkpoints")) == (1 if stop else 2)

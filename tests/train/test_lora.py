@@ -15,6 +15,7 @@ from agentjax.models.lora import split_adapters
 from agentjax.rl.prepare import model_logprob_fn
 from agentjax.train import update as step_lib
 from agentjax.train.checkpoint import Checkpointer
+from agentjax.train.policy import ADAPTER_DIR, EXPORT_MARKER, export_refusal
 from agentjax.train.run import set_up
 from agentjax.train.stages.rl import (build_rl_update, length_buckets, prepare_inputs,
                                       reference_logprob_fn)
@@ -188,6 +189,14 @@ def test_checkpoints_hold_adapters_and_restore_only_onto_their_base(trained, tmp
         checkpoints.restore(state.replace(params=step_lib.join_adapters(adapters, other)))
     with pytest.raises(ValueError, match="saved with LoRA adapters; this run is without"):
         checkpoints.restore(state.replace(params=base))
+
+
+def test_an_export_writes_its_extra_files_into_the_hf_and_adapter_folders(run, tmp_path):
+    policy = run[2]
+    policy.export(policy.params, f"{tmp_path / 'policy'}/", extra_files={EXPORT_MARKER: "x"})
+    for folder in ("policy", ADAPTER_DIR):
+        assert (tmp_path / folder / EXPORT_MARKER).read_text() == "x"
+    assert export_refusal(str(tmp_path / "policy"), lora=True) is None  # may export again
 
 
 def test_bad_lora_config_is_named_before_any_work(tmp_path):

@@ -24,6 +24,7 @@ from agentjax.train.stages import rl as rl_loop
 from agentjax.train.stages import sft
 from agentjax.envs import registry as suites
 from agentjax.train.metrics import read_metrics
+from agentjax.train.policy import EXPORT_MARKER
 from tests.data import search_r1_files
 from tests.models.qwen_tokenizers import qwen_tokenizer_folder
 from tests.rewards.episodes import TWO_HOP, episode
@@ -138,9 +139,22 @@ def test_evaluate_and_export_a_finished_run(tmp_path):
     assert "test/success_greedy" in evaluated and "test/success_sampled/pass@2" in evaluated
     assert any(k.startswith("test/success_sampled/taught=") for k in evaluated)
     assert "test/success_greedy" in out
+    # A folder of one's own is never replaced by an export.
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    refused = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "export_hf.py"),
+                              f"--workdir={run}", f"--out={tmp_path / 'mine'}"],
+                             capture_output=True, text=True, timeout=600, cwd=ROOT,
+                             env=ONE_DEVICE)
+    assert refused.returncode == 2 and refused.stderr.startswith(
+        f"error: --out={tmp_path / 'mine'}: an export replaces its folder as a whole, and "
+        f"{tmp_path / 'mine'} holds notes.txt and is no earlier export"), refused.stderr
+    assert os.listdir(tmp_path / "mine") == ["notes.txt"]
     _script("export_hf.py", f"--workdir={run}", f"--out={tmp_path / 'hf'}", "--step=1")
     assert (tmp_path / "hf" / "model.safetensors").exists()
     assert (tmp_path / "hf" / "tokenizer.json").exists()
+    marker = json.loads((tmp_path / "hf" / EXPORT_MARKER).read_text())
+    assert (marker["workdir"], marker["step"]) == (str(run), 1)
 
 
 def test_load_saved_config_keeps_known_keys_and_names_the_dropped_ones(tmp_path, capsys):

@@ -44,7 +44,7 @@ def test_rows_reach_a_tracker_under_their_stage_with_their_steps(tmp_path):
     assert ("table", "report", None, [["RL"]]) in fake.calls
     assert warnings == []
     state = json.loads((tmp_path / STATE_FILE).read_text())
-    assert state == {"fake": {"run_id": "fake-run", "done": {
+    assert state == {"fake": {"run_id": "fake-run", "where": "fake server", "done": {
         "sft": 2, "sft/eval": 2, "rl": 1, "report": 1}}}
 
 
@@ -67,6 +67,23 @@ def test_a_resumed_run_continues_the_tracker_run_without_duplicate_steps(tmp_pat
     assert added.calls[0] == ("start", None) and added.steps() == list(range(1, 8))
     assert not [c for c in again.calls if c[0] == "metrics" and c[1] == "sft"]
     assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, 8))
+
+
+def test_a_tracker_somewhere_else_on_resume_starts_a_new_run_there(tmp_path):
+    first, messages = FakeTracker(), []
+    tracking = Tracking({"fake": first}, workdir=str(tmp_path))
+    _write(tmp_path, tracking, range(1, 4))
+    tracking.close()
+    moved = FakeTracker(run_id="run-2", where="other server")
+    tracking = Tracking({"fake": moved}, workdir=str(tmp_path), log=messages.append)
+    _write(tmp_path, tracking, range(4, 6), resume_step=3)
+    tracking.close()
+    assert moved.calls[0] == ("start", None) and moved.steps() == [1, 2, 3, 4, 5]
+    assert messages == ["fake: the run's tracker is now other server (was fake server): a "
+                        "new fake run there"]
+    state = json.loads((tmp_path / STATE_FILE).read_text())["fake"]
+    assert (state["run_id"], state["where"], state["done"]) == ("run-2", "other server",
+                                                                {"rl": 5})
 
 
 def test_a_failing_tracker_is_one_warning_and_the_rest_goes_on(tmp_path):

@@ -130,8 +130,9 @@ def tensorboard_scalars(folder) -> list[tuple[str, int, float]]:
 class FakeTracker:
     """Records its calls; `fail_at` (a metrics step) raises there, `block` waits."""
 
-    def __init__(self, run_id="fake-run", fail_at=None, block=None):
+    def __init__(self, run_id="fake-run", fail_at=None, block=None, where="fake server"):
         self.calls, self.run_id, self.fail_at, self.block = [], run_id, fail_at, block
+        self.where = where
 
     def start(self, run_id):
         self.calls.append(("start", run_id))

@@ -16,12 +16,17 @@ python/sglang/srt/entrypoints/http_server.py and managers/tokenizer_manager.py):
   already in flight is a 400 ("Duplicate request ID detected"). A request whose client
   disconnects is aborted (SGLang polls for that as well). An optional `session_id`
   (SGLang's stable session identity) is passed to the engine, which then keeps the
-  session's KV cache between turns; POST /close_session `{"session_id"}` frees it (a
+  session's KV cache between turns; a body without one takes <id> from an
+  `X-SMG-Routing-Key: agentjax-session:<id>` header instead (sglang-router drops
+  `session_id` from the body and forwards that header; other routing keys only route);
+  POST /close_session `{"session_id"}` frees it (a
   deterministic engine never evicts a session: keep open ones within its rows). The
   tokenizer is the one loaded at startup, whatever weights are loaded later.
 - GET /health: 200 while the engine runs (503 once shutting down); GET /health_generate:
   200 after generating one token from input_ids [0] (503 when that fails, times out or
-  generation is paused). GET /get_model_info, /get_server_info, /get_weight_version.
+  generation is paused). GET /model_info (its `weight_version` is the served one),
+  /server_info, and their older names /get_model_info, /get_server_info (SGLang 0.5.23
+  keeps both; it has dropped /get_weight_version).
 - POST /load_lora_adapter `{lora_name, lora_path}` (a PEFT folder; the server runs with
   --enable-lora): merges the adapter into the launch weights in float32 (`load_adapter`)
   and swaps them in as /update_weights_from_disk does; from then on requests name it in
@@ -67,6 +72,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentjax import __version__
 from agentjax.engine.protocol import Completion, GenerateRequest, SamplingParams
+from agentjax.sglang.protocol import ROUTING_KEY_HEADER, SERVER_SESSION_KEY
 from agentjax.sglang.server.requests import (GenerateBody, GenerateItem, aborted,
                                               parse_generate, response_json)
 
@@ -164,6 +170,10 @@ class _Service:
 
     async def generate(self, body: GenerateBody, request: fastapi.Request):
         started = time.perf_counter()
+        routing_key = request.headers.get(ROUTING_KEY_HEADER) or ""
+        if body.session_id is None and routing_key.startswith(SERVER_SESSION_KEY):
+            body = body.model_copy(
+                update={"session_id": routing_key[len(SERVER_SESSION_KEY):]})
         try:
             items, single = parse_generate(
                 body, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
@@ -272,9 +282,6 @@ class _Service:
     @property
     def weight_version(self) -> str:
         return self.server_args["weight_version"]
-
-    async def get_weight_version(self) -> dict[str, str]:
-        return {"weight_version": self.weight_version}
 
     async def abort_request(self, body: AbortBody) -> Response:
         if body.abort_all:
@@ -513,9 +520,9 @@ def build_app(engine, *, tokenizer, model_path: str, context_length: int, vocab_
     app.add_api_route("/generate", service.generate, methods=["POST", "PUT"])
     app.add_api_route("/health", service.health, methods=["GET"])
     app.add_api_route("/health_generate", service.health_generate, methods=["GET"])
-    app.add_api_route("/get_model_info", service.model_info, methods=["GET"])
-    app.add_api_route("/get_server_info", service.server_info, methods=["GET"])
-    app.add_api_route("/get_weight_version", service.get_weight_version, methods=["GET"])
+    for prefix in ("/", "/get_"):
+        app.add_api_route(f"{prefix}model_info", service.model_info, methods=["GET"])
+        app.add_api_route(f"{prefix}server_info", service.server_info, methods=["GET"])
     app.add_api_route("/flush_cache", service.flush_cache, methods=["GET", "POST"])
     app.add_api_route("/abort_request", service.abort_request, methods=["POST"])
     app.add_api_route("/pause_generation", service.pause_generation, methods=["POST"])

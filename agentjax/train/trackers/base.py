@@ -43,7 +43,14 @@ class RunInfo:
 
 class Tracker(Protocol):
     """One tracker's run. Its methods are called on the tracker's thread, in call order;
-    any may raise (the tracker is then dropped with one warning)."""
+    any may raise (the tracker is then dropped with one warning).
+
+    Attributes:
+      where: where its runs are (a server and project, a folder): a resumed run whose
+        tracker is somewhere else starts a new tracker run there.
+    """
+
+    where: str
 
     def start(self, run_id: str | None) -> str | None:
         """Opens a new run (None) or continues run `run_id`; returns its id (None: this

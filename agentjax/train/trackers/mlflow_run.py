@@ -42,6 +42,7 @@ def run_tags(info: RunInfo) -> dict[str, str]:
 class MlflowRun:
     def __init__(self, section, info: RunInfo):
         self.section, self.info = section, info
+        self.where = f"{section.tracking_uri} experiment {section.experiment}"
         self._client = self._run_id = None
 
     def start(self, run_id: str | None) -> str:

@@ -18,7 +18,7 @@ class TensorBoardEvents:
     disk."""
 
     def __init__(self, folder: str):
-        self.folder, self._writer = folder, None
+        self.folder, self.where, self._writer = folder, folder, None
 
     def start(self, run_id: str | None) -> None:
         from tensorboardX import SummaryWriter

@@ -14,6 +14,7 @@ from agentjax.train.trackers.base import TRACKERS, RunInfo, Table
 class WandbRun:
     def __init__(self, section, info: RunInfo):
         self.section, self.info = section, info
+        self.where = f"{section.entity or '(default entity)'}/{section.project}"
         self._run, self._axes = None, set()
 
     def start(self, run_id: str | None) -> str:

@@ -268,7 +268,7 @@ def test_weight_updates_from_disk_change_outputs_and_the_weight_version(
         after_failures = await ids()
         to_b = await update(model_path=str(folders / "b"), weight_version="step-1")
         on_b = await ids()
-        versions = ((await client.get("/get_weight_version")).json(),
+        versions = ((await client.get("/model_info")).json(),
                     (await client.get("/get_model_info")).json())
         back = await update(model_path=str(folders / "a"), weight_version="step-2")
         return before, failures, after_failures, to_b, on_b, versions, back, await ids()
@@ -286,7 +286,7 @@ def test_weight_updates_from_disk_change_outputs_and_the_weight_version(
                           "Succeeded to update model weights. Weight version updated to "
                           "step-1."})
     assert on_b[1] == "step-1" and on_b[0] != before[0]
-    assert versions[0] == {"weight_version": "step-1"}
+    assert versions[0] == versions[1] and versions[0]["weight_version"] == "step-1"
     assert versions[1]["model_path"] == str(folders / "b")
     assert versions[1]["weight_version"] == "step-1"
     assert back[0] == 200 and on_a == (before[0], "step-2")
@@ -378,28 +378,43 @@ def test_health_info_sessions_and_shutdown(loop, engine, folders, tokenizer):
     async def scenario(client):
         get = {path: await client.get(path) for path in (
             "/health", "/health_generate", "/get_model_info", "/get_server_info",
-            "/flush_cache")}
+            "/model_info", "/server_info", "/flush_cache")}
         turn = dict(input_ids=PROMPT, session_id="episode",
                     sampling_params={"max_new_tokens": 4, "sampling_seed": 0})
         first = (await client.post("/generate", json=turn)).json()
         turn["input_ids"] = PROMPT + first["output_ids"] + PROMPT
         second = (await client.post("/generate", json=turn)).json()
+        # The same turns through sglang-router: no session_id, its routing key header.
+        routed = {"X-SMG-Routing-Key": "agentjax-session:routed"}
+        del turn["session_id"]
+        turn["input_ids"] = PROMPT
+        await client.post("/generate", json=turn, headers=routed)
+        turn["input_ids"] = PROMPT + first["output_ids"] + PROMPT
+        routed_second = (await client.post("/generate", json=turn, headers=routed)).json()
+        # A bare routing key only routes: no session kept.
+        await client.post("/generate", json=turn, headers={"X-SMG-Routing-Key": "bare"})
+        sessions = set(service.sessions)
         closed = await client.post("/close_session", json={"session_id": "episode"})
         service.shutting_down = True
         health = await client.get("/health")
         service.shutting_down = False
-        return get, second, closed.status_code, health.status_code
-    get, second, closed, health = serve(loop, app, scenario)
+        return get, second, routed_second, sessions, closed.status_code, health.status_code
+    get, second, routed_second, sessions, closed, health = serve(loop, app, scenario)
     assert [get[p].status_code for p in ("/health", "/health_generate", "/flush_cache")] == [
         200, 200, 200]
     assert get["/get_model_info"].json() == {
         "model_path": str(folders / "a"), "tokenizer_path": None, "is_generation": True,
         "preferred_sampling_params": None, "weight_version": "default"}
+    assert get["/model_info"].json() == get["/get_model_info"].json()
     info = get["/get_server_info"].json()
+    assert get["/server_info"].json().keys() == info.keys()
     assert info["context_length"] == CONTEXT and info["max_req_input_len"] == CONTEXT - 1
     assert len(info["internal_states"]) == 2 and info["version"].startswith("agentjax-")
     # The second turn of a session reuses the first turn's cache on its lane.
     assert second["meta_info"]["cached_tokens"] > 0
+    assert routed_second["meta_info"]["cached_tokens"] == second["meta_info"]["cached_tokens"]
+    assert routed_second["output_ids"] == second["output_ids"]
+    assert sessions == {"episode", "routed"}
     assert closed == 200 and health == 503
 
 
@@ -408,6 +423,8 @@ def test_a_request_whose_client_disconnects_is_aborted(loop, engine, folders, to
     service = make_app(held, folders, tokenizer).state.service
 
     class Disconnected:
+        headers: dict = {}
+
         async def is_disconnected(self):
             return True
 
