@@ -42,7 +42,8 @@ def main(argv):
     config.init_from = _MODEL.value or os.path.join(_WORKDIR.value, "hf")
     config.eval.samples = _SAMPLES.value
     out_dir = os.path.join(_WORKDIR.value, "evaluate")
-    _, suite, policy, rollouts = set_up(config, out_dir)
+    # The results go to <workdir>/evaluate, not to a tracker run of their own.
+    _, suite, policy, rollouts = set_up(config, out_dir, tracked=False)
     tasks = suite.test_tasks if _SPLIT.value == "test" else suite.train_tasks
     order = np.random.default_rng(0).permutation(len(tasks))[:_NUM_TASKS.value]
     try:

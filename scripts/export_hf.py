@@ -43,7 +43,7 @@ def main(argv):
     if refusal:  # before the run's model is loaded
         print(f"error: --out={_OUT.value}: {refusal}", file=sys.stderr)
         sys.exit(2)
-    runtime = Runtime.start(config, _WORKDIR.value, record_config=False)
+    runtime = Runtime.start(config, _WORKDIR.value, record_config=False, tracked=False)
     policy = Policy.load(config, runtime, texts=_no_texts, plan_memory=False)
     state = init_rl_state(config, policy.graphdef, policy.params)[0]
     checkpointer = runtime.checkpointer(runtime.workdir, read_only=True)

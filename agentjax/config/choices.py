@@ -65,6 +65,8 @@ LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 # train/engines.py: how an SGLang pool gets a LoRA policy (a PEFT adapter per weight
 # version, or merged full weights for servers without LoRA).
 SGLANG_LORA_MODES = ("adapter", "merged")
+# train/trackers/wandb_run.py: the W&B run's mode ("disabled": no W&B run).
+WANDB_MODES = ("disabled", "offline", "online")
 # train/fit.py: guard_nonfinite.
 ON_NONFINITE = ("skip", "rollback")
 # engine/protocol.py: Completion.meta["logprob_distribution"], reported_distribution (what

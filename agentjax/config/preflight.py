@@ -4,12 +4,15 @@ Some dependencies are only imported deep inside a run: transformers imports jinj
 first time it renders a chat template (the first demonstration, after minutes of
 pretraining), tensorboardX when the first metrics row is written, pyarrow when a parquet
 file is read, bubblewrap when the first Python tool call runs. A missing one must fail
-before any work, with the command that installs it.
+before any work, with the command that installs it. The trackers' packages (wandb,
+mlflow) are no requirement of agentjax: a run that turns one on without it installed
+fails here the same way.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import shutil
 
 INSTALL = "pip install -e .  (from the agentjax checkout)"
@@ -48,9 +51,20 @@ def lazy_modules(config) -> dict[str, str]:
     return needed
 
 
+def optional_modules(config) -> dict[str, tuple[str, str]]:
+    """{module: (what needs it, the command that installs it)} for the packages agentjax
+    does not require that this run uses (the trackers')."""
+    needed = {}
+    if config.log.wandb.mode != "disabled":
+        needed["wandb"] = (f"log.wandb.mode={config.log.wandb.mode!r}", "pip install wandb")
+    if config.log.mlflow.tracking_uri:
+        needed["mlflow"] = ("log.mlflow.tracking_uri", "pip install mlflow-skinny")
+    return needed
+
+
 def check_runtime(config) -> None:
     """Raises MissingDependency naming what is missing and how to install it."""
-    missing = []
+    missing, commands = [], []
     for name in _distributions():
         try:
             importlib.metadata.version(name)
@@ -62,7 +76,14 @@ def check_runtime(config) -> None:
         except ImportError as error:
             missing.append(f"module {module!r}, needed by {reason} ({error})")
     if missing:
-        raise MissingDependency("missing " + "; ".join(missing) + f". Install with: {INSTALL}")
+        commands.append(INSTALL)
+    for module, (reason, install) in optional_modules(config).items():
+        if importlib.util.find_spec(module) is None:
+            missing.append(f"module {module!r}, needed by {reason}")
+            commands.append(install)
+    if missing:
+        raise MissingDependency("missing " + "; ".join(missing) + ". Install with: "
+                                + " and ".join(commands))
     if config.env.name == "python" and shutil.which("bwrap") is None:
         raise MissingDependency(
             "env.name='python' runs tool code under bubblewrap, which is not installed: "

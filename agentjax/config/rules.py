@@ -186,6 +186,14 @@ def _host_port(text: str) -> bool:
     return text == "" or re.fullmatch(r"[^\s:]+:\d+", text) is not None
 
 
+def _tags(text: str) -> bool:
+    return text == "" or all(0 < len(tag.strip()) <= 64 for tag in text.split(","))
+
+
+def _tracking_uri(text: str) -> bool:
+    return text in ("", "databricks") or re.fullmatch(r"[a-z][a-z0-9+.-]*:\S+", text) is not None
+
+
 def _lora_targets(text: str) -> bool:
     names = [name.strip() for name in text.split(",")]
     return all(name in LORA_TARGETS for name in names) and len(set(names)) == len(names)
@@ -208,6 +216,16 @@ FOLDER_TO_CREATE = Text("'' or a folder path (created if missing)",
                         lambda text: "\0" not in text)
 LORA_TARGET_LIST = Text("comma-separated projections, each once, among q, k, v, o, gate, "
                         "up, down, e.g. 'q,k,v,o,gate,up,down'", _lora_targets)
+ONE_LINE = Text("one line of text", lambda text: "\n" not in text)
+NAME = Text("a name: no whitespace, '/', '\\', '#', '?', '%' or ':'",
+            lambda text: re.fullmatch(r"[^\s/\\#?%:]+", text) is not None)
+NAME_OR_DEFAULT = Text("'' (the login's default) or a name: no whitespace, '/', '\\', "
+                       "'#', '?', '%' or ':'", lambda text: text == "" or NAME.allows(text))
+TITLE = Text("a non-empty line of text",
+             lambda text: text.strip() != "" and ONE_LINE.allows(text))
+TAGS = Text("'' or comma-separated tags of 1 to 64 characters each", _tags)
+TRACKING_URI = Text("'' (off) or a tracking URI with its scheme: file:<folder>, "
+                    "http(s)://host:port, sqlite:///<file>, databricks", _tracking_uri)
 SERVED_MODEL = Text("'' or the model name a server serves (no whitespace)", _name)
 
 # The ranges most keys share.

@@ -42,6 +42,7 @@ from agentjax.config.choices import (
     SCHEDULES,
     SGLANG_LORA_MODES,
     STAGES,
+    WANDB_MODES,
 )
 from agentjax.config.rules import (
     ANY_REAL,
@@ -54,12 +55,18 @@ from agentjax.config.rules import (
     HOST_PORT,
     JSON_OBJECT,
     LORA_TARGET_LIST,
+    NAME,
+    NAME_OR_DEFAULT,
     NON_NEGATIVE,
+    ONE_LINE,
     POSITIVE,
     POSITIVE_REAL,
     PROBABILITY,
     SERVED_MODEL,
+    TAGS,
     TEMPLATE_KWARGS,
+    TITLE,
+    TRACKING_URI,
     URL,
     URLS,
     Choice,
@@ -553,7 +560,27 @@ LOG = Section(
     Key("tensorboard", True, Flag(), "metrics also as TensorBoard events", resume=FREE),
     Key("progress", True, Flag(), "progress bars", resume=FREE),
     Key("samples", 4, COUNT, "episodes written to <workdir>/samples/ per rollout step "
-        "(0: none)", resume=FREE),
+        "(0: none); also a table of the trackers that are on", resume=FREE),
+    Key("name", "", ONE_LINE, "the run's name in the trackers ('': the workdir's folder "
+        "name)", resume=FREE),
+    Key("group", "", ONE_LINE, "the run's group in the trackers (W&B group, MLflow tag "
+        "'group'); scripts/sweep.py sets it to the sweep's name", resume=FREE),
+    Key("tags", "", TAGS, "the run's tags in the trackers (a 'key=value' tag is MLflow "
+        "tag key=value); scripts/sweep.py sets the arm's overrides", resume=FREE),
+    Key("artifacts", False, Flag(), "the final exported HF folder (and a LoRA run's "
+        "adapter) also as an artifact of the trackers that are on", resume=FREE),
+    # A tracker whose destination changes on resume starts a new run there
+    # (train/tracking.py).
+    Key("wandb.mode", "disabled", Choice(WANDB_MODES), "a Weights & Biases run: 'online', "
+        "'offline' (files under <workdir>/wandb to `wandb sync`) or 'disabled' (needs "
+        "`pip install wandb`)", resume=FREE),
+    Key("wandb.project", "agentjax", NAME, "the W&B project", resume=FREE),
+    Key("wandb.entity", "", NAME_OR_DEFAULT, "the W&B user or team the project belongs "
+        "to", resume=FREE),
+    Key("mlflow.tracking_uri", "", TRACKING_URI, "an MLflow run on this tracking server or "
+        "store ('': none; needs `pip install mlflow-skinny`)", resume=FREE),
+    Key("mlflow.experiment", "agentjax", TITLE, "the MLflow experiment the run belongs to "
+        "(created if missing)", resume=FREE),
 )
 
 SECTIONS = (RUN, MODEL, TOKENIZER, DATA, ENV, RETRIEVAL, REWARD, PRETRAIN, SFT, ROLLOUT,

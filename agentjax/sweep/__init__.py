@@ -20,5 +20,8 @@ be resumed by starting it again. `scripts/sweep.py` is the command line
 
 The report (`<out>/report.md`) tabulates the final metrics per arm (mean ± sample std
 over seeds, and every seed's value) and plots training curves per arm (mean over seeds,
-min-max band) as PNGs.
+min-max band) as PNGs. For the experiment trackers a run turns on (log.wandb,
+log.mlflow), each run is named `<arm>/seed<seed>`, grouped by the sweep
+(`<config>-<sweep>`) and tagged by its arm and override values (`plan.tracking_overrides`),
+so the trackers' own views line the arms up.
 """

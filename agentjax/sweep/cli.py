@@ -13,9 +13,11 @@ from agentjax.sweep.plan import (
     Run,
     expand,
     load_arms,
+    override_flags,
     parse_seeds,
     shell_command,
     split_config_arg,
+    tracking_overrides,
     train_command,
 )
 from agentjax.sweep.report import DEFAULT_CURVES, DEFAULT_METRICS, write_report
@@ -65,15 +67,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The `scripts/sweep.py` command; returns the exit code (1 when a run failed)."""
     args = parse_args(argv)
     try:
-        arms, _ = load_arms(args.config, args.sweep)
+        arms, config = load_arms(args.config, args.sweep)
         runs = expand(arms, parse_seeds(args.seeds), args.out)
     except ValueError as e:
         print(f"sweep.py: {e}", file=sys.stderr)
         return 2
+    group = f"{Path(split_config_arg(args.config)[0]).stem}-{args.sweep}"
 
     def command(run: Run) -> list[str]:
+        # Before the extra arguments, which may set the tracker keys themselves.
+        tracking = override_flags(tracking_overrides(config, group, run))
         return train_command(run, args.config, train_script=args.train_script,
-                             python=args.python, extra_args=args.extra)
+                             python=args.python, extra_args=[*tracking, *args.extra])
 
     if args.print_commands:
         unfinished = [run for run in runs if not is_finished(run)]

@@ -222,6 +222,36 @@ def format_value(value: Any) -> str:
     raise ValueError(f"cannot pass {type(value).__name__} {value!r} as a config flag")
 
 
+def has_key(config: ml_collections.ConfigDict, key: str) -> bool:
+    """Whether the dotted `key` is a key of `config`."""
+    node = config
+    for name in key.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+            return False
+        node = node[name]
+    return True
+
+
+TRACKING_KEYS = ("log.name", "log.group", "log.tags")
+TAG_CHARS = 64  # what log.tags allows per tag
+
+
+def tracking_overrides(config: ml_collections.ConfigDict, group: str, run: Run) -> dict:
+    """The run's name, group and tags in the experiment trackers: its arm and seed, the
+    sweep (`group`), and a 'key=value' tag per override of the arm and the seed (the
+    trackers line the arms up by them); {} for a config without those keys.
+
+    A tag's commas become ';' (log.tags is comma-separated)."""
+    if not all(has_key(config, key) for key in TRACKING_KEYS):
+        return {}
+    # Every seed key holds the seed: the first one's tag says it.
+    tagged = {k: v for k, v in run.overrides.items() if k not in SEED_KEYS[1:]}
+    tags = [f"arm={run.arm}"] + [f"{key}={format_value(value)}".replace(",", ";")
+                                 for key, value in tagged.items()]
+    return {"log.name": run.name, "log.group": group,
+            "log.tags": ",".join(tag[:TAG_CHARS] for tag in tags)}
+
+
 def override_flags(overrides: Mapping[str, Any]) -> list[str]:
     """`{"algo.kl_coef": 0.0}` -> `["--config.algo.kl_coef=0.0"]`."""
     return [f"--config.{key}={format_value(value)}" for key, value in overrides.items()]

@@ -143,7 +143,6 @@ def fit(runtime: Runtime, loop: Loop, state, *, checkpoint_every: int):
         # However the loop ends (an error, KeyboardInterrupt, SIGTERM's SystemExit):
         # pending asynchronous saves commit, orbax's threads end.
         checkpointer.close()
-        writer.close()
     return state
 
 

@@ -1,10 +1,11 @@
-"""Metric sinks (jsonl, TensorBoard, console progress bar) for the trainer.
+"""Metric sinks (jsonl, the experiment trackers, console progress bar) for the trainer.
 
 `MetricsWriter.write(step, metrics)` appends one json line per call to
-`<workdir>/metrics.jsonl` (on resume the rows after the restored step, and a
-last line a kill cut short, are dropped, so a resumed run's file reads like an
-uninterrupted one) and mirrors scalars to TensorBoard. `StepLog` is that file
-without the scalar filter, for other per-step records (the trained groups).
+`<folder>/metrics.jsonl` (on resume the rows after the restored step, and a last line
+a kill cut short, are dropped, so a resumed run's file reads like an uninterrupted one)
+and hands the row to the run's trackers (train/tracking.py: TensorBoard, W&B, MLflow).
+`StepLog` is that file without the scalar filter, for other per-step records (the
+trained groups).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Mapping
 import numpy as np
 
 from agentjax.core import atomic
+from agentjax.train.tracking import Tracking
 
 
 def _scalar(value):
@@ -34,16 +36,19 @@ class StepLog:
       resume_step: on resume, rows with `step > resume_step` (written after the
         checkpoint the run restarts from) are dropped so the file has no duplicates.
       enabled: False on non-zero processes of a multi-host run.
+
+    Attributes:
+      kept: the rows kept from an earlier run of the workdir.
     """
 
     def __init__(self, path: str, *, resume_step: int = 0, enabled: bool = True):
-        self.path, self.enabled = path, enabled
+        self.path, self.enabled, self.kept = path, enabled, []
         if not enabled:
             return
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         if os.path.exists(path):
-            kept = [row for row in _read_rows(path) if row["step"] <= resume_step]
-            atomic.write_text(path, "".join(json.dumps(row) + "\n" for row in kept))
+            self.kept = [row for row in _read_rows(path) if row["step"] <= resume_step]
+            atomic.write_text(path, "".join(json.dumps(row) + "\n" for row in self.kept))
 
     def append(self, row: Mapping[str, object]) -> None:
         if self.enabled:
@@ -52,28 +57,27 @@ class StepLog:
 
 
 class MetricsWriter:
-    """Writes metrics to `<workdir>/metrics.jsonl` and, optionally, TensorBoard.
+    """Writes a stage's metrics to `<folder>/metrics.jsonl` and the run's trackers.
 
     Args:
-      workdir: run folder; created if missing.
-      tensorboard: also write TensorBoard event files under `<workdir>/tb`.
+      folder: the stage's folder; created if missing.
+      stage: the stage's name in the trackers (its keys are `<stage>/<key>` there).
+      tracking: the run's trackers (None: none). The rows kept on resume are passed to
+        them again: each takes the steps it has not taken yet (train/tracking.py).
       resume_step: on resume, lines with `step > resume_step` (written after the
         checkpoint the run restarts from) are dropped so the file has no duplicates.
       enabled: False on non-zero processes of a multi-host run.
     """
 
-    def __init__(self, workdir: str, *, tensorboard: bool = True, resume_step: int = 0,
-                 enabled: bool = True):
-        self.enabled = enabled
-        self._log = StepLog(os.path.join(workdir, "metrics.jsonl"), resume_step=resume_step,
+    def __init__(self, folder: str, *, stage: str, tracking: Tracking | None = None,
+                 resume_step: int = 0, enabled: bool = True):
+        self.enabled, self.stage = enabled, stage
+        self.tracking = tracking or Tracking()
+        self._log = StepLog(os.path.join(folder, "metrics.jsonl"), resume_step=resume_step,
                             enabled=enabled)
         self.path = self._log.path
-        self._tb = None
-        if not enabled:
-            return
-        if tensorboard:
-            from tensorboardX import SummaryWriter
-            self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+        for row in self._log.kept:
+            self.tracking.log_row(stage, row["step"], {k: _number(v) for k, v in row.items()})
 
     def write(self, step: int, metrics: Mapping[str, object]) -> dict:
         """Records the scalar entries of `metrics` at `step`; returns what was written."""
@@ -86,15 +90,13 @@ class MetricsWriter:
             # Strict JSON has no NaN/inf: the file spells them as strings, the returned
             # row keeps them as floats (the progress bar formats them).
             self._log.append({k: v if math.isfinite(v) else str(v) for k, v in row.items()})
-            if self._tb is not None:
-                for key, value in row.items():
-                    if key != "step" and math.isfinite(value):
-                        self._tb.add_scalar(key, value, step)
+            self.tracking.log_row(self.stage, step, row)
         return row
 
-    def close(self):
-        if self._tb is not None:
-            self._tb.close()
+
+def _number(value):
+    """A metrics.jsonl value as written: "nan", "inf" and "-inf" are floats."""
+    return float(value) if isinstance(value, str) else value
 
 
 def _read_rows(path: str) -> list[dict]:

@@ -81,7 +81,7 @@ class Rollouts:
             concurrency=r.concurrency, reward_fn=suite.reward_fn,
             episode_timeout_s=r.episode_timeout_s)
         recorder = EpisodeRecorder(runtime.workdir, policy.tokenizer, samples=config.log.samples,
-                                   enabled=runtime.is_main)
+                                   enabled=runtime.is_main, tracking=runtime.tracking)
         return cls(config, suite=suite, engine=engine, close_engine=close_engine, pool=pool,
                    recorder=recorder, log=runtime.log)
 

@@ -11,7 +11,8 @@ stages -> report.
   5. stages     pretraining and SFT (train/stages/sft.py), then RL (stages/rl.py), or RFT
                 / DPO on the policy's own episodes (stages/offline.py), as config.stage says
   6. report     held-out success of the demonstrator, the SFT agent and the RL (RFT, DPO)
-                agent: <workdir>/final.json and a table on stdout
+                agent: <workdir>/final.json, a table on stdout and in the trackers
+                (train/tracking.py: W&B, MLflow, TensorBoard), which then finish
 
 Resume: every stage checkpoints into the workdir (orbax: device state; json: sampler and
 step); rerunning with the same `--workdir` continues where the run stopped, with the same
@@ -40,13 +41,14 @@ from agentjax.config import check_resume, validate
 from agentjax.core import atomic
 from agentjax.envs.registry import TaskSuite, build_suite
 from agentjax.train.checkpoint import latest_committed_step
-from agentjax.train.policy import HF_DIR, Policy
+from agentjax.train.policy import ADAPTER_DIR, HF_DIR, Policy
 from agentjax.train.provenance import changes_report, record_start
 from agentjax.train.rollouts import Rollouts
 from agentjax.train.runtime import CHECKPOINTS, Runtime
 from agentjax.train.stages.offline import run_offline
 from agentjax.train.stages.rl import run_rl
 from agentjax.train.stages.sft import run_sft
+from agentjax.train.tracking import Table
 
 SFT_RESULTS = os.path.join("sft", "eval.json")  # written once SFT has finished
 
@@ -77,27 +79,46 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
             stage = run_rl if config.stage == "rl" else run_offline
             _, last_eval = stage(config, runtime, policy, rollouts, params)
             results.update(last_eval)
+    except BaseException:
+        runtime.tracking.close(failed=True)
+        raise
     finally:
         rollouts.close()
     results["time/total_s"] = time.perf_counter() - started
+    agent = "RL agent" if config.stage in ("rl", "sft") else f"{config.stage.upper()} agent"
     if runtime.is_main:
         atomic.write_json(os.path.join(runtime.workdir, "final.json"), results)
-        print(report_table(results, agent="RL agent" if config.stage in ("rl", "sft")
-                           else f"{config.stage.upper()} agent"))
+        print(report_table(results, agent=agent))
         accepted = changes_report(runtime.workdir)
         if accepted:
             print(accepted)
+    track_end(config, runtime, results, agent)
     return results
 
 
-def set_up(config: ml_collections.ConfigDict, workdir: str, *, record_config: bool = True
-           ) -> tuple[Runtime, TaskSuite, Policy, Rollouts]:
+def track_end(config: ml_collections.ConfigDict, runtime: Runtime, results: dict[str, float],
+              agent: str) -> None:
+    """The report (and with log.artifacts the final export) to the trackers, which
+    then finish."""
+    last_step = config.sft.steps if config.stage == "sft" else config.total_steps
+    header, rows = report_rows(results, agent)
+    runtime.tracking.log_report(results, Table(tuple(header), rows), step=last_step)
+    if config.log.artifacts:
+        folder = os.path.join(runtime.workdir, "sft" if config.stage == "sft" else "")
+        for name in (HF_DIR, ADAPTER_DIR):
+            if os.path.isdir(os.path.join(folder, name)):
+                runtime.tracking.log_artifact(os.path.join(folder, name), name, step=last_step)
+    runtime.tracking.close()
+
+
+def set_up(config: ml_collections.ConfigDict, workdir: str, *, record_config: bool = True,
+           tracked: bool = True) -> tuple[Runtime, TaskSuite, Policy, Rollouts]:
     """Steps 1-4 of a run (module docstring): what its stages, the evaluation script
-    and the tests start from; `record_config`: write <workdir>/config.json. The caller
-    closes the rollouts."""
+    and the tests start from; `record_config`: write <workdir>/config.json; `tracked`:
+    open the run's experiment trackers. The caller closes the rollouts."""
     validate(config)
     check_runtime(config)
-    runtime = Runtime.start(config, workdir, record_config=record_config)
+    runtime = Runtime.start(config, workdir, record_config=record_config, tracked=tracked)
     suite = load_suite(config, runtime)
     policy = Policy.load(config, runtime, texts=lambda: suite.texts)
     return runtime, suite, policy, Rollouts.build(config, runtime, policy, suite)
@@ -142,13 +163,16 @@ def warm_start(config, runtime: Runtime, policy: Policy, suite: TaskSuite, rollo
         sft_results = rollouts.evaluate(params, "sft")
         if runtime.is_main:
             atomic.write_json(sft_file, sft_results)
+    # Every rerun passes it: a tracker takes it once, whenever a kill let it.
+    runtime.tracking.log_evaluation("sft", config.sft.steps, sft_results)
     return params, sft_results
 
 
-def report_table(results: dict[str, float], agent: str = "RL agent") -> str:
-    """Markdown table of held-out success: demonstrator, SFT agent, the agent of the
-    stage after SFT (row `agent`); a column per task group (hops, taught: see
-    agents/evaluation.py)."""
+def report_rows(results: dict[str, float], agent: str = "RL agent"
+                ) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the report of held-out success: demonstrator, SFT agent, the
+    agent of the stage after SFT (row `agent`); a column per task group (hops, taught:
+    see agents/evaluation.py)."""
     rows = []
     groups = sorted({group_of(k) for k in results} - {None})
 
@@ -162,6 +186,12 @@ def report_table(results: dict[str, float], agent: str = "RL agent") -> str:
         rows.append([name, "-" if greedy is None else f"{greedy:.3f}"]
                     + cells(f"{prefix}/success_sampled"))
     header = ["policy", "greedy", "sampled"] + [f"sampled, {g}" for g in groups]
+    return header, rows
+
+
+def report_table(results: dict[str, float], agent: str = "RL agent") -> str:
+    """The report of `report_rows` as a markdown table."""
+    header, rows = report_rows(results, agent)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)

@@ -1,5 +1,6 @@
-"""Where a run executes: the mesh and its shardings, jit, logging, checkpoints, the
-workdir, and whether this process is the one that writes.
+"""Where a run executes: the mesh and its shardings, jit, logging (messages, metrics,
+the experiment trackers), checkpoints, the workdir, and whether this process is the one
+that writes.
 
     runtime = Runtime.start(config, workdir)
     update, state = runtime.jit_update(update_fn, state)      # sharded, donated state
@@ -24,6 +25,7 @@ from agentjax.config import ConfigError
 from agentjax.core import atomic, parallel
 from agentjax.train.checkpoint import Checkpointer
 from agentjax.train.metrics import MetricsWriter
+from agentjax.train.tracking import Tracking
 from agentjax.train.update import split_frozen, with_frozen
 
 CHECKPOINTS = "checkpoints"  # in the workdir (RL) or in <workdir>/<stage> (pretrain, sft)
@@ -40,7 +42,8 @@ class Runtime:
       is_main: this process logs and writes files (process 0 of a multi-host run).
       checkpoint: the config's `checkpoint` section (every, keep, async_save).
       progress: show progress bars.
-      tensorboard: write TensorBoard events beside metrics.jsonl.
+      tracking: the experiment trackers every stage's metrics rows also go to (none on
+        a process that does not write, nor for a tool reading a finished run).
       config_changes: stage folder -> how many config keys a resume changed, logged as
         `config/changes` on the first metrics row that stage writes (train/provenance.py).
     """
@@ -51,16 +54,17 @@ class Runtime:
     is_main: bool
     checkpoint: ml_collections.ConfigDict
     progress: bool = True
-    tensorboard: bool = True
+    tracking: Tracking = dataclasses.field(default_factory=Tracking)
     config_changes: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def start(cls, config: ml_collections.ConfigDict, workdir: str, *,
-              record_config: bool = True) -> "Runtime":
+              record_config: bool = True, tracked: bool = True) -> "Runtime":
         """Joins the other hosts (multihost.enabled), builds the mesh, records the
         config in <workdir>/config.json (unless not `record_config`: a tool reading a
         finished run, or a resumed run, whose config.json keeps the config it started
-        with) and checks that every batch divides over the data-parallel devices."""
+        with), opens the run's trackers (unless not `tracked`: a tool reading a finished
+        run) and checks that every batch divides over the data-parallel devices."""
         workdir = os.path.abspath(workdir)
         os.makedirs(workdir, exist_ok=True)
         if config.multihost.enabled:
@@ -79,7 +83,9 @@ class Runtime:
                       rules=parallel.resolve_rules(json.loads(config.rules)
                                                    if config.rules else None),
                       is_main=is_main, checkpoint=config.checkpoint,
-                      progress=config.log.progress, tensorboard=config.log.tensorboard)
+                      progress=config.log.progress)
+        runtime.tracking = Tracking.start(config, workdir, enabled=is_main and tracked,
+                                          log=runtime.log)
         runtime.log(f"mesh {dict(mesh.shape)} on {jax.device_count()} "
                     f"{jax.default_backend()} device(s)")
         return runtime
@@ -151,7 +157,7 @@ class Runtime:
         """(state, host state, checkpointer, metrics writer) of a stage checkpointing
         into <folder>/checkpoints and logging into <folder>: the latest committed
         checkpoint's state and host state when there is one, else `state` and {}; the
-        writer continues after the restored step. The caller closes both."""
+        writer continues after the restored step. The caller closes the checkpointer."""
         checkpointer = self.checkpointer(folder)
         try:
             restored = checkpointer.restore(state)
@@ -162,7 +168,7 @@ class Runtime:
         if restored is not None:
             state, host = restored
             self.log(f"{stage}: resumed at step {host['step']}")
-        writer = MetricsWriter(folder, tensorboard=self.tensorboard,
+        writer = MetricsWriter(folder, stage=stage.lower(), tracking=self.tracking,
                                resume_step=host.get("step", 0), enabled=self.is_main)
         return state, host, checkpointer, writer
 

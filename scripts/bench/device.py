@@ -385,7 +385,7 @@ def bench_train(name: str, args, peak: Peak | None, mesh, device) -> Measured:
     # The trainer's jit and batch placement; nothing is written (no checkpoints, logs).
     runtime = Runtime(workdir=tempfile.gettempdir(), mesh=mesh,
                       rules=parallel.resolve_rules(None), is_main=True,
-                      checkpoint=config.checkpoint, progress=False, tensorboard=False)
+                      checkpoint=config.checkpoint, progress=False)
     model = random_model(model_cfg, mesh)
     graphdef, params = nnx.split(model)
     state, update, prepare = build_rl_update(config, runtime, graphdef, params)

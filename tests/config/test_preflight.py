@@ -1,6 +1,7 @@
 """Missing dependencies fail in a run's first seconds, naming the install command."""
 import importlib
 import importlib.metadata
+import importlib.util
 
 import pytest
 
@@ -57,3 +58,22 @@ def test_python_env_needs_bubblewrap(monkeypatch):
     config.env.name = "python"
     with pytest.raises(preflight.MissingDependency, match="bubblewrap"):
         preflight.check_runtime(config)
+
+
+@pytest.mark.parametrize("key, value, module, install", [
+    ("wandb.mode", "offline", "wandb", "pip install wandb"),
+    ("mlflow.tracking_uri", "file:/tmp/mlruns", "mlflow", "pip install mlflow-skinny")])
+def test_a_tracker_without_its_package_is_one_setup_line_naming_the_install(
+        monkeypatch, key, value, module, install):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == module else real_find_spec(name, *a))
+    config = default_config()
+    section, name = key.split(".")
+    config.log[section][name] = value
+    with pytest.raises(preflight.MissingDependency) as error:
+        preflight.check_runtime(config)
+    message = str(error.value)
+    assert "\n" not in message and message.endswith(f"Install with: {install}")
+    assert f"module {module!r}, needed by log.{section}." in message
+    preflight.check_runtime(default_config())  # off: not needed

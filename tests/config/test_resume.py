@@ -45,13 +45,15 @@ def test_the_keys_safe_to_change_on_resume_are_a_short_list():
     free = sorted(key for key, rule in ON_RESUME.items() if rule == FREE)
     assert free == [
         "checkpoint.async_save", "checkpoint.every", "checkpoint.keep", "eval.every",
-        "log.every", "log.progress", "log.samples", "log.tensorboard",
+        "log.artifacts", "log.every", "log.group", "log.mlflow.experiment",
+        "log.mlflow.tracking_uri", "log.name", "log.progress", "log.samples", "log.tags",
+        "log.tensorboard", "log.wandb.entity", "log.wandb.mode", "log.wandb.project",
         "multihost.coordinator", "retrieval.url", "reward.judge.url",
         "rollout.sglang.grace_s", "rollout.sglang.launch", "rollout.sglang.max_in_flight",
         "rollout.sglang.router_url", "rollout.sglang.startup_timeout_s",
         "rollout.sglang.urls"]
     assert [k for k, r in ON_RESUME.items() if isinstance(r, Grows)] == ["total_steps"]
-    assert sum(rule == FIXED for rule in ON_RESUME.values()) == len(ON_RESUME) - 18
+    assert sum(rule == FIXED for rule in ON_RESUME.values()) == len(ON_RESUME) - 27
 
 
 def test_a_changed_lr_is_refused_naming_both_values_and_the_ways_out(tmp_path):

@@ -29,6 +29,12 @@ BAD_TEXT = {
     rules.HOST_PORT: ["host", "host:port", "host:1:2"],
     rules.SERVED_MODEL: ["judge 7b", " "],
     rules.FOLDER_TO_CREATE: ["runs/\0weights"],
+    rules.ONE_LINE: ["two\nlines"],
+    rules.NAME: ["", "my project", "team/project", "a:b"],
+    rules.NAME_OR_DEFAULT: ["my team", "a/b"],
+    rules.TITLE: ["", "  ", "two\nlines"],
+    rules.TAGS: [",", "a,,b", "x" * 65],
+    rules.TRACKING_URI: ["./mlruns", "mlruns", "file:", "http://a b"],
 }
 
 

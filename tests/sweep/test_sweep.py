@@ -290,6 +290,60 @@ def test_an_arm_setting_a_renamed_key_names_the_new_one():
         plan.set_dotted(default_config(), "env.mask_observations", False)
 
 
+TRACKED_CONFIG = textwrap.dedent('''
+    from agentjax.config import default_config
+
+    def get_config(arg=None):
+        return default_config()
+
+    def sweep(name):
+        return [{"name": "kl0", "overrides": {"algo.kl_coef": 0.0}},
+                {"name": "hops", "overrides": {"algo.kl_coef": 0.5,
+                                               "data.train_questions": "1:2,2:3"}}]
+''')
+
+
+def test_a_sweeps_arms_share_a_tracker_group_and_are_tagged_by_their_values(tmp_path):
+    """The commands set log.name/group/tags; the MLflow runs they make (a `file:` store,
+    the runs' trackers started as train.py would) share the group."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from agentjax.train.tracking import Tracking
+
+    config_file = tmp_path / "tracked.py"
+    config_file.write_text(TRACKED_CONFIG)
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert cli.main(["--config", str(config_file), "--sweep", "kl", "--seeds", "3",
+                         "--out", str(tmp_path / "out"), "--print-commands"]) == 0
+    commands = [shlex.split(line) for line in stdout.getvalue().splitlines()]
+    flags_of = [dict(a[len("--config."):].split("=", 1) for a in argv if a.startswith("--config."))
+                for argv in commands]
+    assert [f["log.name"] for f in flags_of] == ["kl0/seed3", "hops/seed3"]
+    assert {f["log.group"] for f in flags_of} == {"tracked-kl"}
+    assert [f["log.tags"] for f in flags_of] == [
+        "arm=kl0,algo.kl_coef=0.0,seed=3",
+        "arm=hops,algo.kl_coef=0.5,data.train_questions=1:2;2:3,seed=3"]
+    uri = f"file:{tmp_path / 'mlruns'}"
+    arms, config = plan.load_arms(str(config_file), "kl")
+    warnings = []
+    for run in plan.expand(arms, [3], str(tmp_path / "out")):
+        for key, value in {**run.overrides, **plan.tracking_overrides(config, "tracked-kl", run),
+                           "log.tensorboard": False, "log.mlflow.tracking_uri": uri}.items():
+            plan.set_dotted(config, key, value)
+        os.makedirs(run.workdir)
+        tracking = Tracking.start(config, run.workdir, enabled=True, log=warnings.append)
+        tracking.log_row("rl", 1, {"loss": 0.5})
+        tracking.close()
+    assert warnings == []
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("agentjax").experiment_id],
+                              "tags.group = 'tracked-kl'")
+    assert sorted((r.info.run_name, r.data.tags["arm"], r.data.tags["algo.kl_coef"])
+                  for r in runs) == [("hops/seed3", "hops", "0.5"), ("kl0/seed3", "kl0", "0.0")]
+
+
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # ml_collections
 def test_a_sweep_rerun_of_an_arm_resumes_its_run_with_no_config_change(tmp_path):
     """Each arm's command gives the config its run saved, read back through

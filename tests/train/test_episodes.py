@@ -63,3 +63,37 @@ def test_check_failures_raises_only_when_all_failed_and_fatal(tokenizer):
     mixed = failed[:1] + [_episode(tokenizer, g) for g in range(9)]
     assert check_failures(mixed, where="s", fatal=True) is None  # 10% is not > 10%
     assert "2 of 10" in check_failures(failed[:2] + mixed[2:], where="s", fatal=True)
+
+
+def test_the_trackers_get_each_training_steps_samples_and_every_error(tmp_path, tokenizer):
+    """Samples of a training step as a table (segments with their masks), none of an
+    evaluation (step 0); the error table with every row so far, the earlier run's too."""
+    from agentjax.train.episodes import SAMPLE_COLUMNS
+    from agentjax.train.tracking import Tracking
+    from tests.train.tracker_files import FakeTracker
+
+    fake = FakeTracker()
+    recorder = EpisodeRecorder(str(tmp_path), tokenizer, samples=1,
+                               tracking=Tracking({"fake": fake}, workdir=str(tmp_path)))
+    recorder.record(1, "rl", [_episode(tokenizer, 0)])
+    recorder.record(0, "eval", [_episode(tokenizer, 1, error="KeyError: 'x'")])
+    recorder.tracking.close()
+    tables = [c for c in fake.calls if c[0] == "table"]
+    assert [(key, step, len(rows)) for _, key, step, rows in tables] == [
+        ("rl/samples", 1, 1), ("errors", None, 1)]
+    row = dict(zip(SAMPLE_COLUMNS, tables[0][3][0]))
+    assert row["reward"] == 0.5 and json.loads(row["reward_components"]) == {"exact_match": 0.5}
+    ids = len(tokenizer.encode("who founded", add_special_tokens=False))
+    assert row["trained_tokens"] == ids and row["masked_tokens"] == 3 * ids  # prompt, obs, action 2
+    assert [(s["kind"], s["turn"], s["trained"]) for s in json.loads(row["segments"])] == [
+        ("prompt", 0, False), ("action", 1, True), ("observation", 1, False),
+        ("action", 2, False)]
+    assert row["text"] == render_episode(_episode(tokenizer, 0), tokenizer)
+    assert tables[1][3][0][:4] == [error_key("KeyError: 'x'"), "KeyError: 'x'", "eval", 0]
+    # A rerun passes the earlier rows again (taken: skipped), then all of them with a new one.
+    again = FakeTracker()
+    recorder = EpisodeRecorder(str(tmp_path), tokenizer, samples=0,
+                               tracking=Tracking({"fake": again}, workdir=str(tmp_path)))
+    recorder.record(2, "rl", [_episode(tokenizer, 0, error="TimeoutError: retrieval")])
+    recorder.tracking.close()
+    assert [len(c[3]) for c in again.calls if c[0] == "table"] == [2]

@@ -43,7 +43,7 @@ def test_the_checkpointer_is_closed_however_the_loop_ends(stop, tmp_path, monkey
     runtime = Runtime(workdir=str(tmp_path), mesh=None, rules={}, is_main=True,
                       checkpoint=ml_collections.ConfigDict(
                           {"every": 1, "keep": 2, "async_save": True}),
-                      progress=False, tensorboard=False)
+                      progress=False)
 
     def draw(state, step):
         if step == 1 and stop is not None:

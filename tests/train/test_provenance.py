@@ -30,7 +30,7 @@ def _commit(folder, step):
 
 def _runtime(workdir) -> Runtime:
     return Runtime(workdir=str(workdir), mesh=None, rules={}, is_main=True,
-                   checkpoint=None, progress=False, tensorboard=False)
+                   checkpoint=None, progress=False)
 
 
 def test_the_resume_point_is_the_latest_committed_step_of_the_latest_stage(tmp_path):

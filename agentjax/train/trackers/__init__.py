@@ -1,0 +1,8 @@
+"""The experiment trackers train/tracking.py drives, each registered in TRACKERS:
+TensorBoard event files (log.tensorboard), Weights & Biases (log.wandb.mode), MLflow
+(log.mlflow.tracking_uri). Each imports its package only when its run starts."""
+from agentjax.train.trackers import mlflow_run, tensorboard_events, wandb_run
+from agentjax.train.trackers.base import TRACKERS, RunInfo, Table, Tracker
+
+__all__ = ["TRACKERS", "RunInfo", "Table", "Tracker", "mlflow_run", "tensorboard_events",
+           "wandb_run"]

@@ -1,0 +1,99 @@
+"""MLflow (log.mlflow): one MLflow run per training run in experiment
+log.mlflow.experiment, its id in the workdir's tracking.json. The flattened config is the
+run's params (and config.json an artifact, values unclipped), the group and tags run tags
+(a 'key=value' tag as tag key=value); metric keys are `mlflow_key`s; tables are JSON artifacts in pandas' "split" form
+(MLflow's own table format), a step's table <key>_<step>.json; the report's numbers are
+metrics at the last step."""
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Mapping
+
+from agentjax.train.trackers.base import TRACKERS, RunInfo, Table
+
+PARAM_CHARS = 6000  # MLflow refuses longer param values
+BATCH = 100  # params per log_batch call (MLflow's limit; metrics allow 1000)
+
+
+def mlflow_key(key: str) -> str:
+    """A metric or tag key as MLflow takes it: '/' only after the first part (the stage,
+    MLflow's chart section), '.' for the others — a file store keeps a metric in a file
+    named by its key, so "a/b" could not also have "a/b/c" — and '_' for '=' and the
+    other characters MLflow refuses ("rl/eval/success/hops=1" -> "rl/eval.success.hops_1")."""
+    head, slash, rest = key.partition("/")
+    return re.sub(r"[^/\w.\- ]", "_", head + slash + rest.replace("/", "."))
+
+
+def param_value(value) -> str:
+    """A config value as the MLflow param it is logged as."""
+    return str(value)[:PARAM_CHARS]
+
+
+def run_tags(info: RunInfo) -> dict[str, str]:
+    tags = {"group": info.group} if info.group else {}
+    for tag in info.tags:
+        key, _, value = tag.partition("=")
+        tags[mlflow_key(key)] = value
+    return tags
+
+
+class MlflowRun:
+    def __init__(self, section, info: RunInfo):
+        self.section, self.info = section, info
+        self.where = f"{section.tracking_uri} experiment {section.experiment}"
+        self._client = self._run_id = None
+
+    def start(self, run_id: str | None) -> str:
+        uri = self.section.tracking_uri
+        if uri.startswith("file:"):
+            # MLflow 3 refuses a file store unless asked for; a `file:` URI asks for one.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        self._client = client = MlflowClient(tracking_uri=uri)
+        if run_id is not None:
+            client.update_run(run_id, status="RUNNING")
+            self._run_id = run_id
+            return run_id
+        experiment = client.get_experiment_by_name(self.section.experiment)
+        experiment_id = (experiment.experiment_id if experiment is not None
+                         else client.create_experiment(self.section.experiment))
+        self._run_id = client.create_run(experiment_id, run_name=self.info.name,
+                                         tags=run_tags(self.info)).info.run_id
+        params = [Param(key, param_value(value)) for key, value in self.info.config.items()]
+        for start in range(0, len(params), BATCH):
+            client.log_batch(self._run_id, params=params[start:start + BATCH])
+        client.log_dict(self._run_id, self.info.config, "config.json")
+        return self._run_id
+
+    def _metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(mlflow_key(key), float(value), now, step) for key, value in metrics.items()]
+        for start in range(0, len(batch), 1000):
+            self._client.log_batch(self._run_id, metrics=batch[start:start + 1000])
+
+    def log_metrics(self, stage: str, step: int, metrics: Mapping[str, float]) -> None:
+        self._metrics(metrics, step)
+
+    def log_table(self, key: str, step: int | None, table: Table) -> None:
+        name = key if step is None else f"{key}_{step:06d}"
+        self._client.log_dict(self._run_id, table.as_dict(), f"{name}.json")
+
+    def log_summary(self, metrics: Mapping[str, float], step: int) -> None:
+        self._metrics(metrics, step)
+
+    def log_artifact(self, folder: str, name: str) -> None:
+        self._client.log_artifacts(self._run_id, folder, artifact_path=name)
+
+    def finish(self, failed: bool) -> None:
+        self._client.set_terminated(self._run_id, "FAILED" if failed else "FINISHED")
+
+
+@TRACKERS.register("mlflow")
+def mlflow_run(config, info: RunInfo) -> MlflowRun | None:
+    return MlflowRun(config.log.mlflow, info) if config.log.mlflow.tracking_uri else None
