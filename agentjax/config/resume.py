@@ -21,7 +21,6 @@ imported.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import difflib
 import json
 import os
@@ -32,7 +31,6 @@ import ml_collections
 from agentjax.config.errors import ConfigError
 from agentjax.config.saved import is_run_folder, load_saved
 from agentjax.config.schema import KEYS, ON_RESUME
-from agentjax.core import atomic
 
 CHANGES_FILE = "config_changes.jsonl"
 ROW_FIELDS = {"stage", "step", "key", "old", "new", "time"}
@@ -143,18 +141,6 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str,
             "accept the change with --allow_config_change="
             + ",".join(change.key for change, _ in refused))
     return changes
-
-
-def record_changes(workdir: str, changes: Iterable[Change], *, stage: str,
-                   step: int) -> None:
-    """Adds a row per change to <workdir>/config_changes.jsonl (rewritten atomically):
-    the change applies after `step` of `stage`."""
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    rows = [{"stage": stage, "step": step, "key": c.key, "old": c.old, "new": c.new,
-             "time": now} for c in changes]
-    if rows:
-        atomic.write_text(os.path.join(workdir, CHANGES_FILE), "".join(
-            json.dumps(row) + "\n" for row in read_changes(workdir) + rows))
 
 
 def _flat(values: dict, prefix: str = "") -> dict:

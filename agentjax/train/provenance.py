@@ -21,17 +21,31 @@ import importlib.metadata
 import json
 import os
 import subprocess
+from typing import Iterable
 
 import ml_collections
 
 import agentjax
-from agentjax.config.resume import Change, read_changes, record_changes
+from agentjax.config.resume import CHANGES_FILE, Change, read_changes
 from agentjax.core import atomic
 from agentjax.train.checkpoint import latest_committed_step
 from agentjax.train.runtime import CHECKPOINTS, Runtime
 
 CODE_VERSIONS = "code_versions.jsonl"
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(agentjax.__file__)))
+
+
+
+def record_changes(workdir: str, changes: Iterable[Change], *, stage: str,
+                   step: int) -> None:
+    """Adds a row per change to <workdir>/config_changes.jsonl (rewritten atomically):
+    the change applies after `step` of `stage`."""
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    rows = [{"stage": stage, "step": step, "key": c.key, "old": c.old, "new": c.new,
+             "time": now} for c in changes]
+    if rows:
+        atomic.write_text(os.path.join(workdir, CHANGES_FILE), "".join(
+            json.dumps(row) + "\n" for row in read_changes(workdir) + rows))
 
 
 def code_version() -> dict:

@@ -8,6 +8,7 @@ import pytest
 
 from agentjax.config import ConfigError, presets
 from agentjax.config import resume
+from agentjax.train import provenance
 from agentjax.config.rules import FIXED, FREE, Grows
 from agentjax.config.schema import ON_RESUME
 
@@ -112,7 +113,7 @@ def test_the_config_in_effect_has_the_recorded_changes(tmp_path):
     change; going back to the original value is a change again."""
     workdir = _run_folder(tmp_path, _config(optim__lr=1e-3))
     changes = resume.check_resume(_config(optim__lr=2e-3), workdir, ["optim.lr"])
-    resume.record_changes(workdir, changes, stage="rl", step=1)
+    provenance.record_changes(workdir, changes, stage="rl", step=1)
     [row] = resume.read_changes(workdir)
     assert {k: row[k] for k in ("stage", "step", "key", "old", "new")} == {
         "stage": "rl", "step": 1, "key": "optim.lr", "old": 1e-3, "new": 2e-3}
