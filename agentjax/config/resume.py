@@ -3,7 +3,7 @@ config may resume it, before anything is built.
 
     changes = check_resume(config, workdir, allowed=["optim.lr"])   # ConfigError, or
     ...                                                              # the accepted changes
-    record_changes(workdir, changes, stage="rl", step=12)   # once the resume point is known
+    # train/provenance.py records them once the resume point is known
 
 The config in effect in a workdir is its config.json (the config the run started with,
 never rewritten) with the changes accepted on each resume applied in order
