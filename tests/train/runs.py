@@ -52,6 +52,27 @@ def train(config, workdir, *overrides, env=ONE_DEVICE) -> str:
     return out
 
 
+def check_finished_run(config: str, workdir, out: str) -> None:
+    """What every config's `:test` run must have done, given its workdir and output."""
+    workdir = Path(workdir)
+    final = json.loads((workdir / "final.json").read_text())
+    assert "sft/success_greedy" in final
+    assert (workdir / "sft" / "hf" / "model.safetensors").exists()
+    if not config.startswith("sft"):
+        assert "eval/success_sampled" in final
+        rows = read_metrics(str(workdir))
+        assert [r["step"] for r in rows] == [1, 2]
+        for row in rows:
+            assert row["mask/leak"] == 0
+            assert "grad_norm" in row and "entropy" in row and "reward/mean" in row
+        assert (workdir / "hf" / "model.safetensors").exists()
+    assert "| RL agent |" in out or config.startswith("sft")
+    if "search" in config:  # held-out success split by what SFT taught (evaluate.py)
+        assert [r["step"] for r in read_metrics(str(workdir / "pretrain"))] == [1, 2]
+        assert any(k.startswith("sft/success_greedy/taught=") for k in final)
+        assert "sampled, taught=" in out
+
+
 def comparable(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in rows]
 

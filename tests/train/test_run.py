@@ -28,34 +28,18 @@ from agentjax.train.policy import EXPORT_MARKER
 from tests.data import search_r1_files
 from tests.models.qwen_tokenizers import qwen_tokenizer_folder
 from tests.rewards.episodes import TWO_HOP, episode
-from tests.train.runs import ONE_DEVICE, ROOT, TRAIN, comparable
+from tests.train.runs import ONE_DEVICE, ROOT, TRAIN, check_finished_run, comparable
 from tests.train.runs import train as _train
 
 EIGHT_DEVICES = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["grpo_search.py:test", "ppo_search.py:test",
-                                    "dapo_search.py:test", "sft_search.py:test",
-                                    "grpo_python.py:test"])
+# grpo_search.py:test runs in tests/train/test_tracking_run.py, with every tracker on.
+@pytest.mark.parametrize("config", ["ppo_search.py:test", "dapo_search.py:test",
+                                    "sft_search.py:test", "grpo_python.py:test"])
 def test_every_config_runs_end_to_end(config, tmp_path):
-    out = _train(config, tmp_path)
-    final = json.loads((tmp_path / "final.json").read_text())
-    assert "sft/success_greedy" in final
-    assert (tmp_path / "sft" / "hf" / "model.safetensors").exists()
-    if not config.startswith("sft"):
-        assert "eval/success_sampled" in final
-        rows = read_metrics(tmp_path)
-        assert [r["step"] for r in rows] == [1, 2]
-        for row in rows:
-            assert row["mask/leak"] == 0
-            assert "grad_norm" in row and "entropy" in row and "reward/mean" in row
-        assert (tmp_path / "hf" / "model.safetensors").exists()
-    assert "| RL agent |" in out or config.startswith("sft")
-    if "search" in config:  # held-out success split by what SFT taught (evaluate.py)
-        assert [r["step"] for r in read_metrics(tmp_path / "pretrain")] == [1, 2]
-        assert any(k.startswith("sft/success_greedy/taught=") for k in final)
-        assert "sampled, taught=" in out
+    check_finished_run(config, tmp_path, _train(config, tmp_path))
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""One training run (the `:test` variant) with every tracker on, offline: W&B and MLflow
+"""The main job's training run (grpo_search.py:test) with every tracker on, offline: W&B and MLflow
 (a `file:` store) and TensorBoard hold every metrics row of every stage at its step, the
 SFT evaluation, the report, the sampled episodes and the exported policy
 (tests/train/test_tracking.py tests resume and failures through the trackers alone)."""
@@ -37,11 +37,13 @@ def workdir(tmp_path_factory):
            **{name: str(root / "wandb_home") for name in
               ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR")}}
     workdir = root / "run"
-    runs.train("grpo_search.py:test", workdir, "--config.log.wandb.mode=offline",
+    out = runs.train("grpo_search.py:test", workdir, "--config.log.wandb.mode=offline",
                f"--config.log.mlflow.tracking_uri=file:{root / 'mlruns'}",
                "--config.log.tensorboard=True", "--config.log.artifacts=True",
                "--config.log.group=grpo_search-test", "--config.log.tags=arm=a,seed=0",
                env=env)
+    # The config's end-to-end run (tests/train/test_run.py runs the other configs).
+    runs.check_finished_run("grpo_search.py:test", workdir, out)
     return workdir
 
 
