@@ -26,6 +26,7 @@ import numpy as np
 from agentjax.core.task import Task
 from agentjax.data import demonstrators as demo_lib
 from agentjax.envs.code.env import final_block, run_call
+from agentjax.rewards import code as code_lib
 
 DATA_SOURCE = "synthetic_code"
 
@@ -56,8 +57,14 @@ def language() -> list[str]:
     return list(dict.fromkeys(steps + reductions + composed))
 
 
+_PROGRAM_HEAD = "def f(x): return "
+
+
 def program(expression: str) -> str:
-    return f"def f(x): return {expression}"
+    return _PROGRAM_HEAD + expression
+
+
+_LANGUAGE = frozenset(language())
 
 
 def evaluate(expression: str, value: list[int]):
@@ -148,6 +155,41 @@ def parse_examples(question: str) -> list[tuple[list[int], object]]:
     return pairs
 
 
+def run_world_tests(source: str, tests: Sequence[str], **limits) -> list[code_lib.TestResult]:
+    """A program of the language (`program(expression)`) against `f(X) == Y` assertion
+    tests, in this process: exactly what `rewards.code.run_tests` reports for it from the
+    sandbox (the observations of the scripted coder's `run` calls, without a sandbox run
+    each). `limits` (timeout_s, memory_mb) are accepted and unused: these programs run in
+    microseconds.
+
+    Raises:
+      ValueError: `source` is not a program of the language, or raises on a test's
+        input (the sandbox would report a traceback).
+    """
+    expression = _expression(source)
+    results = []
+    for value, want in parse_examples("\n".join(t.removeprefix("assert ") for t in tests)):
+        got = evaluate(expression, value)
+        if got is None:
+            raise ValueError(f"{source!r} raises on f({value!r}): run it in the sandbox")
+        results.append(code_lib.TestResult(True, "passed") if got == want else
+                       code_lib.TestResult(False, "failed", expected=repr(want), got=repr(got)))
+    return results
+
+
+def solves(source: str, tests: Sequence[str]) -> bool:
+    """Whether a program of the language passes every `f(X) == Y` test (in-process)."""
+    expression = _expression(source)
+    return fits(expression, parse_examples("\n".join(t.removeprefix("assert ") for t in tests)))
+
+
+def _expression(source: str) -> str:
+    expression = source.strip().removeprefix(_PROGRAM_HEAD)
+    if not source.strip().startswith(_PROGRAM_HEAD) or expression not in _LANGUAGE:
+        raise ValueError(f"not a program of the code world's language: {source!r}")
+    return expression
+
+
 @dataclasses.dataclass(frozen=True)
 class CoderConfig:
     """The scripted programmer's imperfection (module docstring)."""
@@ -182,7 +224,9 @@ class ScriptedCoder:
         else:
             attempts = [solution]
             if env.max_turns >= 3 and rng.random() < self.config.p_wrong_first:
-                wrong = [e for e in self.expressions if e != solution]
+                examples = parse_examples(task.question)
+                wrong = [e for e in self.expressions if e != solution
+                         and all(evaluate(e, x) is not None for x, _ in examples)]
                 attempts.insert(0, wrong[int(rng.integers(len(wrong)))])
         for expression in attempts if env.max_turns >= 2 else ():
             action = run_call(program(expression))

@@ -20,8 +20,9 @@ answers that the budget is spent.
 """
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from agentjax.core.task import Task, TurnLog
 from agentjax.envs.parsers import Action, invalid, parse_tool_call
@@ -140,6 +141,9 @@ class CodeEnv(TurnEnv):
       instruction: user prompt template with a `{question}` slot.
       tool_prompt: a system message describes the tools (`system_prompt`); False for a
         tiny model that learns the protocol from demonstrations (fewer tokens).
+      tests_runner: `(program, tests, *, timeout_s, memory_mb) -> [TestResult]` behind
+        `run`; default `rewards.code.run_tests` in `sandbox`. (A scripted demonstrator's
+        own programs may run in-process: data/code_world.py.)
     """
 
     stop = ("</tool_call>",)
@@ -149,7 +153,8 @@ class CodeEnv(TurnEnv):
                  max_turns: int = 4, timeout_s: float = 5.0, memory_mb: int = 512,
                  episode_time_s: float = 60.0, max_failures_shown: int = 3,
                  max_detail_chars: int = 300, max_observation_chars: int = 2000,
-                 instruction: str = DEFAULT_INSTRUCTION, tool_prompt: bool = True):
+                 instruction: str = DEFAULT_INSTRUCTION, tool_prompt: bool = True,
+                 tests_runner: Callable[..., list[code_lib.TestResult]] | None = None):
         super().__init__(max_turns, max_observation_chars)
         if episode_time_s <= 0 or max_failures_shown < 1 or max_detail_chars < 1:
             raise ValueError(f"episode_time_s, max_failures_shown and max_detail_chars must "
@@ -161,6 +166,8 @@ class CodeEnv(TurnEnv):
         self.max_failures_shown, self.max_detail_chars = max_failures_shown, max_detail_chars
         self.instruction = check_instruction(instruction)
         self.tool_prompt = tool_prompt
+        self.tests_runner = tests_runner or functools.partial(code_lib.run_tests,
+                                                              sandbox=self.sandbox)
         self._time_used = 0.0
 
     def initial_messages(self, task: Task) -> list[dict[str, str]]:
@@ -208,8 +215,8 @@ class CodeEnv(TurnEnv):
         # No more tests' deadlines than the budget has room for.
         timeout_s = min(self.timeout_s, max(self.episode_time_s - self._time_used, 0.1))
         try:
-            results = code_lib.run_tests(program, tests, self.sandbox, timeout_s=timeout_s,
-                                         memory_mb=self.memory_mb)
+            results = self.tests_runner(program, tests, timeout_s=timeout_s,
+                                        memory_mb=self.memory_mb)
         except Exception as e:  # a broken sandbox must not end the run
             turn.observation = f"The run tool failed: {type(e).__name__}: {e}"
             turn.error = turn.observation

@@ -103,12 +103,16 @@ def build_code_suite(config, data_dir: str) -> TaskSuite:
 
         def play(index, task, split="train"):
             rng = np.random.default_rng([config.data.world_seed, index, split == "test"])
-            return coder.run(make_env(), task, rng)
+            # The coder's programs are the world's own: run in-process, not sandboxed.
+            env = CodeEnv(sandbox, **env_kwargs, tests_runner=code_world.run_world_tests)
+            return coder.run(env, task, rng)
 
         demos = _play(play, train_tasks[:config.sft.num_demos] if config.sft.steps else [])
-        # The demonstrator's held-out success, on the tasks evaluation uses.
+        # The demonstrator's held-out success (every hidden test passed), on the tasks
+        # evaluation uses.
         measured = _play(lambda i, t: play(i, t, "test"), test_tasks[:config.eval.num_tasks])
-        wins = [rewards(d.task, d.log)[1][success_key] >= 1 for d in measured]
+        wins = [code_world.solves(d.log.final_answer, d.task.metadata["tests"])
+                for d in measured]
         baselines["demonstrator"] = {"success": float(np.mean(wins)), "by_hops": {}}
     else:
         train_tasks = _load(config.data.train_path, config, sandbox)
