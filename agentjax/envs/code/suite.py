@@ -35,15 +35,16 @@ TEST_MEMORY_MB = 512
 PLAY_WORKERS = 16
 
 
-def code_reward_fn(config, sandbox):
+def code_reward_fn(config, sandbox, *, timeout_s: float = TEST_TIMEOUT_S,
+                   memory_mb: int = TEST_MEMORY_MB):
     """The composite of reward_config with the code env's terms: the outcome terms run
-    the hidden tests in `sandbox` with the per-test limits, the format term is
+    the hidden tests in `sandbox` with these per-test limits, the format term is
     `code_format`."""
     components = reward_config(config)["components"]
     components["code_format"] = components.pop("format")
     for name in OUTCOMES["code"].values():
-        components[name] = {"weight": components[name], "timeout_s": TEST_TIMEOUT_S,
-                            "memory_mb": TEST_MEMORY_MB}
+        components[name] = {"weight": components[name], "timeout_s": timeout_s,
+                            "memory_mb": memory_mb}
     return make_reward_fn({"components": components}, sandbox=sandbox)
 
 
