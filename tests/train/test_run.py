@@ -36,7 +36,7 @@ EIGHT_DEVICES = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_co
 @pytest.mark.slow
 @pytest.mark.parametrize("config", ["grpo_search.py:test", "ppo_search.py:test",
                                     "dapo_search.py:test", "sft_search.py:test",
-                                    "grpo_python.py:test"])
+                                    "grpo_python.py:test", "grpo_code.py:test"])
 def test_every_config_runs_end_to_end(config, tmp_path):
     out = _train(config, tmp_path)
     final = json.loads((tmp_path / "final.json").read_text())
