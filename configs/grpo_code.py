@@ -18,7 +18,7 @@ naming their line and field, or skipped with --config.data.skip_bad_rows=True):
         --config.data.test_path=/data/humaneval.jsonl --workdir=/ckpt/grpo-code
 
 Single-shot instead of run-read-fix: --config.env.max_turns=1. All-or-nothing reward:
---config.reward.outcome=all_tests. Needs bubblewrap (`apt-get install -y bubblewrap`).
+--config.reward.outcome=em (every hidden test passed, the success criterion). Needs bubblewrap (`apt-get install -y bubblewrap`).
 Variants: cpu, hf, test (seconds; CI).
 """
 from agentjax.config import presets
@@ -72,9 +72,9 @@ def get_config(arg=None):
 
 SWEEPS = {
     # Run-read-fix against single-shot on the same budget of steps and episodes.
-    "turns": [("single_shot", {"env.max_turns": 1}), ("multi_turn", {"env.max_turns": 4})],
+    "turns": [("multi_turn", {"env.max_turns": 4}), ("single_shot", {"env.max_turns": 1})],
     "outcome": [("fraction", {"reward.outcome": "tests"}),
-                ("all_or_nothing", {"reward.outcome": "all_tests"})],
+                ("all_or_nothing", {"reward.outcome": "em"})],
 }
 
 

@@ -250,7 +250,7 @@ REWARD = Section(
                                                     for o in by_env))),
         "the rewarded outcome: 'em' (exact match), or for search 'f1' or 'judge' (an LLM "
         "judge); held-out success is exact match whichever is rewarded. Code: 'tests' "
-        "(the fraction of hidden tests passed) or 'all_tests' (1 when all pass; success)"),
+        "(the fraction of hidden tests passed) or 'em' (1 when all pass: success)"),
     Key("format_weight", 0.0, NON_NEGATIVE, "weight of the well-formed-actions reward"),
     Key("tool_weight", 0.0, NON_NEGATIVE, "weight of the tool-use shaping (valid calls "
         "rewarded, duplicate and invalid ones penalized)"),

@@ -3,8 +3,8 @@ synthetic code world with its scripted imperfect programmer (data.source="synthe
 or a user's HumanEval / MBPP / stdin-stdout task files (data.source="files", the
 canonical solutions as SFT demonstrations).
 
-The reward: reward.outcome "tests" (the fraction of hidden tests passed) or "all_tests"
-(1 only when every one passes), both logged; format (reward.format_weight, the code
+The reward: reward.outcome "tests" (the fraction of hidden tests passed) or "em" (1
+only when every one passes: all-or-nothing), both logged; format (reward.format_weight, the code
 env's `code_format`) and tool shaping (reward.tool_weight) as for search. An episode
 succeeds when it passes every hidden test.
 """
@@ -90,7 +90,7 @@ def build_code_suite(config, data_dir: str) -> TaskSuite:
         return CodeEnv(sandbox, **env_kwargs)
 
     rewards = code_reward_fn(config, sandbox)
-    success_key = OUTCOMES["code"]["all_tests"]
+    success_key = OUTCOMES["code"]["em"]
     baselines = {}
     if config.data.source == "synthetic":
         world = code_world.CodeWorldConfig(
