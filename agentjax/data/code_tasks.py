@@ -61,7 +61,6 @@ from agentjax.core.task import Task
 from agentjax.data.loaders import LoadResult, RowError
 from agentjax.rewards import code as code_lib
 
-FORMATS = ("humaneval", "mbpp", "stdio")
 STATEMENT_FIELDS = ("question", "problem", "description", "question_content")
 # CodeContests' `solutions.language` code of Python 3.
 CODECONTESTS_PYTHON3 = 3
@@ -72,7 +71,6 @@ class RowProblem(ValueError):
 
     def __init__(self, field: str, message: str):
         super().__init__(f"field {field!r}: {message}")
-        self.field = field
 
 
 def _text(record: Mapping[str, Any], field: str, *, allow_empty: bool = False) -> str:
@@ -323,7 +321,8 @@ def _stdio(record: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def row_format(record: Mapping[str, Any]) -> str:
-    """"humaneval", "mbpp" or "stdio", by the row's fields."""
+    """The row's format (a key of _BUILDERS: "humaneval", "mbpp" or "stdio"), by its
+    fields."""
     if "entry_point" in record or "canonical_solution" in record:
         return "humaneval"
     if "test_list" in record:
