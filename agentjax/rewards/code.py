@@ -29,6 +29,7 @@ import hashlib
 import json
 import re
 import threading
+import warnings
 from typing import Any, Mapping, Protocol, Sequence
 
 from agentjax.core.task import EpisodeLog, Task
@@ -84,11 +85,21 @@ def last_fenced_block(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
+def parse_program(source: str) -> ast.Module | None:
+    """The syntax tree of a policy's program, None when it does not parse; quietly (a
+    policy writes `1x` often enough: Python's SyntaxWarnings would flood the run's log)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        try:
+            return ast.parse(source)
+        except (SyntaxError, ValueError):
+            return None
+
+
 def defines(source: str, name: str) -> bool:
     """Whether `source` parses and defines a top-level function `name`."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
+    tree = parse_program(source)
+    if tree is None:
         return False
     return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name
                for node in tree.body)
@@ -465,13 +476,6 @@ def code_format_score(log: EpisodeLog) -> float:
         return 0.0
     valid = sum(t.valid for t in log.turns) / len(log.turns)
     program = log.final_answer
-    finished = program is not None and log.stop_reason == "answer" and _parses(program)
+    finished = (program is not None and log.stop_reason == "answer"
+                and parse_program(program) is not None)
     return 0.5 * valid + 0.5 * float(finished)
-
-
-def _parses(source: str) -> bool:
-    try:
-        ast.parse(source)
-    except (SyntaxError, ValueError):
-        return False
-    return True

@@ -2,6 +2,7 @@ import dataclasses
 import subprocess
 import sys
 import threading
+import warnings
 
 import pytest
 
@@ -110,3 +111,11 @@ def test_assemble_program_continues_or_follows_the_prefix():
     assert code.assemble_program(whole, prefix=prefix, entry_point="f") == \
         prefix.rstrip() + "\n\n" + whole
     assert code.assemble_program(whole) == whole
+
+
+def test_policy_programs_parse_quietly():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a SyntaxWarning would raise here
+        assert code.parse_program("x = 1if 1 else 2") is not None
+        assert code.parse_program("x = 1x") is None
+        assert not code.defines("def f(:", "f") and code.defines("def f(): pass", "f")
