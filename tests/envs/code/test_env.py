@@ -136,11 +136,11 @@ def test_an_attack_inside_a_test_fails_that_test_alone(sandbox):
     task = Task("t2", "?", metadata={"visible_tests": [
         "assert add(1, 1) == 2", ATTACKS["fork_bomb"], ATTACKS["output_flood"],
         ATTACKS["infinite_loop"], "assert add(2, 2) == 4"], "prefix": "", "starter": ""})
-    env = CodeEnv(sandbox, timeout_s=1.0, max_failures_shown=5)
+    env = CodeEnv(sandbox, timeout_s=2.0, max_failures_shown=5)
     env.reset(task)
     observation, _, _, _ = env.step(run_call(RIGHT))
     assert observation.startswith("2 of 5 tests passed.")
-    assert "printed too much: stopped" in observation and "timed out after 1 s" in observation
+    assert "printed too much: stopped" in observation and "timed out after 2 s" in observation
 
 
 def test_invalid_actions_get_corrections(sandbox):
