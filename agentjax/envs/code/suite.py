@@ -109,9 +109,8 @@ def build_code_suite(config, data_dir: str) -> TaskSuite:
             return coder.run(env, task, rng)
 
         demos = _play(play, train_tasks[:config.sft.num_demos] if config.sft.steps else [])
-        # The demonstrator's held-out success (every hidden test passed), on the tasks
-        # evaluation uses.
-        measured = _play(lambda i, t: play(i, t, "test"), test_tasks[:config.eval.num_tasks])
+        # The demonstrator's held-out success (every hidden test passed).
+        measured = _play(lambda i, t: play(i, t, "test"), test_tasks)
         wins = [code_world.solves(d.log.final_answer, d.task.metadata["tests"])
                 for d in measured]
         baselines["demonstrator"] = {"success": float(np.mean(wins)), "by_hops": {}}
