@@ -11,8 +11,11 @@ is the exact set of names its implementation accepts (named in the comment above
 # success criterion (evaluation counts an episode solved when it reaches 1), logged
 # either way; "judge" is the LLM judge of reward.judge (rewards/judge.py), in the reward
 # only when chosen (it asks a server about every episode).
+# The code env's: "em" every hidden test passed (all-or-nothing, the success criterion),
+# "tests" the fraction passed (partial credit).
 OUTCOMES = {"search": {"em": "exact_match", "f1": "f1", "judge": "judge"},
-            "python": {"em": "math_match"}}
+            "python": {"em": "math_match"},
+            "code": {"em": "all_tests_pass", "tests": "tests_pass"}}
 # models/config.py (`_ARCHS`: the HF architectures entry of each) and models/decoder.py.
 ARCHS = ("llama", "qwen2", "qwen3")
 # models/decoder.py: remat_policy ("auto": none for short sequences,

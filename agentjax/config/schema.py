@@ -247,7 +247,8 @@ DATA = Section(
 ENV = Section(
     "env", "The environment the agent acts in (envs/registry.py: SUITES).",
     Key("name", "search", Choice(tuple(OUTCOMES)), "'search' (multi-hop questions, a "
-        "search tool) or 'python' (arithmetic, a sandboxed Python tool)"),
+        "search tool), 'python' (arithmetic, a sandboxed Python tool) or 'code' (programs "
+        "written, run against tests and fixed; envs/code)"),
     Key("topk", 3, POSITIVE, "documents a search returns"),
     Key("max_turns", 4, POSITIVE, "actions an episode may take"),
     Key("max_observation_words", 120, POSITIVE, "an observation's documents are cut after "
@@ -277,7 +278,8 @@ REWARD = Section(
     Key("outcome", "em", Choice(tuple(dict.fromkeys(o for by_env in OUTCOMES.values()
                                                     for o in by_env))),
         "the rewarded outcome: 'em' (exact match), or for search 'f1' or 'judge' (an LLM "
-        "judge); held-out success is exact match whichever is rewarded"),
+        "judge); held-out success is exact match whichever is rewarded. Code: 'tests' "
+        "(the fraction of hidden tests passed) or 'em' (1 when all pass: success)"),
     Key("format_weight", 0.0, NON_NEGATIVE, "weight of the well-formed-actions reward"),
     Key("tool_weight", 0.0, NON_NEGATIVE, "weight of the tool-use shaping (valid calls "
         "rewarded, duplicate and invalid ones penalized)"),
@@ -324,6 +326,9 @@ SFT = Section(
         "bridge entity one hop early"),
     Key("poor_query_prob", 0.0, PROBABILITY, "per search: it queries a fragment of the "
         "name and reads sloppily"),
+    Key("wrong_first_prob", 0.0, PROBABILITY, "code world, per solving episode: the "
+        "demonstrator first runs a wrong program, reads the failure, then runs the right "
+        "one (data/code_world.py)"),
     Key("negative_frac", 0.1, PROBABILITY, "per episode: one malformed action, then the "
         "env's correction and the right action (Agent-FLAN negatives; the malformed turn "
         "is not trained, the recovery is)"),

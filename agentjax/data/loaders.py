@@ -164,6 +164,24 @@ def _load_rows(rows: Iterable[tuple[int, Any]], path: str) -> LoadResult:
     return LoadResult(tasks, errors)
 
 
+def accept_rows(loaded: LoadResult, path: str, *, skip_bad_rows: bool) -> list[Task]:
+    """The tasks of a loaded file under data.skip_bad_rows: bad rows are an error naming
+    the first few, or (skip_bad_rows) skipped with a warning that counts them.
+
+    Raises:
+      ValueError: a bad row without skip_bad_rows, or no usable task at all.
+    """
+    if loaded.errors:
+        shown = "; ".join(e.message for e in loaded.errors[:5])
+        message = f"{len(loaded.errors)} of the rows of {path} do not load ({shown})"
+        if not skip_bad_rows:
+            raise ValueError(f"{message}; fix them, or set data.skip_bad_rows=True to skip them")
+        print(f"warning: {message}; skipped (data.skip_bad_rows)")
+    if not loaded.tasks:
+        raise ValueError(f"no usable task in {path}")
+    return list(loaded.tasks)
+
+
 def load_search_r1_parquet(path: str) -> LoadResult:
     """Reads a Search-R1 / verl parquet file (module docstring) into Tasks.
 

@@ -25,10 +25,11 @@ synthetic world and a Search-R1 dataset alike.
 
 Registered components (options in parentheses):
   outcome  exact_match, f1, math_match — on the last `<answer>` vs Task.answers;
-           tests_pass (timeout_s, memory_mb, max_workers; resource sandbox);
+           tests_pass, all_tests_pass (timeout_s, memory_mb; resource sandbox) — the
+           fraction of metadata["tests"] passed, or 1 when all pass;
            judge (resource judge: an LLMJudge)
   process  process (include_answer) — subgoal_reward, on tasks with subgoals only
-  shaping  format (action_tags, terminal_tags, think_tag); tool_shaping (valid_bonus,
+  shaping  format (action_tags, terminal_tags, think_tag); code_format; tool_shaping (valid_bonus,
            max_bonus_calls, duplicate_penalty, invalid_penalty, cap); length (penalty:
            linear|sigmoid, unit: turns|tokens, and length_reward's target, coef,
            max_penalty, tau; resource tokenizer for tokens). DAPO's overlong shaping is
@@ -157,18 +158,16 @@ def _math_match():
 
 
 @register_reward("tests_pass", "outcome")
-def _tests_pass(*, sandbox, timeout_s: float = 5.0, memory_mb: int = 512,
-                max_workers: int = 4):
-    def fn(task, log):
-        if "tests" not in task.metadata:
-            raise ValueError(f"task {task.task_id!r} has no metadata['tests'] for tests_pass")
-        answer = outcome.episode_answer(log)
-        program = None if answer is None else code.extract_code(answer)
-        return code.tests_pass_fraction(program, task.metadata["tests"], sandbox,
-                                        timeout_s=timeout_s, memory_mb=memory_mb,
-                                        max_workers=max_workers)
+def _tests_pass(*, sandbox, timeout_s: float = 5.0, memory_mb: int = 512):
+    return Term(lambda task, log: code.tests_score(
+        task, log, sandbox, timeout_s=timeout_s, memory_mb=memory_mb), 0.0, 1.0)
 
-    return Term(fn, 0.0, 1.0)
+
+@register_reward("all_tests_pass", "outcome")
+def _all_tests_pass(*, sandbox, timeout_s: float = 5.0, memory_mb: int = 512):
+    return Term(lambda task, log: code.tests_score(
+        task, log, sandbox, all_or_nothing=True, timeout_s=timeout_s,
+        memory_mb=memory_mb), 0.0, 1.0)
 
 
 @register_reward("judge", "outcome")
@@ -184,6 +183,11 @@ def _format(*, action_tags=("search", "answer"), terminal_tags=("answer",),
     return Term(lambda task, log: format_lib.format_score(
         log, action_tags=tuple(action_tags), terminal_tags=tuple(terminal_tags),
         think_tag=think_tag), 0.0, 1.0)
+
+
+@register_reward("code_format", "shaping")
+def _code_format():
+    return Term(lambda task, log: code.code_format_score(log), 0.0, 1.0)
 
 
 @register_reward("tool_shaping", "shaping")

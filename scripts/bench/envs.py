@@ -8,6 +8,11 @@
 2. Retrieval: queries/s and latency of BM25Retriever in-process (one thread, and
    `--clients` threads) and through scripts/serve_retrieval.py over HTTP with `--clients`
    concurrent HttpRetriever callers, on a synthetic corpus of `--docs` documents.
+3. Code tests: hidden tests/s of `--episodes` code-world programs (half right, half
+   wrong) checked at once: `rewards.code.run_tests` (one sandbox run per program, a
+   forked child per test) and `Sandbox.run` once per test, against bare bwrap (no
+   rlimits, no uid slots, no supervision) running each program + test on its own, as
+   many in flight. Goal: the sandboxed path within 3x of bare bwrap.
 
 Each section warms its candidates up, then runs them `--repeats` times in turn
 (scripts/bench/timing.py: load from other processes hits them alike); a row shows the
@@ -30,8 +35,10 @@ import httpx
 import numpy as np
 from timing import Ratio, Runs, measure  # scripts/bench/timing.py
 
+from agentjax.data import code_world
 from agentjax.envs.retrieval import BM25Retriever, HttpRetriever
 from agentjax.envs.sandbox import Sandbox
+from agentjax.rewards import code as code_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TRIVIAL_PROGRAM = "print(sum(range(100)))"
@@ -92,6 +99,59 @@ def bench_sandbox(runs: int, parallel: int, repeats: int) -> None:
     ratio = Ratio.of(row("Sandbox.run (bwrap + prlimit)", results["sandbox"], base), base)
     print(f"  sandbox overhead: {ratio.text()}"
           + (" the time of a plain subprocess" if ratio.resolved else ""))
+
+
+def bench_code_tests(episodes: int, parallel: int, repeats: int) -> None:
+    _, tasks = code_world.make_code_splits(code_world.CodeWorldConfig(
+        train_tasks=0, test_tasks=episodes))
+    wrong = code_world.program("sorted(x)")
+    programs = [(t.metadata["solution"] if i % 2 else wrong, t.metadata["tests"])
+                for i, t in enumerate(tasks)]
+    pairs = [(program, test) for program, tests in programs for test in tests]
+    sandbox = Sandbox(max_parallel=parallel)
+    bare = [sandbox._bwrap, "--unshare-all", "--die-with-parent", "--new-session",
+            *sandbox._system_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+            "--", sandbox.python, "-B", "-E", "-s", "-c"]
+    expected = [code_world.solves(p, [t]) for p, t in pairs]
+
+    def bare_bwrap(i):
+        program, test = pairs[i]
+        return subprocess.run(bare + [f"{program}\n\n{test}\n"], capture_output=True,
+                              timeout=30).returncode == 0
+
+    def per_test(i):
+        program, test = pairs[i]
+        return sandbox.run(f"{program}\n\n{test}\n", timeout_s=5).ok
+
+    def harness(i):
+        program, tests = programs[i]
+        return [r.passed for r in code_lib.run_tests(program, tests, sandbox, timeout_s=5)]
+
+    def checked(fn, n):
+        # Each call is one of `episodes` episodes in flight; all of them at once.
+        def run():
+            results = []
+            wall, latencies = timed_parallel(lambda i: results.append((i, fn(i))), n, episodes)
+            flat = [v for _, r in sorted(results) for v in (r if isinstance(r, list) else [r])]
+            assert flat == expected, "a candidate scored the tests differently"
+            return wall, latencies
+        return run
+
+    for fn, n in ((bare_bwrap, len(pairs)), (per_test, len(pairs)), (harness, len(programs))):
+        checked(fn, n)()  # warm up (and check every candidate's verdicts)
+    results = measure({"base": checked(bare_bwrap, len(pairs)),
+                       "per_test": checked(per_test, len(pairs)),
+                       "harness": checked(harness, len(programs))}, repeats, warmup=False)
+    print(f"\nCode tests: {len(pairs)} hidden tests of {episodes} programs, {episodes} "
+          f"episodes in flight, Sandbox(max_parallel={parallel}); best of {repeats} "
+          "interleaved rounds (latency: per call)")
+    header("tests")
+    scale = len(pairs) // len(programs)  # each harness call checks this many tests
+    base = row("bare bwrap, one process per test (baseline)", results["base"])
+    row("Sandbox.run, one run per test", results["per_test"], base)
+    harness_runs = [(wall, np.repeat(latencies, scale)) for wall, latencies in
+                    results["harness"]]
+    row("run_tests: one sandbox run per program", harness_runs, base)
 
 
 def synthetic_corpus(num_docs: int, seed: int = 0) -> tuple[list[dict], list[str]]:
@@ -182,11 +242,19 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--episodes", type=int, default=64,
+                        help="code programs checked at once (section 3)")
+    parser.add_argument("--only", choices=("sandbox", "retrieval", "code"), default=None,
+                        help="run one section")
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed runs of each candidate (at least 2 for a ratio)")
     args = parser.parse_args()
-    bench_sandbox(args.sandbox_runs, args.parallel, args.repeats)
-    bench_retrieval(args.docs, args.queries, args.clients, args.repeats)
+    if args.only in (None, "sandbox"):
+        bench_sandbox(args.sandbox_runs, args.parallel, args.repeats)
+    if args.only in (None, "retrieval"):
+        bench_retrieval(args.docs, args.queries, args.clients, args.repeats)
+    if args.only in (None, "code"):
+        bench_code_tests(args.episodes, args.parallel, args.repeats)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from agentjax.core.task import Task
+from agentjax.envs.code.env import CodeEnv
 from agentjax.envs.python.env import PythonEnv
 from agentjax.envs.retrieval import Document
 from agentjax.envs.sandbox import Sandbox
@@ -253,11 +254,20 @@ def _call(name, **arguments):
     return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
 
 
+CODE_TASK = Task("c1", "Write add(a, b).", metadata={
+    "visible_tests": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"],
+    "tests": ["assert add(2, 2) == 4"], "entry_point": "add", "prefix": "", "starter": ""})
+
+# env name -> (env factory, actions, task).
 EPISODES = {
     "search": (lambda: SearchEnv(_OneDocument(), action_format="tool_call", max_turns=3),
-               [_call("search", query="capital of France"), "<answer> Paris </answer>"]),
+               [_call("search", query="capital of France"), "<answer> Paris </answer>"], TASK),
     "python": (lambda: PythonEnv(Sandbox(max_parallel=1), max_turns=3),
-               [_call("python", code="print(2 + 3 * 4)"), "<answer> 14 </answer>"]),
+               [_call("python", code="print(2 + 3 * 4)"), "<answer> 14 </answer>"], TASK),
+    # A run whose failure report comes back, then the fixed program in a fenced block.
+    "code": (lambda: CodeEnv(Sandbox(max_parallel=1), max_turns=3),
+             [_call("run", code="def add(a, b):\n    return a - b\n"),
+              "Fixed:\n```python\ndef add(a, b):\n    return a + b\n```"], CODE_TASK),
 }
 
 
@@ -275,17 +285,21 @@ def test_tool_episodes_with_real_qwen_templates(qwen_root, family, variant, env_
     where the template re-renders (documented below), and a demonstration of the same
     actions has the same ids."""
     tokenizer = load_tokenizer(qwen_tokenizer_folder(qwen_root, family, variant, "hub"))
-    make_env, actions = EPISODES[env_name]
+    make_env, actions, task = EPISODES[env_name]
     env = make_env()
-    traj = _run(ScriptedEngine(tokenizer, _script(*actions)), env, tokenizer=tokenizer)
+    sampling = dataclasses.replace(SAMPLING, max_new_tokens=128)  # room for a program
+    traj = asyncio.run(run_episode(ScriptedEngine(tokenizer, _script(*actions)), env, task,
+                                   sampling, EpisodeLimits(), tokenizer))
     assert traj.metadata["stop_reason"] == "answer" and not traj.metadata["failed"]
     assert env.log.turns[0].valid and env.log.turns[0].error is None
     observation = env.log.turns[0].observation
+    if env_name == "code":
+        assert observation.startswith("1 of 2 tests passed.\nFAILED: assert add(1, 2) == 3")
 
     eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
     encode = functools.partial(tokenizer.encode, add_special_tokens=False)
     first, last = (encode(a) for a in actions)
-    messages = env.reset(TASK)
+    messages = env.reset(task)
     # Both turns stopped on a stop string: the loop closes each with <|im_end|> as a
     # template token (mask 0), the first one inside the tool turn's ids.
     expected = (prompt_ids(tokenizer, messages) + first + [eot]
@@ -310,7 +324,7 @@ def test_tool_episodes_with_real_qwen_templates(qwen_root, family, variant, env_
 
     demo = Trajectory.from_demonstration(
         tokenizer, messages, [(actions[0], observation, True), (actions[1], None, True)],
-        observation_role=env.observation_role, task=TASK)
+        observation_role=env.observation_role, task=task)
     np.testing.assert_array_equal(demo.token_ids, traj.token_ids)
     # The demonstration trains the two <|im_end|> tokens the engine did not sample.
     closing = np.flatnonzero(demo.action_mask != traj.action_mask)

@@ -149,6 +149,12 @@ PINNED = {
         "rollout.max_tokens": 1024},
     ("grpo_python.py", "hf"): {"data.test_questions": "1:400"},
     ("grpo_python.py", "test"): {"data.train_questions": "1:24", "rollout.max_tokens": 768},
+    ("grpo_code.py", "cpu"): {
+        "env.name": "code", "env.max_turns": 4, "env.instruction": "minimal",
+        "reward.outcome": "tests", "sft.guess_prob": 0.6, "sft.wrong_first_prob": 0.5,
+        "data.train_questions": "1:3000", "rollout.max_tokens": 512},
+    ("grpo_code.py", "hf"): {"env.instruction": "short", "rollout.max_tokens": 8192},
+    ("grpo_code.py", "test"): {"env.max_turns": 3, "data.train_questions": "1:24"},
     ("sft_search.py", "cpu"): {
         "stage": "sft", "pretrain.steps": 1200, "sft.steps": 1000, "sft.lr": 3e-3,
         "sft.batch_size": 8, "sft.guess_prob": 0.6, "sft.guess": "mode",

@@ -49,7 +49,7 @@ def test_an_unknown_env_name_lists_the_registered_ones(tmp_path):
 
 def test_the_built_in_envs_are_the_folders_with_a_suite():
     builtin = suites.load_builtin_envs()
-    assert set(builtin) == set(choices.OUTCOMES) == {"search", "python"}
+    assert set(builtin) == set(choices.OUTCOMES) == {"search", "python", "code"}
     assert "test_registry_toy" not in builtin  # registered here, not by an env folder
     for name in builtin:
         assert suites.SUITES.get(name).__module__ == f"agentjax.envs.{name}.suite"
@@ -70,4 +70,4 @@ def test_build_suite_registers_the_built_in_envs_without_their_import():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "registered: ['python', 'search']" in result.stdout
+    assert "registered: ['code', 'python', 'search']" in result.stdout

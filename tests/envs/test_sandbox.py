@@ -23,6 +23,7 @@ import pytest
 
 from agentjax.envs import sandbox as sandbox_lib
 from agentjax.envs.sandbox import Sandbox, SandboxResult, SandboxUnavailableError
+from tests.envs.attacks import ATTACKS
 
 pytestmark = pytest.mark.skipif(
     sandbox_lib.shutil.which("bwrap") is None,
@@ -247,12 +248,7 @@ def test_host_files_are_invisible(sandbox, tmp_path):
 
 @pytest.mark.skipif(not AS_ROOT, reason="a dedicated uid per run needs root")
 def test_fork_bomb_is_capped(sandbox):
-    result = run(sandbox, """
-        import os, time
-        while True:
-            if os.fork() == 0:
-                time.sleep(1000)
-    """, timeout_s=2)
+    result = run(sandbox, ATTACKS["fork_bomb"], timeout_s=2)
     assert result.status == "error"
     assert "Resource temporarily unavailable" in result.stderr
     assert result.duration_s < 2
@@ -260,20 +256,15 @@ def test_fork_bomb_is_capped(sandbox):
 
 
 def test_memory_bomb_hits_the_limit(sandbox):
-    result = run(sandbox, """
-        chunks = []
-        while True:
-            chunks.append(bytearray(8 * 2**20))
-    """, memory_mb=64, timeout_s=5)
+    result = run(sandbox, ATTACKS["memory_bomb"], memory_mb=64, timeout_s=5)
     assert result.status == "oom"
     assert "MemoryError" in result.stderr and result.duration_s < 5
     assert_host_unaffected(sandbox)
 
 
-@pytest.mark.parametrize("code", ["while True: pass", "import time; time.sleep(10**6)"],
-                         ids=["infinite_loop", "sleep_forever"])
-def test_runaway_programs_time_out(sandbox, code):
-    result = run(sandbox, code, timeout_s=1)
+@pytest.mark.parametrize("name", ["infinite_loop", "sleep_forever"])
+def test_runaway_programs_time_out(sandbox, name):
+    result = run(sandbox, ATTACKS[name], timeout_s=1)
     assert result.status == "timeout" and result.exit_code is None
     assert 1.0 <= result.duration_s < 3.0
     assert_host_unaffected(sandbox)
@@ -292,11 +283,7 @@ def test_cpu_seconds_limit_reports_timeout(sandbox):
 
 
 def test_output_flood_is_cut(sandbox):
-    result = run(sandbox, """
-        import sys
-        sys.stdout.write("x" * 100_000_000)
-        sys.stdout.flush()
-    """, timeout_s=10)
+    result = run(sandbox, ATTACKS["output_flood"], timeout_s=10)
     assert result.status == "output_limit"
     assert result.stdout == "x" * sandbox.max_output_bytes
     assert result.duration_s < 5
@@ -308,15 +295,7 @@ def test_output_flood_is_cut(sandbox):
 
 
 def test_children_left_behind_are_killed(sandbox):
-    result = run(sandbox, """
-        import os, subprocess, time
-        subprocess.Popen(["sleep", "1000"], start_new_session=True,
-                         stdout=subprocess.DEVNULL)
-        if os.fork() == 0:          # a daemon that keeps our stdout open
-            os.setsid()
-            time.sleep(1000)
-        print("parent exits")
-    """, timeout_s=10)
+    result = run(sandbox, ATTACKS["children_left_behind"], timeout_s=10)
     assert result.status == "ok" and result.stdout == "parent exits\n"
     assert result.duration_s < 2, "the run waited for its orphans"
     assert_host_unaffected(sandbox)

@@ -2,6 +2,7 @@ import dataclasses
 import subprocess
 import sys
 import threading
+import warnings
 
 import pytest
 
@@ -49,9 +50,20 @@ def test_assertion_tests_pass_fraction():
     tests = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 5"]
     got = code.tests_pass_fraction(PROGRAM, tests, sandbox, timeout_s=10, memory_mb=64)
     assert got == pytest.approx(2 / 3)
-    # Each test ran in its own run, with the limits passed through.
-    assert len(sandbox.calls) == 3
-    assert all(c[2] == 10 and c[3] == 64 for c in sandbox.calls)
+    # One run for all the tests, its deadline room for each test's, the memory limit
+    # passed through.
+    assert len(sandbox.calls) == 1
+    assert sandbox.calls[0][2] == 3 * (10 + 0.5) + 5 and sandbox.calls[0][3] == 64
+
+
+def test_failures_say_expected_and_got():
+    results = code.run_tests(PROGRAM, ["assert add(2, 2) == 5", "assert add(1, 1) > 2",
+                                       "assert add(1, 2) == 3", "add(1)"],
+                             SubprocessSandbox())
+    assert [r.status for r in results] == ["failed", "failed", "passed", "error"]
+    assert (results[0].expected, results[0].got) == ("5", "4")
+    assert results[1].expected is None and "AssertionError" in results[1].stderr
+    assert "TypeError" in results[3].stderr and "child" not in results[3].stderr
 
 
 def test_io_tests_compare_stdout_per_line():
@@ -59,14 +71,27 @@ def test_io_tests_compare_stdout_per_line():
     program = "a, b = map(int, input().split())\nprint(a + b)\nprint('done')  \n"
     tests = [{"stdin": "1 2\n", "stdout": "3\ndone\n"}, {"stdin": "5 5", "stdout": "  10\ndone"},
              {"stdin": "1 1", "stdout": "3\ndone"}]
-    assert code.tests_pass_fraction(program, tests, sandbox) == pytest.approx(2 / 3)
+    results = code.run_tests(program, tests, sandbox)
+    assert [r.passed for r in results] == [True, True, False]
+    assert results[2].stdout == "2\ndone\n"
+    # The expected output never enters the sandbox (a digest of the output comes back).
+    code.run_tests("print('x')", [{"stdin": "", "stdout": "EXPECTED-OUTPUT"}], sandbox)
+    assert "EXPECTED-OUTPUT" not in sandbox.calls[-1][0]
 
 
-def test_crash_timeout_and_missing_answer_fail():
+def test_crash_timeout_exit_and_missing_answer_fail():
     sandbox = SubprocessSandbox()
     assert code.tests_pass_fraction("raise SystemExit(3)", ["pass"], sandbox) == 0.0
+    # Exiting 0 before the test runs does not pass it.
+    assert code.tests_pass_fraction("raise SystemExit(0)", ["assert False"], sandbox) == 0.0
     assert code.tests_pass_fraction("while True: pass", ["pass"], sandbox, timeout_s=0.5) == 0.0
     assert code.tests_pass_fraction(None, ["pass"], sandbox) == 0.0
+
+
+def test_a_program_that_kills_the_harness_fails_the_tests_not_yet_reported():
+    program = "import os, signal\ndef kill():\n    os.kill(os.getppid(), signal.SIGKILL)\n"
+    results = code.run_tests(program, ["pass", "kill()", "pass"], SubprocessSandbox())
+    assert [r.status for r in results] == ["passed", "not_run", "not_run"]
 
 
 def test_bad_tests_are_clear_errors():
@@ -74,14 +99,23 @@ def test_bad_tests_are_clear_errors():
         code.tests_pass_fraction(PROGRAM, [], SubprocessSandbox())
     with pytest.raises(ValueError, match="stdout"):
         code.tests_pass_fraction(PROGRAM, [{"stdin": "1"}], SubprocessSandbox())
+    with pytest.raises(ValueError, match=r"does not parse: .*\(line 1\)"):
+        code.run_tests(PROGRAM, ["assert add(1, 2) =="], SubprocessSandbox())
 
 
-def test_real_sandbox():
-    from agentjax.envs.sandbox import Sandbox, SandboxUnavailableError
-    try:
-        sandbox = Sandbox()
-    except SandboxUnavailableError as err:
-        pytest.skip(f"bubblewrap unavailable: {err}")
-    tests = ["assert add(1, 2) == 3", "assert add(2, 2) == 5",
-             "import socket; socket.create_connection(('1.1.1.1', 53), timeout=1)"]
-    assert code.tests_pass_fraction(PROGRAM, tests, sandbox, timeout_s=10) == pytest.approx(1 / 3)
+def test_assemble_program_continues_or_follows_the_prefix():
+    prefix = "import math\n\ndef f(x):\n    \"\"\"doc\"\"\"\n"
+    assert code.assemble_program("    return x\n", prefix=prefix, entry_point="f") == \
+        prefix + "    return x\n"
+    whole = "def f(x):\n    return math.floor(x)\n"
+    assert code.assemble_program(whole, prefix=prefix, entry_point="f") == \
+        prefix.rstrip() + "\n\n" + whole
+    assert code.assemble_program(whole) == whole
+
+
+def test_policy_programs_parse_quietly():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a SyntaxWarning would raise here
+        assert code.parse_program("x = 1if 1 else 2") is not None
+        assert code.parse_program("x = 1x") is None
+        assert not code.defines("def f(:", "f") and code.defines("def f(): pass", "f")

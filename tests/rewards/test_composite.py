@@ -152,7 +152,8 @@ def test_the_registered_components_and_their_kinds():
                 if not name.startswith("test_")}
     assert built_in == {
         "exact_match": "outcome", "f1": "outcome", "math_match": "outcome",
-        "tests_pass": "outcome", "judge": "outcome", "format": "shaping",
+        "tests_pass": "outcome", "all_tests_pass": "outcome", "judge": "outcome",
+        "format": "shaping", "code_format": "shaping",
         "tool_shaping": "shaping", "length": "shaping", "process": "process"}
 
 

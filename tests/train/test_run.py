@@ -37,7 +37,8 @@ EIGHT_DEVICES = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_co
 @pytest.mark.slow
 # grpo_search.py:test runs in tests/train/test_tracking_run.py, with every tracker on.
 @pytest.mark.parametrize("config", ["ppo_search.py:test", "dapo_search.py:test",
-                                    "sft_search.py:test", "grpo_python.py:test"])
+                                    "sft_search.py:test", "grpo_python.py:test",
+                                    "grpo_code.py:test"])
 def test_every_config_runs_end_to_end(config, tmp_path):
     check_finished_run(config, tmp_path, _train(config, tmp_path))
 

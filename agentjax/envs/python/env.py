@@ -31,7 +31,9 @@ def default_sandbox() -> Sandbox:
     return Sandbox()
 
 
-def _sandbox_from(spec: Sandbox | Mapping[str, Any] | None) -> Sandbox:
+def sandbox_from(spec: Sandbox | Mapping[str, Any] | None) -> Sandbox:
+    """A Sandbox from a Sandbox, a dict of Sandbox kwargs (config) or None (the shared
+    default)."""
     if spec is None:
         return default_sandbox()
     if isinstance(spec, Mapping):
@@ -67,7 +69,7 @@ class PythonTool:
 
     def __init__(self, sandbox: Sandbox | Mapping[str, Any] | None = None, *,
                  timeout_s: float = 5.0, memory_mb: int = 512, max_output_chars: int = 2000):
-        self.sandbox = _sandbox_from(sandbox)
+        self.sandbox = sandbox_from(sandbox)
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
         self.max_output_chars = max_output_chars

@@ -12,7 +12,7 @@ from agentjax.config.choices import OUTCOMES
 from agentjax.core.task import Task
 from agentjax.data import demonstrators as demo_lib
 from agentjax.data import hindsight
-from agentjax.data.loaders import load_jsonl, load_search_r1_parquet
+from agentjax.data.loaders import accept_rows, load_jsonl, load_search_r1_parquet
 from agentjax.data.search_data import make_search_dataset
 from agentjax.data.world import WorldConfig, other_worlds_documents
 from agentjax.envs.registry import (TaskSuite, parse_counts, register_env, reward_fn,
@@ -125,15 +125,8 @@ def _load_tasks(path: str, *, skip_bad_rows: bool, file_prompt: bool) -> list[Ta
     unless `skip_bad_rows` (data.skip_bad_rows); without `file_prompt`
     (data.file_prompt) the file's prompts are dropped, so env.instruction builds them."""
     loaded = load_search_r1_parquet(path) if path.endswith(".parquet") else load_jsonl(path)
-    if loaded.errors:
-        shown = "; ".join(e.message for e in loaded.errors[:5])
-        message = f"{len(loaded.errors)} of the rows of {path} do not load ({shown})"
-        if not skip_bad_rows:
-            raise ValueError(f"{message}; fix them, or set data.skip_bad_rows=True to skip them")
-        print(f"warning: {message}; skipped (data.skip_bad_rows)")
-    if not loaded.tasks:
-        raise ValueError(f"no usable task in {path}")
+    tasks = accept_rows(loaded, path, skip_bad_rows=skip_bad_rows)
     if file_prompt:
-        return list(loaded.tasks)
+        return tasks
     return [dataclasses.replace(t, metadata={k: v for k, v in t.metadata.items()
-                                             if k != "prompt"}) for t in loaded.tasks]
+                                             if k != "prompt"}) for t in tasks]
