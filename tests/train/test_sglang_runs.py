@@ -12,6 +12,7 @@ from agentjax.sglang.launch import LocalServers
 from agentjax.train.checkpoint import latest_committed_step
 from agentjax.train.engines import server_flags
 from agentjax.config import presets
+from agentjax.config.resume import read_changes
 from agentjax.train.metrics import read_metrics
 from tests.train.runs import ONE_DEVICE, _argv, comparable
 from tests.train.runs import train as _train
@@ -24,10 +25,13 @@ RL_ONLY = ("--config.pretrain.steps=0", "--config.sft.steps=0")
 LOGP_ROUNDING = 1e-6
 
 
-def _same_runs(reference, other):
+def _same_runs(reference, other, changes_at=None):
+    """The two runs' metrics and reports are the same; `changes_at`: the step whose row
+    says a resume changed the config (a free key, such as the server URLs)."""
     a, b = read_metrics(reference), read_metrics(other)
     assert len(a) == len(b) > 0
     for row_a, row_b in zip(comparable(a), comparable(b)):
+        assert (row_b.pop("config/changes", None) is not None) == (row_b["step"] == changes_at)
         mismatch_a = row_a.pop("logp_mismatch_abs")
         mismatch_b = row_b.pop("logp_mismatch_abs")
         assert abs(mismatch_a - mismatch_b) < LOGP_ROUNDING
@@ -88,7 +92,10 @@ def test_servers_down_saves_a_checkpoint_and_the_rerun_resumes(tmp_path):
     with LocalServers.start(str(model), count=1, flags=flags) as servers:
         _train("grpo_search.py:test", run, *common,
                f"--config.rollout.sglang.urls={servers.urls[0]}")
-    _same_runs(reference, run)
+    # The new server's URL is a free change, recorded at the step the run resumed from.
+    [change] = read_changes(str(run))
+    assert (change["key"], change["step"]) == ("rollout.sglang.urls", stopped_at)
+    _same_runs(reference, run, changes_at=stopped_at + 1)
 
 
 def test_an_unreachable_server_stops_the_run_at_startup_naming_it(tmp_path):
