@@ -58,7 +58,7 @@ import pyarrow.parquet as pq
 
 from agentjax.core.jsonl import read_jsonl
 from agentjax.core.task import Task
-from agentjax.data.loaders import LoadResult, RowError
+from agentjax.data.loaders import LoadResult, RowError, load_rows
 from agentjax.rewards import code as code_lib
 
 STATEMENT_FIELDS = ("question", "problem", "description", "question_content")
@@ -379,23 +379,13 @@ def load_code_tasks(path: str) -> LoadResult:
         raise FileNotFoundError(f"no task file at {path}")
     stem = os.path.splitext(os.path.basename(path))[0]
     rows, where = _rows(path)
-    tasks, errors, seen = [], [], set()
-    for index, row in rows:
-        try:
-            if isinstance(row, Exception):
-                raise row
-            if not isinstance(row, Mapping):
-                raise ValueError(f"row is a {type(row).__name__}, not an object")
-            task = code_task_from_record(row, default_id=f"{stem}-{index}", data_source=stem)
-            if task.task_id in seen:
-                raise RowProblem("task_id", f"{task.task_id!r} is repeated")
-        except ValueError as err:
-            errors.append(RowError(index, f"{path} {where(index)}: {err}"))
-            continue
-        seen.add(task.task_id)
-        tasks.append(dataclasses.replace(task, metadata={**task.metadata,
-                                                         "source_row": where(index)}))
-    return LoadResult(tasks, errors)
+
+    def parse(row: Mapping, index: int) -> Task:
+        task = code_task_from_record(row, default_id=f"{stem}-{index}", data_source=stem)
+        return dataclasses.replace(task, metadata={**task.metadata,
+                                                   "source_row": where(index)})
+    return load_rows(rows, path, parse, where=where, repeated=lambda task_id: RowProblem(
+        "task_id", f"{task_id!r} is repeated"))
 
 
 def verify_solutions(tasks: Sequence[Task], sandbox, *, path: str, timeout_s: float = 10.0,

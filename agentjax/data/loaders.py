@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -144,8 +144,14 @@ def task_from_record(record: Mapping[str, Any], index: int, *, default_id: str,
                 metadata=metadata)
 
 
-def _load_rows(rows: Iterable[tuple[int, Any]], path: str) -> LoadResult:
-    stem = os.path.splitext(os.path.basename(path))[0]
+def load_rows(rows: Iterable[tuple[int, Any]], path: str,
+              parse: Callable[[Mapping, int], Task], *,
+              where: Callable[[int], str] = lambda index: f"row {index}",
+              repeated: Callable[[str], ValueError] = lambda task_id: ValueError(
+                  f"duplicate task id {task_id!r}")) -> LoadResult:
+    """The Tasks of a file's rows ((index, record or the ValueError reading it raised)),
+    each through `parse(record, index)`; a row that is no object, does not parse or
+    repeats a task id is a RowError naming `where(index)` in the file."""
     tasks, errors, seen = [], [], set()
     for index, row in rows:
         try:
@@ -153,15 +159,21 @@ def _load_rows(rows: Iterable[tuple[int, Any]], path: str) -> LoadResult:
                 raise row
             if not isinstance(row, Mapping):
                 raise ValueError(f"row is a {type(row).__name__}, not an object")
-            task = task_from_record(row, index, default_id=stem, default_source=stem)
+            task = parse(row, index)
             if task.task_id in seen:
-                raise ValueError(f"duplicate task id {task.task_id!r}")
+                raise repeated(task.task_id)
         except ValueError as err:
-            errors.append(RowError(index, f"{path} row {index}: {err}"))
+            errors.append(RowError(index, f"{path} {where(index)}: {err}"))
             continue
         seen.add(task.task_id)
         tasks.append(task)
     return LoadResult(tasks, errors)
+
+
+def _load_rows(rows: Iterable[tuple[int, Any]], path: str) -> LoadResult:
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return load_rows(rows, path, lambda row, index: task_from_record(
+        row, index, default_id=stem, default_source=stem))
 
 
 def accept_rows(loaded: LoadResult, path: str, *, skip_bad_rows: bool) -> list[Task]:
