@@ -1,6 +1,9 @@
 """RFT sets and DPO pairs from rollouts: filtering by reward, deduplication, broken
 episodes left out, and turn-level pairs (from a fake pool) that share their prefix
 token for token and diverge at the branch turn."""
+import collections
+import threading
+
 import numpy as np
 import pytest
 
@@ -70,14 +73,20 @@ def tokenizer():
 
 
 def _policy(tokenizer):
-    """Searches, then answers Paris or Rome by the request's parity: groups hold both
-    successes and failures, and branches answer both ways."""
+    """Searches, then answers Paris or Rome by how many earlier requests had the same
+    context: every group holds two successes and two failures, and branches answer both
+    ways, whatever order the pool's concurrent episodes reach the engine in."""
     information = tokenizer.convert_tokens_to_ids("<information>")
+    seen = collections.Counter()
+    lock = threading.Lock()
 
     def script(context, index):
         if information not in context:
             return "<search>capital of France</search>"
-        return "<answer>Paris</answer>" if index % 2 else "<answer>Rome</answer>"
+        with lock:
+            earlier = seen[tuple(context)]
+            seen[tuple(context)] += 1
+        return "<answer>Paris</answer>" if earlier % 2 else "<answer>Rome</answer>"
 
     return script
 
