@@ -230,11 +230,15 @@ def _check_micro_tokens(config) -> None:
 
 
 def _check_hosts(config) -> None:
-    """The mesh has one free axis at most; a multi-host run knows its coordinator."""
+    """The mesh has one free axis at most; a multi-host run knows its coordinator and
+    spans all devices."""
     mesh_sizes = dict(config.mesh)
     if list(mesh_sizes.values()).count(-1) > 1:
         reject("mesh", mesh_sizes, "at most one axis may be -1 (the remaining devices)")
     multihost = config.multihost
+    if multihost.enabled and config.devices != -1:
+        reject("devices", config.devices, "a multi-host run spans every device of its "
+               "hosts: it must be -1")
     if multihost.enabled and not (multihost.coordinator and multihost.num_processes > 1):
         reject("multihost.enabled", True,
                "it needs multihost.coordinator and multihost.num_processes > 1")

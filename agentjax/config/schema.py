@@ -134,6 +134,9 @@ RUN = Section(
         "stops after SFT), 'rft' or 'dpo' (train/stages/offline.py)"),
     Key("init_from", "", Path("folder", "a run's workdir, checkpoint folder or HF folder"),
         "a workdir (or checkpoint dir) whose latest params start this run"),
+    Key("devices", -1, Integer(1, special=((-1, "all of them"),)), "how many of the "
+        "devices the mesh spans: the first N (one process only: a test, or a share of "
+        "the machine); -1 all of them"),
     Key("mesh.data", -1, MESH_AXIS, "devices of the data-parallel axis"),
     Key("mesh.fsdp", 1, MESH_AXIS, "devices the parameters and optimizer state are sharded "
         "over (FSDP)"),

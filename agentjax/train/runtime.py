@@ -77,7 +77,7 @@ class Runtime:
         if is_main and record_config:
             atomic.write_text(os.path.join(workdir, "config.json"),
                               config.to_json_best_effort(indent=1))
-        mesh = parallel.make_mesh(dict(config.mesh))
+        mesh = parallel.make_mesh(dict(config.mesh), devices=_run_devices(config.devices))
         _check_batch_rows(config, mesh.shape["data"] * mesh.shape["fsdp"])
         runtime = cls(workdir=workdir, mesh=mesh,
                       rules=parallel.resolve_rules(json.loads(config.rules)
@@ -86,7 +86,7 @@ class Runtime:
                       progress=config.log.progress)
         runtime.tracking = Tracking.start(config, workdir, enabled=is_main and tracked,
                                           log=runtime.log)
-        runtime.log(f"mesh {dict(mesh.shape)} on {jax.device_count()} "
+        runtime.log(f"mesh {dict(mesh.shape)} on {mesh.size} of {jax.device_count()} "
                     f"{jax.default_backend()} device(s)")
         return runtime
 
@@ -171,6 +171,17 @@ class Runtime:
         writer = MetricsWriter(folder, stage=stage.lower(), tracking=self.tracking,
                                resume_step=host.get("step", 0), enabled=self.is_main)
         return state, host, checkpointer, writer
+
+
+def _run_devices(count: int) -> list:
+    """The devices the run's mesh spans: all of them (count -1) or the first `count`."""
+    devices = jax.devices()
+    if count == -1:
+        return devices
+    if count > len(devices):
+        raise ValueError(f"devices={count}: this process has only {len(devices)} "
+                         f"{jax.default_backend()} device(s)")
+    return devices[:count]
 
 
 def _check_batch_rows(config, data_parallel: int) -> None:

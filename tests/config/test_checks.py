@@ -130,6 +130,8 @@ COMBINATIONS = [
     (_search(mesh__data=-1, mesh__fsdp=-1), "mesh", "at most one axis"),
     (_search(multihost__enabled=True), "multihost.enabled", "multihost.coordinator"),
     (_search(multihost__process_id=1), "multihost.process_id", "num_processes=1"),
+    (_search(devices=2, multihost__enabled=True, multihost__coordinator="host:1",
+             multihost__num_processes=2), "devices", "every device of its hosts"),
 ]
 
 

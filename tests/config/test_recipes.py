@@ -165,8 +165,8 @@ PINNED = {
         "dpo.tasks": 512, "algo.name": "grpo"},
     ("rft_search.py", "hf"): {"total_steps": 200, "optim.lr": 1e-6, "rft.tasks": 1024},
     ("rft_search.py", "test"): {
-        "rft.rounds": 2, "rft.min_reward": 0.05, "sft.steps": 150, "rollout.group_size": 4,
-        "reward.format_weight": 0.1, "optim.lr": 1e-3},
+        "rft.rounds": 2, "rft.min_reward": 0.05, "sft.steps": 40, "sft.lr": 1e-2,
+        "rollout.group_size": 4, "reward.format_weight": 0.1, "optim.lr": 1e-3},
     ("dpo_search.py", "cpu"): {"stage": "dpo", "optim.lr": 1e-4, "dpo.tasks": 512,
                                "rft.tasks": 160},
     ("dpo_search.py", "hf"): {"optim.lr": 5e-7, "dpo.tasks": 2048, "dpo.batch_size": 32},

@@ -27,14 +27,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TRAIN = os.path.join(ROOT, "scripts", "train.py")
 # Wall-clock keys differ between runs; everything else must be identical.
 TIMING = ("time/", "rollout/tokens_per_s")
+# One device, and the compilation cache every test shares (tests/conftest.py).
 ONE_DEVICE = {**os.environ, "XLA_FLAGS": ""}
-
-
-def cached_env(folder) -> dict:
-    """ONE_DEVICE with a persistent compilation cache in `folder`: runs sharing it
-    compile nothing an earlier one compiled (a restart then costs no compilation)."""
-    return {**ONE_DEVICE, "JAX_COMPILATION_CACHE_DIR": str(folder),
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 
 def _argv(config: str, workdir, overrides) -> list[str]:

@@ -24,7 +24,7 @@ def _config(**overrides):
     config.pretrain.steps = config.sft.steps = 0
     config.eval.every = 0
     config.checkpoint.async_save = False
-    config.rollout.prompts_per_step = 4  # 8 rows: one per device of the 8-device tests
+    config.devices = 1  # nothing here is about sharding: one device compiles and runs fastest
     for dotted, value in overrides.items():
         *section, key = dotted.split("__")
         (config[section[0]] if section else config)[key] = value
@@ -60,7 +60,7 @@ def test_every_episode_failing_stops_the_first_step_with_the_error(tmp_path, mon
 
     # The SFT evaluation is off (no SFT): the first RL step is the first rollout.
     monkeypatch.setattr(run_lib, "build_suite", suite_with_a_broken_reward)
-    with pytest.raises(EpisodesFailed, match=r"RL step 1: all 8 episodes failed.*KeyError"):
+    with pytest.raises(EpisodesFailed, match=r"RL step 1: all 4 episodes failed.*KeyError"):
         run(_config(), str(tmp_path))
     [error] = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
     assert "KeyError" in error["error"] and "#### prompt" in error["episode"]

@@ -29,7 +29,7 @@ def _config(algo="grpo"):
     config.checkpoint.async_save = False
     config.model.lora.rank = 2
     config.algo.kl_coef = 0.05
-    config.rollout.prompts_per_step = 4  # 8 rows: one per device of the 8-device tests
+    config.rollout.prompts_per_step = 4  # 8 rows: one per device (the LoRA update runs sharded)
     return config
 
 

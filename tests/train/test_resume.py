@@ -16,20 +16,14 @@ CONFIG = "grpo_search.py:test"
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    """Every run of this module shares a compilation cache."""
-    return runs.cached_env(tmp_path_factory.mktemp("xla"))
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, env):
+def uninterrupted(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("uninterrupted")
-    runs.train(CONFIG, workdir, env=env)
+    runs.train(CONFIG, workdir)
     return workdir
 
 
 def test_kill_after_the_rl_checkpoint_folder_exists_resumes_from_sft(
-        uninterrupted, tmp_path, env):
+        uninterrupted, tmp_path):
     """The workdir a kill leaves once RL has built its checkpointer (orbax made the
     folder) but committed no checkpoint: RL must start from the SFT params, not from
     the initial model."""
@@ -39,14 +33,14 @@ def test_kill_after_the_rl_checkpoint_folder_exists_resumes_from_sft(
         path = workdir / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     (workdir / "checkpoints").mkdir()
-    runs.train(CONFIG, workdir, env=env)
+    runs.train(CONFIG, workdir)
     assert runs.differences(uninterrupted, workdir) == []
 
 
 def test_a_run_killed_at_seeded_points_ends_as_the_uninterrupted_run(
-        uninterrupted, tmp_path, env):
+        uninterrupted, tmp_path):
     workdir = tmp_path / "run"
-    counts = runs.kill_campaign(CONFIG, workdir, kills=4, seed=0, env=env)
+    counts = runs.kill_campaign(CONFIG, workdir, kills=4, seed=0)
     assert sum(v for k, v in counts.items() if k != "during a write") == 4, counts
     assert runs.differences(uninterrupted, workdir) == []
     # Every write a kill interrupted was redone; none left a temporary behind.
@@ -54,7 +48,7 @@ def test_a_run_killed_at_seeded_points_ends_as_the_uninterrupted_run(
 
 
 def test_a_resume_with_an_accepted_lr_change_differs_only_after_the_recorded_step(
-        uninterrupted, tmp_path, env):
+        uninterrupted, tmp_path):
     """The workdir a kill leaves after RL step 1 was committed, rerun with another lr
     and an entropy bonus, accepted by name, and another eval cadence, safe without a
     flag: the changes are recorded at the step the run resumed from, config.json keeps
@@ -70,7 +64,7 @@ def test_a_resume_with_an_accepted_lr_change_differs_only_after_the_recorded_ste
     lr, every = stored["optim"]["lr"], stored["eval"]["every"]
     out = runs.train(CONFIG, workdir, f"--config.optim.lr={lr * 4}",
                      "--config.algo.entropy_coef=0.01", f"--config.eval.every={every + 1}",
-                     "--allow_config_change=optim.lr,algo.entropy_coef", env=env)
+                     "--allow_config_change=optim.lr,algo.entropy_coef")
     assert (workdir / "config.json").read_text() == (uninterrupted / "config.json").read_text()
     assert sorted((r["stage"], r["step"], r["key"], r["old"], r["new"]) for r in
                   read_changes(str(workdir))) == [

@@ -244,7 +244,7 @@ def test_sft_with_a_real_qwen_template_trains_the_end_of_turn_token(tmp_path):
     config.model.path = str(tmp_path / "model")
     config.tokenizer.template_kwargs = '{"enable_thinking": false}'
     config.sft.steps = 1
-    config.rollout.prompts_per_step = 4  # rows divide over the 8 test devices
+    config.devices = 1  # nothing here is about sharding
     runtime, suite, policy, rollouts = set_up(config, str(tmp_path / "run"))
     try:
         tokenizer = policy.tokenizer

@@ -21,15 +21,9 @@ MIN_REWARD = 0.05  # rft.min_reward and dpo.min_reward of the test variants
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    """Every run of this module shares a compilation cache."""
-    return runs.cached_env(tmp_path_factory.mktemp("xla"))
-
-
-@pytest.fixture(scope="module")
-def dpo_run(tmp_path_factory, env):
+def dpo_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("dpo")
-    return workdir, runs.train(DPO, workdir, env=env)
+    return workdir, runs.train(DPO, workdir)
 
 
 def _finished(workdir, out: str, stage: str):
@@ -48,12 +42,12 @@ def _collection(workdir, stage: str, index: int):
             json.loads((folder / f"{index:04d}.json").read_text()))
 
 
-def test_rft_trains_on_the_successful_episodes_it_collected(tmp_path, env):
+def test_rft_trains_on_the_successful_episodes_it_collected(tmp_path):
     # An episode of one's own (rft.data_path) joins every round's set.
     own = tmp_path / "own.jsonl"
     own.write_text(json.dumps({"token_ids": [5, 6, 7, 8], "action_mask": [0, 0, 1, 1]}))
     workdir = tmp_path / "run"
-    out = runs.train("rft_search.py:test", workdir, f"--config.rft.data_path={own}", env=env)
+    out = runs.train("rft_search.py:test", workdir, f"--config.rft.data_path={own}")
     final, rows = _finished(workdir, out, "rft")
     assert "sft/success_greedy" in final
     # Two rounds (one step each) of 4 tasks x 4 episodes.
@@ -92,12 +86,12 @@ def test_dpo_trains_on_the_pairs_it_collects_every_step(dpo_run):
     assert rows[1]["loss"] != pytest.approx(math.log(2), abs=1e-6)
 
 
-def test_a_pair_file_of_ones_own_trains_the_same_way(dpo_run, tmp_path, env):
+def test_a_pair_file_of_ones_own_trains_the_same_way(dpo_run, tmp_path):
     workdir, _ = dpo_run
     pairs, _ = _collection(workdir, "dpo", 1)
     runs.train(DPO, tmp_path, f"--config.init_from={workdir}", f"--config.dpo.data_path={pairs}",
                "--config.dpo.refresh_every=0", "--config.total_steps=1",
-               "--config.eval.every=0", env=env)
+               "--config.eval.every=0")
     [row] = read_metrics(tmp_path)
     assert row["data/size"] == len(read_pairs(pairs)) and "data/episodes" not in row
     assert not (tmp_path / "dpo").exists()
@@ -105,14 +99,14 @@ def test_a_pair_file_of_ones_own_trains_the_same_way(dpo_run, tmp_path, env):
 
 
 def test_dpo_killed_after_a_collection_and_after_a_checkpoint_ends_as_uninterrupted(
-        dpo_run, tmp_path, env):
+        dpo_run, tmp_path):
     reference, _ = dpo_run
     workdir = tmp_path / "run"
     runs.kill_when(DPO, workdir, when=lambda w: os.path.exists(
-        os.path.join(w, "dpo", "0000.json")), env=env)
+        os.path.join(w, "dpo", "0000.json")))
     runs.kill_when(DPO, workdir, when=lambda w: (latest_committed_step(
-        os.path.join(w, "checkpoints")) or 0) >= 1, env=env)
-    runs.train(DPO, workdir, env=env)
+        os.path.join(w, "checkpoints")) or 0) >= 1)
+    runs.train(DPO, workdir)
     assert runs.differences(reference, workdir) == []
     for name in ("0000.jsonl", "0001.jsonl", "0000.json", "0001.json"):
         assert (workdir / "dpo" / name).read_bytes() == (reference / "dpo" / name).read_bytes()
