@@ -37,3 +37,14 @@ def eight_devices():
     return devices[:8]
 
 pytest_plugins = ["tests.engine_fixtures"]  # the shared tiny engine of the engine / agents / sglang tests
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory):
+    """tests.train.runs.FinishedRuns shared by every xdist worker of this session: a
+    worker's base temp is a folder of the session's."""
+    from tests.train.runs import FinishedRuns
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    return FinishedRuns(root / "finished-runs")

@@ -9,8 +9,11 @@ uninterrupted run (scripts/bench/reliability.py runs a longer campaign).
 from __future__ import annotations
 
 import collections
+import fcntl
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +30,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TRAIN = os.path.join(ROOT, "scripts", "train.py")
 # Wall-clock keys differ between runs; everything else must be identical.
 TIMING = ("time/", "rollout/tokens_per_s")
+# RL from the initial model: no pretraining, no SFT (shorter runs).
+RL_ONLY = ("--config.pretrain.steps=0", "--config.sft.steps=0")
 # One device, and the compilation cache every test shares (tests/conftest.py).
 ONE_DEVICE = {**os.environ, "XLA_FLAGS": ""}
 
@@ -44,6 +49,30 @@ def train(config, workdir, *overrides, env=ONE_DEVICE) -> str:
     out, _ = process.communicate(timeout=600)
     assert process.returncode == 0, out[-4000:]
     return out
+
+
+class FinishedRuns:
+    """Runs of scripts/train.py that the tests of one pytest session (all its xdist
+    workers) share: the first test asking for a config and overrides runs it, the
+    others wait for it and get the same workdir. A test must not write into that
+    workdir: it copies it (shutil.copytree) to resume or change it."""
+
+    def __init__(self, root):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, config: str, *overrides: str) -> tuple[Path, str]:
+        """(the workdir, the output) of the finished run of `config` with `overrides`."""
+        key = hashlib.sha1(json.dumps([config, overrides]).encode()).hexdigest()[:16]
+        workdir, output = self.root / key, self.root / f"{key}.out"
+        with open(self.root / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another worker may be running it
+            if not output.exists():
+                shutil.rmtree(workdir, ignore_errors=True)  # a failed attempt's
+                out = train(config, workdir, *overrides)
+                output.with_suffix(".tmp").write_text(out)
+                output.with_suffix(".tmp").rename(output)
+            return workdir, output.read_text()
 
 
 def check_finished_run(config: str, workdir, out: str) -> None:

@@ -9,11 +9,11 @@ import pytest
 from agentjax.train.metrics import read_metrics, read_step_log
 from agentjax.agents.sources import GROUPS_LOG
 from tests.train import runs
+from tests.train.runs import RL_ONLY
 
 pytestmark = pytest.mark.slow  # end-to-end runs
 
 CONFIG = "grpo_search.py:test"
-RL_ONLY = ("--config.pretrain.steps=0", "--config.sft.steps=0")
 ASYNC = ("--config.rollout.mode=async",)
 # Only the asynchronous run logs these (no key of the synchronous run is added).
 ASYNC_KEYS = {"rollout/queue_groups", "rollout/dropped_groups", "rollout/staleness_mean",
@@ -22,9 +22,9 @@ ASYNC_KEYS = {"rollout/queue_groups", "rollout/dropped_groups", "rollout/stalene
               "is_ratio_mean", "is_ratio_max", "is_weight_mean", "is_clipfrac"}
 
 
-def test_staleness_zero_without_interruption_is_the_synchronous_run(tmp_path):
-    sync, late = tmp_path / "sync", tmp_path / "async"
-    runs.train(CONFIG, sync, *RL_ONLY)
+def test_staleness_zero_without_interruption_is_the_synchronous_run(finished_run, tmp_path):
+    sync, _ = finished_run(CONFIG, *RL_ONLY)
+    late = tmp_path / "async"
     runs.train(CONFIG, late, *RL_ONLY, *ASYNC, "--config.rollout.max_staleness=0",
                "--config.rollout.partial_rollouts=False")
     want, got = read_metrics(sync), read_metrics(late)

@@ -16,10 +16,8 @@ CONFIG = "grpo_search.py:test"
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("uninterrupted")
-    runs.train(CONFIG, workdir)
-    return workdir
+def uninterrupted(finished_run):
+    return finished_run(CONFIG)[0]
 
 
 def test_kill_after_the_rl_checkpoint_folder_exists_resumes_from_sft(

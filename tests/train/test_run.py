@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -28,7 +29,8 @@ from agentjax.train.policy import EXPORT_MARKER
 from tests.data import search_r1_files
 from tests.models.qwen_tokenizers import qwen_tokenizer_folder
 from tests.rewards.episodes import TWO_HOP, episode
-from tests.train.runs import ONE_DEVICE, ROOT, TRAIN, check_finished_run, comparable
+from tests.train.runs import (ONE_DEVICE, RL_ONLY, ROOT, TRAIN, check_finished_run,
+                              comparable)
 from tests.train.runs import train as _train
 
 EIGHT_DEVICES = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
@@ -74,10 +76,11 @@ def test_trains_on_search_r1_files(tmp_path):
 @pytest.mark.slow
 def test_engine_lanes_give_the_same_run(tmp_path):
     """Deterministic sampling does not depend on the lane a request lands in, and each
-    lane has the program shapes of a one-lane engine of its slots: same metrics."""
+    lane has the program shapes of a one-lane engine of its slots: same metrics (RL
+    alone: pretraining and SFT sample nothing)."""
     out = {}
     for lanes, slots in ((1, 4), (2, 8)):
-        _train("grpo_search.py:test", tmp_path / f"lanes{lanes}",
+        _train("grpo_search.py:test", tmp_path / f"lanes{lanes}", *RL_ONLY,
                f"--config.rollout.engine_lanes={lanes}",
                f"--config.rollout.engine_slots={slots}", "--config.rollout.concurrency=4")
         out[lanes] = comparable(read_metrics(tmp_path / f"lanes{lanes}"))
@@ -110,9 +113,9 @@ def _script(name, *args):
 
 
 @pytest.mark.slow
-def test_evaluate_and_export_a_finished_run(tmp_path):
+def test_evaluate_and_export_a_finished_run(finished_run, tmp_path):
     run = tmp_path / "run"
-    _train("grpo_search.py:test", run, "--config.total_steps=2", "--config.eval.every=0")
+    shutil.copytree(finished_run("grpo_search.py:test")[0], run)
     # A run saved by another version: a key since removed, a key added since.
     saved = json.loads((run / "config.json").read_text())
     saved["algo"]["value_coef"] = 0.5

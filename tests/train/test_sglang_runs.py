@@ -14,11 +14,9 @@ from agentjax.train.engines import server_flags
 from agentjax.config import presets
 from agentjax.config.resume import read_changes
 from agentjax.train.metrics import read_metrics
-from tests.train.runs import ONE_DEVICE, _argv, comparable
+from tests.train.runs import ONE_DEVICE, RL_ONLY, _argv, comparable
 from tests.train.runs import train as _train
 
-# RL alone (no pretraining or SFT), to keep the runs short.
-RL_ONLY = ("--config.pretrain.steps=0", "--config.sft.steps=0")
 # Behavior log-probs come back through JSON from engines whose attention span is one
 # token longer (server_flags): equal sampled tokens, log-probs equal within float32
 # rounding. Everything else must be identical.
@@ -43,12 +41,13 @@ def _same_runs(reference, other, changes_at=None):
 
 
 @pytest.mark.slow
-def test_two_launched_servers_sample_what_the_in_process_engine_samples(tmp_path):
-    _train("grpo_search.py:test", tmp_path / "jax", *RL_ONLY)
+def test_two_launched_servers_sample_what_the_in_process_engine_samples(finished_run,
+                                                                         tmp_path):
+    in_process, _ = finished_run("grpo_search.py:test", *RL_ONLY)
     out = _train("grpo_search.py:test", tmp_path / "sglang", *RL_ONLY,
                  "--config.rollout.engine=sglang", "--config.rollout.sglang.launch=2")
     assert "local rollout servers at http://127.0.0.1:" in out
-    _same_runs(tmp_path / "jax", tmp_path / "sglang")
+    _same_runs(in_process, tmp_path / "sglang")
     # Step k's episodes were all sampled by weight version k (RL's start is version 1).
     rows = read_metrics(tmp_path / "sglang")
     assert [(r["rollout/weight_version_min"], r["rollout/weight_version_max"])
