@@ -48,3 +48,11 @@ def finished_run(tmp_path_factory):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent
     return FinishedRuns(root / "finished-runs")
+
+
+def pytest_collection_modifyitems(items):
+    """Modules with end-to-end (`slow`) tests run first, each kept whole (its module
+    fixtures set up once): with -n 2 the many short tests then fill in around the long
+    runs, instead of one worker finishing a long run alone at the end."""
+    has_slow = {item.module for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module not in has_slow)
