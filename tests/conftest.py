@@ -2,8 +2,9 @@
 
 Eight fake CPU devices are requested before JAX is imported anywhere so that sharding
 tests can build `data/fsdp/tensor` meshes on a laptop; unsharded tests simply run on the
-first device. Set AGENTJAX_TEST_DEVICES to change the count. A persistent XLA
-compilation cache is shared by all tests and the subprocesses they start.
+first device. Set AGENTJAX_TEST_DEVICES to change the count. XLA compiles without
+LLVM's costly passes, and a persistent compilation cache is shared by all tests and the
+subprocesses they start.
 """
 import os
 import tempfile
@@ -12,6 +13,13 @@ _flag = "--xla_force_host_platform_device_count"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
     count = os.environ.get("AGENTJAX_TEST_DEVICES", "8")
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}={count}".strip()
+# The tests check what programs compute on tiny shapes, not how fast: LLVM's optimizing
+# passes cost more compile time than they save there (the attention tests took 30% less
+# time without them). The subprocesses the tests start inherit these flags.
+for _fast_compile in ("--xla_backend_optimization_level=0",
+                      "--xla_llvm_disable_expensive_passes=true"):
+    if _fast_compile.split("=")[0] not in os.environ["XLA_FLAGS"]:
+        os.environ["XLA_FLAGS"] += f" {_fast_compile}"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Compiled programs are shared between tests, xdist workers and the subprocesses that
 # end-to-end tests start: identical computations compile once per CI run.

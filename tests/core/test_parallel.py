@@ -1,5 +1,4 @@
 """Meshes, logical-axis rules and sharded execution on 8 fake CPU devices."""
-import os
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from agentjax.models.config import ModelConfig
 from agentjax.models.decoder import Decoder, positions_from_segments
 from agentjax.models.hf import load_hf, make_tiny_hf, save_hf
 from tests.models.reference_decoder import random_model
+from tests.train.runs import ONE_DEVICE
 
 # Every sharded dimension divides 2 and 4: heads 8, kv heads 4, vocab 128, mlp 128, D 64.
 CFG = ModelConfig(arch="qwen2", vocab_size=128, hidden_size=64, intermediate_size=128,
@@ -213,8 +213,7 @@ def test_two_process_mesh_over_distributed_runtime():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
-               JAX_PLATFORMS="cpu")
+    env = ONE_DEVICE
     procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(i), port], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]

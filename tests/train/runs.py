@@ -32,8 +32,18 @@ TRAIN = os.path.join(ROOT, "scripts", "train.py")
 TIMING = ("time/", "rollout/tokens_per_s")
 # RL from the initial model: no pretraining, no SFT (shorter runs).
 RL_ONLY = ("--config.pretrain.steps=0", "--config.sft.steps=0")
-# One device, and the compilation cache every test shares (tests/conftest.py).
-ONE_DEVICE = {**os.environ, "XLA_FLAGS": ""}
+
+
+def with_devices(count: int) -> dict:
+    """The environment of a subprocess with `count` fake CPU devices, the tests' other
+    XLA flags and their shared compilation cache kept (tests/conftest.py)."""
+    flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+             if not flag.startswith("--xla_force_host_platform_device_count")]
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(
+        [*flags, f"--xla_force_host_platform_device_count={count}"])}
+
+
+ONE_DEVICE = with_devices(1)
 
 
 def _argv(config: str, workdir, overrides) -> list[str]:

@@ -5,7 +5,6 @@ with the data axis across processes, each feeding only its own rows; their gathe
 params and metrics must equal the unsharded single-process update.
 """
 import contextlib
-import os
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.train import multihost_worker as worker
+from tests.train.runs import with_devices
 
 pytestmark = pytest.mark.slow  # two training processes end to end
 
@@ -33,8 +33,7 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def _workers(tmp_path: Path, port: int):
     """Starts the workers; whatever happens in the block, none outlives it."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env = with_devices(2)
     procs = []
     try:
         for pid in range(NUM_PROCESSES):

@@ -30,10 +30,10 @@ from tests.data import search_r1_files
 from tests.models.qwen_tokenizers import qwen_tokenizer_folder
 from tests.rewards.episodes import TWO_HOP, episode
 from tests.train.runs import (ONE_DEVICE, RL_ONLY, ROOT, TRAIN, check_finished_run,
-                              comparable)
+                              comparable, with_devices)
 from tests.train.runs import train as _train
 
-FOUR_DEVICES = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+FOUR_DEVICES = with_devices(4)
 
 
 @pytest.mark.slow
