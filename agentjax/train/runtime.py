@@ -22,6 +22,7 @@ import ml_collections
 from tqdm.auto import tqdm
 
 from agentjax.config import ConfigError
+from agentjax.config.errors import reject
 from agentjax.core import atomic, parallel
 from agentjax.train.checkpoint import Checkpointer
 from agentjax.train.metrics import MetricsWriter
@@ -179,8 +180,8 @@ def _run_devices(count: int) -> list:
     if count == -1:
         return devices
     if count > len(devices):
-        raise ValueError(f"devices={count}: this process has only {len(devices)} "
-                         f"{jax.default_backend()} device(s)")
+        reject("devices", count, f"this process has only {len(devices)} "
+               f"{jax.default_backend()} device(s)")
     return devices[:count]
 
 

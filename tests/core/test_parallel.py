@@ -213,8 +213,7 @@ def test_two_process_mesh_over_distributed_runtime():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    env = ONE_DEVICE
-    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(i), port], env=env,
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(i), port], env=ONE_DEVICE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
     outputs = [p.communicate(timeout=120) for p in procs]

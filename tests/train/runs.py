@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file
 
+from agentjax.core import atomic
 from agentjax.train.checkpoint import latest_committed_step
 from agentjax.train.metrics import read_metrics
 
@@ -79,9 +80,7 @@ class FinishedRuns:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another worker may be running it
             if not output.exists():
                 shutil.rmtree(workdir, ignore_errors=True)  # a failed attempt's
-                out = train(config, workdir, *overrides)
-                output.with_suffix(".tmp").write_text(out)
-                output.with_suffix(".tmp").rename(output)
+                atomic.write_text(output, train(config, workdir, *overrides))
             return workdir, output.read_text()
 
 

@@ -2,7 +2,7 @@
 import jax
 import pytest
 
-from agentjax.config import presets
+from agentjax.config import ConfigError, presets
 from agentjax.train.runtime import Runtime
 
 
@@ -24,6 +24,6 @@ def test_the_mesh_spans_every_device_by_default_or_the_first_n(tmp_path, eight_d
 
 def test_more_devices_than_the_process_has_is_an_error(tmp_path):
     count = jax.device_count()
-    with pytest.raises(ValueError, match=rf"devices={count + 1}: this process has only "
-                                         rf"{count} cpu device\(s\)"):
+    with pytest.raises(ConfigError, match=rf"^config key 'devices' is {count + 1}; this "
+                                          rf"process has only {count} cpu device\(s\)$"):
         _mesh(tmp_path, devices=count + 1)
