@@ -14,10 +14,10 @@ A real model on a GPU box / TPU pod (a local HF folder; nothing is downloaded):
         --config.model.path=/data/Qwen2.5-3B --workdir=/ckpt/grpo-search
 
 Long episodes (32 turns of 8 documents a search, up to 32,768 tokens; RL alone from the
-random-init model, 8 episodes a step; presets.py: long). On 2 cores its rollouts decode
-about 50 tokens/s (300 with --config.rollout.deterministic=False, whose decode attends
-over the tokens so far rather than the whole 32k cache) and an update needs the
-blockwise attention (models/attention.py):
+random-init model, 8 episodes a step; presets.py: long). On 2 cores a step of 8
+episodes of 5,000-8,000 tokens takes 1-2 minutes (rollouts at 430-800 tokens/s, the
+update in one or two 32k-token micro-batches; docs/results/long_context.md), and the
+update needs the blockwise attention (models/attention.py):
 
     python scripts/train.py --config configs/grpo_search.py:long
 

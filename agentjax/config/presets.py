@@ -175,8 +175,8 @@ def _long(c, size: str):
     if not test:
         c.rollout.prompts_per_step, c.rollout.group_size = 2, 4
         c.rollout.engine_slots = c.rollout.concurrency = 8
-        # 2 cores decode these 8 episodes at 50-300 tokens/s in all: a 32k-token
-        # episode takes most of an hour.
+        # 2 cores decode these 8 episodes at 400-800 tokens/s in all: a 32k-token
+        # episode would take most of an hour.
         c.rollout.episode_timeout_s = 7200.0
         c.total_steps = 10
         c.eval.every, c.eval.num_tasks, c.eval.samples = 0, 8, 1
