@@ -7,9 +7,9 @@
 
 Every workload runs on this checkout's engine and, in the same run, on the baseline
 commit's (a git worktree made for the bench; default: 6dd2164, the last engine with a
-fixed [max_slots, max_len] cache), each in its own process. Model: a random Qwen2 shape,
-4 layers, hidden 256, 8 query / 2 kv heads (head_dim 32), vocab 1024, float32; eos off,
-so every row makes all its tokens.
+fixed [max_slots, max_len] cache), each in its own process. Model: a random Qwen2 shape
+(`--model`, MODELS: by default 4 layers, hidden 256, 8 query / 2 kv heads of 32), vocab
+1024, float32; eos off, so every row makes all its tokens.
 
 Workloads (each warmed up once — it meets every program shape it will meet — then timed
 `--repeats` times; the best run is shown, with its spread):
@@ -108,6 +108,21 @@ def run_workload(engine, name: str, rng_seed: int = 0) -> dict:
     return dict(rounds=rounds, wall=sum(rounds), outputs=outputs, **moved)
 
 
+# The bench's model shapes (random weights, float32):
+#   tiny       4 layers, hidden 256, 8 / 2 heads of 32, SwiGLU 1,024 (the default).
+#   3b_layers  2 layers of Qwen2.5-3B's shape (hidden 2,048, 16 / 2 heads of 128, SwiGLU
+#              11,008). A token's keys and values are 6.6e-6 of a layer's weights in
+#              bytes, Qwen2.5-3B's own ratio; in the tiny shape they are 1.3e-4, 20x more.
+#              Decode reads every weight once a step and every held key once a token, so
+#              how much a longer context costs follows this ratio.
+MODELS = {
+    "tiny": dict(hidden_size=256, intermediate_size=1024, num_layers=4, num_heads=8,
+                 num_kv_heads=2, head_dim=32),
+    "3b_layers": dict(hidden_size=2048, intermediate_size=11008, num_layers=2,
+                      num_heads=16, num_kv_heads=2, head_dim=128),
+}
+
+
 # Engine settings per workload: (max_slots, max_len, KV tokens of the pool).
 def engine_settings(name: str, max_len: int | None) -> tuple[int, int, int]:
     return {"batch": (32, max_len, 32 * 1024), "long_row": (32, 8192, 32 * 1024),
@@ -125,9 +140,8 @@ def worker(spec: dict) -> dict:
     from agentjax.models.config import ModelConfig
     from agentjax.models.decoder import Decoder
 
-    config = ModelConfig(arch="qwen2", vocab_size=VOCAB, hidden_size=256,
-                         intermediate_size=1024, num_layers=4, num_heads=8, num_kv_heads=2,
-                         head_dim=32, qkv_bias=True)
+    config = ModelConfig(arch="qwen2", vocab_size=VOCAB, qkv_bias=True,
+                         **MODELS[spec.get("model", "tiny")])
     model = Decoder(config, rngs=nnx.Rngs(0))
     slots, max_len, kv_tokens = engine_settings(spec["workload"], spec.get("max_len"))
     kwargs = dict(max_slots=slots, max_len=max_len, decode_steps=8, eos_token_ids=(),
@@ -217,6 +231,8 @@ def main():
                         help="commit of the engine to compare with ('none': skip)")
     parser.add_argument("--only", default="batch,long_row,group,multiturn,agent")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--model", default="tiny", choices=sorted(MODELS),
+                        help="model shape (MODELS)")
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
@@ -236,7 +252,7 @@ def main():
     for side, checkout in sides.items():
         for workload, max_len, det in dict.fromkeys(cases):
             spec = dict(workload=workload, max_len=max_len, deterministic=det,
-                        repeats=args.repeats)
+                        repeats=args.repeats, model=args.model)
             start = time.perf_counter()
             r = measure(checkout, spec)
             print(f"# {side}: {workload} max_len={max_len} deterministic={det}: "
@@ -247,8 +263,8 @@ def main():
             if "error" not in r:
                 results[side, workload, max_len, det] = r
 
-    print(f"\n## Engine bench ({next(iter(results.values()))['devices']}), best of "
-          f"{args.repeats} runs after a warm-up run\n")
+    print(f"\n## Engine bench ({next(iter(results.values()))['devices']}, model "
+          f"{args.model}), best of {args.repeats} runs after a warm-up run\n")
     rows = []
     for (side, workload, max_len, det), r in results.items():
         rows.append([side, workload, max_len or "", "det" if det else "default",

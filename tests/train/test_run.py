@@ -88,14 +88,16 @@ def test_engine_lanes_give_the_same_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_sharded_run_matches_one_device(tmp_path):
-    # 4 rows per RL step, 8 per pretraining and SFT step: divisible by data x fsdp = 4.
-    common = ("--config.total_steps=1", "--config.eval.every=0")
-    _train("grpo_search.py:test", tmp_path / "one", *common)
-    _train("grpo_search.py:test", tmp_path / "four", *common, "--config.mesh.data=2",
-           "--config.mesh.fsdp=2", env=FOUR_DEVICES)
+def test_sharded_run_matches_one_device(finished_run, tmp_path):
+    # The one-device side: the shared run's pretraining and SFT, which RL's step count
+    # and evaluation cadence do not touch. 4 rows per RL step, 8 per pretraining and SFT
+    # step: divisible by data x fsdp = 4.
+    one_device, _ = finished_run("grpo_search.py:test")
+    _train("grpo_search.py:test", tmp_path / "four", "--config.total_steps=1",
+           "--config.eval.every=0", "--config.mesh.data=2", "--config.mesh.fsdp=2",
+           env=FOUR_DEVICES)
     for stage in ("pretrain", "sft"):
-        one, four = (read_metrics(tmp_path / run / stage) for run in ("one", "four"))
+        one, four = (read_metrics(run / stage) for run in (one_device, tmp_path / "four"))
         for a, b in zip(one, four, strict=True):
             for key in ("nll", "grad_norm", "entropy"):
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (stage, key)
