@@ -141,7 +141,7 @@ def worker(spec: dict) -> dict:
     from agentjax.models.decoder import Decoder
 
     config = ModelConfig(arch="qwen2", vocab_size=VOCAB, qkv_bias=True,
-                         **MODELS[spec.get("model", "tiny")])
+                         **MODELS[spec["model"]])
     model = Decoder(config, rngs=nnx.Rngs(0))
     slots, max_len, kv_tokens = engine_settings(spec["workload"], spec.get("max_len"))
     kwargs = dict(max_slots=slots, max_len=max_len, decode_steps=8, eos_token_ids=(),
