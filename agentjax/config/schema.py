@@ -227,6 +227,9 @@ DATA = Section(
         "error naming them"),
     Key("world_seed", 0, COUNT, "seeds the synthetic world: its entities, facts and "
         "questions"),
+    Key("code_depth", 2, Integer(1, 2), "synthetic code world: steps a program composes "
+        "(1: one list step or reduction, 10 programs; 2: also one of them applied to a "
+        "list step, 66 programs; data/code_world.py)"),
     # A world needs two entities of each type (data.world.WorldConfig).
     Key("num_people", 120, Integer(2), "people of the synthetic world"),
     Key("num_companies", 40, Integer(2), "companies of the synthetic world"),
@@ -256,6 +259,8 @@ ENV = Section(
     Key("max_turns", 4, POSITIVE, "actions an episode may take"),
     Key("max_observation_words", 120, POSITIVE, "an observation's documents are cut after "
         "this many words"),
+    Key("failures_shown", 3, POSITIVE, "code env: failed tests a `run` observation "
+        "describes (the rest are counted)"),
     Key("instruction", "short", Choice(INSTRUCTIONS), "the search prompt: 'minimal', "
         "'short' or 'search_r1' (envs/registry.py: INSTRUCTIONS)"),
     Key("loss_on_observations", False, Flag(), "True puts the observation tokens (what "

@@ -2,8 +2,9 @@
 language, each task specified by examples only, and a scripted imperfect programmer.
 
 A program is `def f(x): return EXPR` where EXPR is one list step (`sorted(x)`,
-`x[::-1]`, `[v * 2 for v in x]`, ...), one reduction (`sum(x)`, `max(x)`, ...), or a
-reduction or a second list step applied to a list step. A task shows
+`x[::-1]`, `[v * 2 for v in x]`, ...) or one reduction (`sum(x)`, `max(x)`, ...): the
+depth-1 language of 10 programs; at depth 2 also a reduction or a second list step applied
+to a list step (66 programs). A task shows
 `f([3, 1, 2]) == [1, 2, 3]`-style examples (its visible tests); its hidden tests are the
 examples and further inputs. Train and test tasks are different inputs to the same
 programs (held-out success asks the agent to infer a program from examples it never saw).
@@ -47,13 +48,16 @@ REDUCTIONS = {
 }
 
 
-def language() -> list[str]:
-    """Every expression of the language, in the order the scripted solver tries them."""
+def language(depth: int = 2) -> list[str]:
+    """Every expression of the language of programs composing at most `depth` (1 or 2)
+    steps, in the order the scripted solver tries them."""
+    if depth not in (1, 2):
+        raise ValueError(f"the code world's depth is 1 or 2, got {depth}")
     steps = [s.format(x="x") for s in LIST_STEPS.values()]
     reductions = [r.format(x="x") for r in REDUCTIONS.values()]
     composed = [outer.format(x=inner) for outer, inner in itertools.product(
         list(REDUCTIONS.values()) + list(LIST_STEPS.values()), steps)
-        if outer.format(x="x") != inner]
+        if outer.format(x="x") != inner] if depth == 2 else []
     return list(dict.fromkeys(steps + reductions + composed))
 
 
@@ -82,6 +86,7 @@ class CodeWorldConfig:
 
     Attributes:
       seed: everything is a function of it.
+      depth: steps a program composes (`language`).
       train_tasks, test_tasks: task counts (programs drawn uniformly).
       visible: examples shown (and run by the `run` tool).
       hidden_extra: further hidden inputs beyond the examples.
@@ -90,6 +95,7 @@ class CodeWorldConfig:
     """
 
     seed: int = 0
+    depth: int = 2
     train_tasks: int = 2000
     test_tasks: int = 200
     visible: int = 3
@@ -127,7 +133,7 @@ def make_code_splits(config: CodeWorldConfig) -> tuple[list[Task], list[Task]]:
     """Train and test tasks (module docstring); no test task's examples are a train
     task's."""
     rng = np.random.default_rng([config.seed, 29])
-    expressions = language()
+    expressions = language(config.depth)
     out: dict[str, list[Task]] = {"train": [], "test": []}
     seen = set()
     for split, count in (("test", config.test_tasks), ("train", config.train_tasks)):
@@ -208,9 +214,9 @@ class CoderConfig:
 class ScriptedCoder:
     """Plays a code-world task in a CodeEnv (module docstring)."""
 
-    def __init__(self, config: CoderConfig = CoderConfig()):
+    def __init__(self, config: CoderConfig = CoderConfig(), depth: int = 2):
         self.config = config
-        self.expressions = language()
+        self.expressions = language(depth)
 
     def run(self, env, task: Task, rng: np.random.Generator) -> demo_lib.Demonstration:
         """Plays one episode of `task` in `env` (reset here); a single-turn env gets the

@@ -34,6 +34,21 @@ def test_language_and_tasks():
     assert world.make_code_splits(CONFIG)[1][0] == task  # deterministic
 
 
+def test_the_depth_one_language_is_its_ten_single_steps():
+    one = world.language(1)
+    assert one == world.language()[:10] and len(set(one)) == 10
+    assert "sorted(x)" in one and "sum(x)" in one and "sum(sorted(x))" not in one
+    train, test = world.make_code_splits(world.CodeWorldConfig(seed=3, depth=1,
+                                                               train_tasks=60, test_tasks=10))
+    assert {t.metadata["expression"] for t in train + test} <= set(one)
+    lazy = world.ScriptedCoder(world.CoderConfig(p_guess=1.0), depth=1)
+    env, rng = CodeEnv(tests_runner=world.run_world_tests), np.random.default_rng(0)
+    guesses = {lazy.run(env, t, rng).log.final_answer.strip() for t in train}
+    assert guesses <= {world.program(e) for e in one} and len(guesses) > 5
+    with pytest.raises(ValueError, match="depth is 1 or 2"):
+        world.language(3)
+
+
 def test_the_scripted_coder_guesses_or_solves():
     train, _ = world.make_code_splits(CONFIG)
     gold = world.ScriptedCoder()

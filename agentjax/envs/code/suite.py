@@ -83,6 +83,7 @@ def build_code_suite(config, data_dir: str) -> TaskSuite:
     sandbox = default_sandbox()
     minimal = config.env.instruction == "minimal"
     env_kwargs = dict(max_turns=config.env.max_turns, timeout_s=TEST_TIMEOUT_S,
+                      max_failures_shown=config.env.failures_shown,
                       memory_mb=TEST_MEMORY_MB, tool_prompt=not minimal,
                       instruction=MINIMAL_INSTRUCTION if minimal else DEFAULT_INSTRUCTION)
 
@@ -94,13 +95,13 @@ def build_code_suite(config, data_dir: str) -> TaskSuite:
     baselines = {}
     if config.data.source == "synthetic":
         world = code_world.CodeWorldConfig(
-            seed=config.data.world_seed,
+            seed=config.data.world_seed, depth=config.data.code_depth,
             train_tasks=sum(parse_counts(config.data.train_questions).values()),
             test_tasks=sum(parse_counts(config.data.test_questions).values()))
         train_tasks, test_tasks = code_world.make_code_splits(world)
         coder = code_world.ScriptedCoder(code_world.CoderConfig(
             "demonstrator", p_guess=config.sft.guess_prob,
-            p_wrong_first=config.sft.wrong_first_prob))
+            p_wrong_first=config.sft.wrong_first_prob), depth=config.data.code_depth)
 
         def play(index, task, split="train"):
             rng = np.random.default_rng([config.data.world_seed, index, split == "test"])

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from agentjax.core.trajectory import Trajectory
+from agentjax.data import code_world
 from agentjax.envs import sandbox as sandbox_lib
 from agentjax.envs.registry import build_suite
 from agentjax.models.tokenizer import load_tokenizer
@@ -39,6 +40,17 @@ def test_synthetic_world_suite(tmp_path):
             assert " tests passed." in demo.turns[0].observation
         assert demo.turns[-1].action.startswith("```python\ndef f(x): return ")
         assert demo.turns[-1].observation is None
+
+
+def test_the_world_depth_and_the_failures_shown_reach_the_suite(tmp_path):
+    suite = build_suite(config_of(**{"data.code_depth": 1, "env.failures_shown": 1,
+                                     "sft.wrong_first_prob": 1.0, "sft.guess_prob": 0.0}),
+                        str(tmp_path))
+    assert {t.metadata["expression"] for t in suite.train_tasks + suite.test_tasks} <= set(
+        code_world.language(1))
+    reports = [d.turns[0].observation for d in suite.demonstrations if len(d.turns) == 3]
+    assert reports and all(r.count("FAILED") == 1 for r in reports)
+    assert any("more failed)" in r for r in reports)
 
 
 def test_files_suite_canonical_demonstrations(tmp_path):
