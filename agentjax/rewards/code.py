@@ -87,12 +87,15 @@ def last_fenced_block(text: str) -> str | None:
 
 def parse_program(source: str) -> ast.Module | None:
     """The syntax tree of a policy's program, None when it does not parse; quietly (a
-    policy writes `1x` often enough: Python's SyntaxWarnings would flood the run's log)."""
+    policy writes `1x` often enough: Python's SyntaxWarnings would flood the run's log).
+    Nesting too deep for the parser does not parse either: CPython raises RecursionError
+    for it, and 3.11 at times SystemError ("AST constructor recursion depth mismatch",
+    python/cpython#106905); a policy's babble must not fail its episode."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SyntaxWarning)
         try:
             return ast.parse(source)
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError, RecursionError, MemoryError, SystemError):
             return None
 
 

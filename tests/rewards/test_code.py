@@ -119,3 +119,5 @@ def test_policy_programs_parse_quietly():
         assert code.parse_program("x = 1if 1 else 2") is not None
         assert code.parse_program("x = 1x") is None
         assert not code.defines("def f(:", "f") and code.defines("def f(): pass", "f")
+    # Too deep for CPython's parser (RecursionError): a program that does not parse.
+    assert code.parse_program("x = " + "+".join(["1"] * 100_000)) is None
