@@ -45,7 +45,7 @@ def get_config(arg=None):
         # the demonstrations).
         config.env.instruction = "minimal"
         # One list step or reduction (10 programs): what a 0.5M model learns to read off
-        # three examples; at depth 2 (66 programs) SFT reached 1-5% against its
+        # three examples; at depth 2 (64 programs) SFT reached 1-5% against its
         # demonstrator's 37-40% (docs/results/code.md).
         config.data.code_depth = 1
         # One failure described: a report of three is 120-150 tokens of the tiny

@@ -229,7 +229,7 @@ DATA = Section(
         "questions"),
     Key("code_depth", 2, Integer(1, 2), "synthetic code world: steps a program composes "
         "(1: one list step or reduction, 10 programs; 2: also one of them applied to a "
-        "list step, 66 programs; data/code_world.py)"),
+        "list step, 64 programs; data/code_world.py)"),
     # A world needs two entities of each type (data.world.WorldConfig).
     Key("num_people", 120, Integer(2), "people of the synthetic world"),
     Key("num_companies", 40, Integer(2), "companies of the synthetic world"),

@@ -4,7 +4,7 @@ language, each task specified by examples only, and a scripted imperfect program
 A program is `def f(x): return EXPR` where EXPR is one list step (`sorted(x)`,
 `x[::-1]`, `[v * 2 for v in x]`, ...) or one reduction (`sum(x)`, `max(x)`, ...): the
 depth-1 language of 10 programs; at depth 2 also a reduction or a second list step applied
-to a list step (66 programs). A task shows
+to a list step (64 programs). A task shows
 `f([3, 1, 2]) == [1, 2, 3]`-style examples (its visible tests); its hidden tests are the
 examples and further inputs. Train and test tasks are different inputs to the same
 programs (held-out success asks the agent to infer a program from examples it never saw).
