@@ -62,6 +62,7 @@ from agentjax.models.cache import KVCache, write_slots
 from agentjax.models.config import ModelConfig
 from agentjax.models.paged import (AttentionItems, PagedKVCache, paged_attention,
                                    write_pages)
+from agentjax.models.paged_pallas import BlockTables, paged_attention_pallas
 from agentjax.core.parallel import LogicalSharding, constrain
 
 _INIT_STD = 0.02  # HF `initializer_range` default for these families
@@ -361,7 +362,8 @@ class LayerwiseWeights:
         return _logits(hidden, w, self.activation_sharding)
 
     def forward(self, tokens: jax.Array, slots: jax.Array, write: jax.Array,
-                cache: PagedKVCache, items: AttentionItems) -> tuple[jax.Array, PagedKVCache]:
+                cache: PagedKVCache, items: AttentionItems | BlockTables
+                ) -> tuple[jax.Array, PagedKVCache]:
         """Writes a chunk of new tokens into the page pool and runs the decoder over it
         (`models/paged.py`: the index arrays and the work list).
 
@@ -371,7 +373,9 @@ class LayerwiseWeights:
             -1 for padding.
           write: [R, T] int32 flat pool index of each token's key / value; -1 for padding.
           cache: the page pool.
-          items: the attention work list of the call.
+          items: the attention work list of the call: `AttentionItems` for the pure-JAX
+            attention, `BlockTables` for the GPU kernel (`models/paged_pallas.py`; keys
+            in the "page_hd" layout).
 
         Returns:
           (hidden [R, T, D] in the compute dtype after the final norm, updated pool).
@@ -389,14 +393,18 @@ class LayerwiseWeights:
         keys, values = [], []
         for p, k_pool, v_pool in zip(self.layers, cache.k, cache.v):
             def attend(q, k, v, k_pool=k_pool, v_pool=v_pool):
-                k_pool, v_pool = write_pages(k_pool, v_pool, k, v, write)
-                return paged_attention(q, k_pool, v_pool, slots, items), (k_pool, v_pool)
+                k_pool, v_pool = write_pages(k_pool, v_pool, k, v, write, cache.key_layout)
+                if isinstance(items, BlockTables):
+                    out = paged_attention_pallas(q, k_pool, v_pool, slots, items)
+                else:
+                    out = paged_attention(q, k_pool, v_pool, slots, items, cache.key_layout)
+                return out, (k_pool, v_pool)
 
             x, (k_pool, v_pool) = _layer(cfg, p, x, cos, sin, attend, shard)
             keys.append(k_pool)
             values.append(v_pool)
         hidden = rms_norm(x, self.final_norm, cfg.rms_norm_eps)
-        return hidden, PagedKVCache(k=tuple(keys), v=tuple(values))
+        return hidden, cache.replace(k=tuple(keys), v=tuple(values))
 
 
 def _embed(cfg: ModelConfig, embed: jax.Array, tokens: jax.Array,

@@ -37,18 +37,29 @@ from agentjax.models.attention import MASKED, accumulation_dtype
 from agentjax.models.config import ModelConfig
 
 # Logical axes of one layer's pages (for `parallel.tree_shardings`).
-_K_AXES = ("cache_pages", "kv_heads", "head_dim", "page")
 _V_AXES = ("cache_pages", "kv_heads", "page", "head_dim")
+# How a layer's keys are laid out: "hd_page" [P, K, hd, page] (slots last: a page's score
+# product is a plain [G*T, hd] x [hd, page] matmul, the faster form for `paged_attention`
+# on CPU) or "page_hd" [P, K, page, hd], as the values are (what the GPU kernel of
+# `models/paged_pallas.py` reads).
+KEY_LAYOUTS = {"hd_page": ("cache_pages", "kv_heads", "head_dim", "page"),
+               "page_hd": _V_AXES}
+
+
+def _check_key_layout(key_layout: str) -> None:
+    if key_layout not in KEY_LAYOUTS:
+        raise ValueError(f"key_layout must be one of {sorted(KEY_LAYOUTS)}, got {key_layout!r}")
 
 
 @struct.dataclass
 class PagedKVCache:
-    """The page pool: per layer, keys [num_pages, K, hd, page_size] (slots last, so a
-    page's score product is a plain [G*T, hd] x [hd, page] matmul) and values
-    [num_pages, K, page_size, hd]."""
+    """The page pool: per layer, keys [num_pages, K, hd, page_size] or [num_pages, K,
+    page_size, hd] (`key_layout`, see KEY_LAYOUTS) and values [num_pages, K, page_size,
+    hd]."""
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
+    key_layout: str = struct.field(pytree_node=False, default="hd_page")
 
     @property
     def num_pages(self) -> int:
@@ -59,30 +70,33 @@ class PagedKVCache:
         return self.v[0].shape[2]
 
     @staticmethod
-    def logical_axes(num_layers: int) -> "PagedKVCache":
-        return PagedKVCache(k=(_K_AXES,) * num_layers, v=(_V_AXES,) * num_layers)
+    def logical_axes(num_layers: int, key_layout: str = "hd_page") -> "PagedKVCache":
+        return PagedKVCache(k=(KEY_LAYOUTS[key_layout],) * num_layers,
+                            v=(_V_AXES,) * num_layers, key_layout=key_layout)
 
     def copy_pages(self, src: jax.Array, dst: jax.Array) -> "PagedKVCache":
         """Copies pages src[i] -> dst[i] in every layer (copy-on-write of a shared page);
         entries with dst out of range are dropped."""
         copy = lambda x: x.at[dst].set(x[src], mode="drop")
-        return PagedKVCache(k=tuple(map(copy, self.k)), v=tuple(map(copy, self.v)))
+        return self.replace(k=tuple(map(copy, self.k)), v=tuple(map(copy, self.v)))
 
 
 def init_paged_cache(config: ModelConfig, num_pages: int, page_size: int,
-                     dtype=None) -> PagedKVCache:
+                     dtype=None, key_layout: str = "hd_page") -> PagedKVCache:
     """An empty pool of `num_pages` pages of `page_size` slots (default dtype: the model's
-    compute dtype)."""
+    compute dtype; `key_layout`: KEY_LAYOUTS)."""
     if num_pages <= 0 or page_size <= 0:
         raise ValueError(f"num_pages and page_size must be positive, got {num_pages}, "
                          f"{page_size}")
+    _check_key_layout(key_layout)
     dtype = config.dtype if dtype is None else dtype
     kh, hd = config.num_kv_heads, config.head_dim
+    v_shape = (num_pages, kh, page_size, hd)
+    k_shape = (num_pages, kh, hd, page_size) if key_layout == "hd_page" else v_shape
     return PagedKVCache(
-        k=tuple(jnp.zeros((num_pages, kh, hd, page_size), dtype)
-                for _ in range(config.num_layers)),
-        v=tuple(jnp.zeros((num_pages, kh, page_size, hd), dtype)
-                for _ in range(config.num_layers)))
+        k=tuple(jnp.zeros(k_shape, dtype) for _ in range(config.num_layers)),
+        v=tuple(jnp.zeros(v_shape, dtype) for _ in range(config.num_layers)),
+        key_layout=key_layout)
 
 
 def page_bytes(config: ModelConfig, page_size: int, dtype=None) -> int:
@@ -152,21 +166,25 @@ def items_needed(spans: list[int], page_size: int) -> int:
 
 
 def write_pages(k_pool: jax.Array, v_pool: jax.Array, k: jax.Array, v: jax.Array,
-                write: jax.Array) -> tuple[jax.Array, jax.Array]:
+                write: jax.Array, key_layout: str = "hd_page") -> tuple[jax.Array, jax.Array]:
     """Scatters new keys / values [R, T, K, hd] into one layer's pages at the flat
     indices `write` [R, T] (-1: dropped)."""
     chex.assert_rank([k, v, write], [4, 4, 2])
+    _check_key_layout(key_layout)
     page_size = v_pool.shape[2]
     page = jnp.where(write < 0, v_pool.shape[0], write // page_size)
     offset = write % page_size
     # Indices split by slices: each update is indexed [R, T, K, hd], k's own layout.
-    k_pool = k_pool.at[page, :, :, offset].set(k.astype(k_pool.dtype), mode="drop")
+    if key_layout == "hd_page":
+        k_pool = k_pool.at[page, :, :, offset].set(k.astype(k_pool.dtype), mode="drop")
+    else:
+        k_pool = k_pool.at[page, :, offset].set(k.astype(k_pool.dtype), mode="drop")
     v_pool = v_pool.at[page, :, offset].set(v.astype(v_pool.dtype), mode="drop")
     return k_pool, v_pool
 
 
 def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, slots: jax.Array,
-                    items: AttentionItems) -> jax.Array:
+                    items: AttentionItems, key_layout: str = "hd_page") -> jax.Array:
     """Grouped-query causal attention of new queries over their rows' pages.
 
     A loop over tiles of ITEM_TILE items, each tile consecutive pages of one row
@@ -182,7 +200,8 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, slots: j
 
     Args:
       q: [R, T, H, hd] queries of the new tokens.
-      k_pool: [P, K, hd, page] keys of one layer (the new tokens already written).
+      k_pool: [P, K, hd, page] keys of one layer (the new tokens already written);
+        [P, K, page, hd] when key_layout is "page_hd".
       v_pool: [P, K, page, hd] values.
       slots: [R, T] int32 position of each query in its row (-1: padding query).
       items: the work list (a multiple of ITEM_TILE long) covering every slot <= the
@@ -193,8 +212,10 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, slots: j
     """
     chex.assert_rank([q, k_pool, v_pool, slots], [4, 4, 4, 2])
     chex.assert_rank([items.row, items.page, items.first_slot], 1)
+    _check_key_layout(key_layout)
     r, t, h, hd = q.shape
-    kh, page_size = k_pool.shape[1], k_pool.shape[3]
+    kh, page_size = v_pool.shape[1], v_pool.shape[2]
+    score_spec = "nkgtd,nkds->nkgts" if key_layout == "hd_page" else "nkgtd,nksd->nkgts"
     count = items.row.shape[0]
     if count % ITEM_TILE:
         raise ValueError(f"{count} attention items: not a multiple of {ITEM_TILE}")
@@ -208,9 +229,9 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, slots: j
 
     def partials(rows, pages, first):
         """(max [n, K, G, T], sum, weighted values [n, K, G, T, hd]) of n items."""
-        keys = jnp.take(k_pool, pages, axis=0).astype(q.dtype)             # [n, K, hd, p]
+        keys = jnp.take(k_pool, pages, axis=0).astype(q.dtype)       # [n, K, hd | p, p | hd]
         values = jnp.take(v_pool, pages, axis=0).astype(q.dtype)           # [n, K, p, hd]
-        scores = jnp.einsum("nkgtd,nkds->nkgts", q[rows], keys, preferred_element_type=acc)
+        scores = jnp.einsum(score_spec, q[rows], keys, preferred_element_type=acc)
         visible = (first[:, None] + offsets[None])[:, None, :] <= slots[rows][:, :, None]
         visible = visible[:, None, None]                                    # [n,1,1,T,p]
         scores = jnp.where(visible, scores, MASKED)

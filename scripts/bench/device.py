@@ -152,6 +152,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, help="timed runs per candidate (2)")
     parser.add_argument("--deterministic", action="store_true",
                         help="the engine in batch-invariant mode (the trainer's default)")
+    parser.add_argument("--attention", default="auto", choices=("auto", "paged", "pallas_gpu"),
+                        help="JaxEngine attention (auto: the Pallas kernel on a GPU)")
     parser.add_argument("--skip-train", action="store_true", help="engines only")
     parser.add_argument("--peak-tbps", type=float,
                         help="peak HBM TB/s of a device PEAKS does not list")
@@ -512,7 +514,8 @@ def bench_engine(name: str, args, peak: Peak | None, probes: Probes) -> Measured
     prompts = rng.integers(0, config.vocab_size, (args.batch, args.prompt))
     engine = JaxEngine.from_model(model, max_slots=args.batch, max_len=max_len,
                                   decode_steps=args.decode_steps,
-                                  deterministic=args.deterministic)
+                                  deterministic=args.deterministic, attention=args.attention)
+    attention = engine.attention
     before = compilations()
     try:
         results = measure({
@@ -542,7 +545,8 @@ def bench_engine(name: str, args, peak: Peak | None, probes: Probes) -> Measured
     print(f"\n## JaxEngine at the {name} shape ({costs.params:,} params, bf16): "
           f"{args.batch} requests x {args.prompt} prompt tokens -> {args.new_tokens} new, "
           f"max_slots {args.batch}, decode_steps {args.decode_steps}, deterministic "
-          f"{args.deterministic}; best of {args.repeats} interleaved runs")
+          f"{args.deterministic}, attention {attention}; best of {args.repeats} interleaved "
+          f"runs")
     print(compiled)
     print(f"weights read per decode step {scaled(costs.weight_bytes, 'B')}; KV cache "
           f"{scaled(costs.kv_bytes_per_token, 'B')} per token; {steps} decode steps read "

@@ -11,7 +11,7 @@ from agentjax.models.paged import (AttentionItems, build_items, init_paged_cache
 PAGE, K, G, HD = 4, 2, 3, 8
 
 
-def _reference(q, keys, values, lengths, q_slots):
+def reference(q, keys, values, lengths, q_slots):
     """float64 causal GQA attention of row r's queries over its first lengths[r] keys.
     q [R, T, H, hd]; keys / values per row [S_r, K, hd]."""
     r, t, h, hd = q.shape
@@ -29,12 +29,12 @@ def _reference(q, keys, values, lengths, q_slots):
     return out
 
 
-def _scene(seed, lengths, new):
+def make_scene(seed, lengths, new, key_layout="hd_page", page_size=PAGE):
     """A pool holding rows of `lengths` cached slots in shuffled pages, plus `new` tokens
-    per row to append (right-padded: row r appends new[r])."""
+    per row to append (right-padded: row r appends new[r]); keys in `key_layout`."""
     rng = np.random.default_rng(seed)
     rows, t = len(lengths), max(new)
-    need = [-(-(length + n) // PAGE) for length, n in zip(lengths, new)]
+    need = [-(-(length + n) // page_size) for length, n in zip(lengths, new)]
     pages = rng.permutation(sum(need) + 3).tolist()
     held, at = [], 0
     for n in need:
@@ -43,12 +43,16 @@ def _scene(seed, lengths, new):
     total = [length + n for length, n in zip(lengths, new)]
     keys = [rng.standard_normal((s, K, HD)) for s in total]
     values = [rng.standard_normal((s, K, HD)) for s in total]
-    k_pool = np.zeros((len(pages), K, HD, PAGE))
-    v_pool = np.zeros((len(pages), K, PAGE, HD))
+    v_pool = np.zeros((len(pages), K, page_size, HD))
+    k_pool = (np.zeros((len(pages), K, HD, page_size)) if key_layout == "hd_page"
+              else v_pool.copy())
     for row in range(rows):
         for s in range(lengths[row]):  # the cached part; the new part is written by the test
-            page, off = held[row][s // PAGE], s % PAGE
-            k_pool[page, :, :, off] = keys[row][s]
+            page, off = held[row][s // page_size], s % page_size
+            if key_layout == "hd_page":
+                k_pool[page, :, :, off] = keys[row][s]
+            else:
+                k_pool[page, :, off] = keys[row][s]
             v_pool[page, :, off] = values[row][s]
     slots = np.full((rows, t), -1, np.int32)
     write = np.full((rows, t), -1, np.int32)
@@ -58,21 +62,23 @@ def _scene(seed, lengths, new):
         for i in range(new[row]):
             s = lengths[row] + i
             slots[row, i] = s
-            write[row, i] = held[row][s // PAGE] * PAGE + s % PAGE
+            write[row, i] = held[row][s // page_size] * page_size + s % page_size
             new_k[row, i], new_v[row, i] = keys[row][s], values[row][s]
     q = rng.standard_normal((rows, t, K * G, HD))
     return dict(q=q, k_pool=k_pool, v_pool=v_pool, new_k=new_k, new_v=new_v, slots=slots,
-                write=write, held=held, total=total, keys=keys, values=values)
+                write=write, held=held, total=total, keys=keys, values=values,
+                key_layout=key_layout)
 
 
 def _run(scene, size, dtype=jnp.float32, jit=True):
     items = build_items(scene["held"], scene["total"], len(scene["held"]), PAGE, size)
     items = AttentionItems(*(jnp.asarray(x) for x in (items.row, items.page,
                                                       items.first_slot)))
+    layout = scene["key_layout"]
 
     def call(q, k_pool, v_pool, new_k, new_v, slots, write):
-        k_pool, v_pool = write_pages(k_pool, v_pool, new_k, new_v, write)
-        return paged_attention(q, k_pool, v_pool, slots, items), k_pool, v_pool
+        k_pool, v_pool = write_pages(k_pool, v_pool, new_k, new_v, write, layout)
+        return paged_attention(q, k_pool, v_pool, slots, items, layout), k_pool, v_pool
 
     call = jax.jit(call) if jit else call
     args = [jnp.asarray(scene[n], dtype) for n in ("q", "k_pool", "v_pool", "new_k", "new_v")]
@@ -80,28 +86,30 @@ def _run(scene, size, dtype=jnp.float32, jit=True):
 
 
 @pytest.mark.parametrize("jit", [True, False])
-def test_prefill_and_decode_match_the_float64_reference(jit):
+def test_prefill_and_decode_match_the_float64reference(jit):
     with jax.enable_x64():
         for lengths, new in [([0, 5, 9], [7, 3, 1]),       # prefill from empty and append
                              ([3, 12, 0, 7], [1, 1, 1, 1])]:  # decode
-            scene = _scene(0, lengths, new)
+            scene = make_scene(0, lengths, new)
             size = -(-items_needed(scene["total"], PAGE) // 8) * 8 + 8  # padding items too
             out, _, _ = _run(scene, size, jnp.float64, jit)
-            expected = _reference(scene["q"], scene["keys"], scene["values"], lengths,
+            expected = reference(scene["q"], scene["keys"], scene["values"], lengths,
                                   scene["slots"])
             np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-12, atol=1e-12)
             padding = scene["slots"] < 0
             assert not np.asarray(out)[padding].any()  # padding queries read zeros
 
 
-def test_writes_land_in_their_pages_and_padding_is_dropped():
-    scene = _scene(1, [2, 6], [3, 1])
+@pytest.mark.parametrize("key_layout", ["hd_page", "page_hd"])
+def test_writes_land_in_their_pages_and_padding_is_dropped(key_layout):
+    scene = make_scene(1, [2, 6], [3, 1], key_layout)
     _, k_pool, v_pool = _run(scene, -(-items_needed(scene["total"], PAGE) // 8) * 8)
     for row, total in enumerate(scene["total"]):
         for s in range(total):
             page, off = scene["held"][row][s // PAGE], s % PAGE
-            np.testing.assert_allclose(np.asarray(k_pool)[page, :, :, off],
-                                       scene["keys"][row][s], rtol=1e-6)
+            key = (np.asarray(k_pool)[page, :, :, off] if key_layout == "hd_page"
+                   else np.asarray(k_pool)[page, :, off])
+            np.testing.assert_allclose(key, scene["keys"][row][s], rtol=1e-6)
             np.testing.assert_allclose(np.asarray(v_pool)[page, :, off],
                                        scene["values"][row][s], rtol=1e-6)
     untouched = set(range(scene["k_pool"].shape[0])) - {p for h in scene["held"] for p in h}
@@ -113,7 +121,7 @@ def test_a_row_is_bitwise_independent_of_the_other_rows_and_the_padding():
     alone (the other rows padding), among other rows (at another position of the item
     list, across a tile boundary) and with more padding items (before the tiled merge,
     16 and 32 items differed in the last bit)."""
-    scene = _scene(2, [5, 11, 2], [1, 1, 1])
+    scene = make_scene(2, [5, 11, 2], [1, 1, 1])
     crowd, _, _ = _run(scene, 16)
     padded, _, _ = _run(scene, 32)
     alone_scene = dict(scene, held=[[], scene["held"][1], []], total=[0, scene["total"][1], 0])
@@ -141,6 +149,8 @@ def test_copy_pages_and_bad_work_lists():
         build_items([[0, 1], [2]], [PAGE + 1, 1], 2, PAGE, 2)
     with pytest.raises(ValueError, match="positive"):
         init_paged_cache(config, num_pages=0, page_size=PAGE)
-    scene = _scene(3, [1], [1])
+    with pytest.raises(ValueError, match="key_layout must be one of"):
+        init_paged_cache(config, num_pages=5, page_size=PAGE, key_layout="page_major")
+    scene = make_scene(3, [1], [1])
     with pytest.raises(ValueError, match="not a multiple of 4"):
         _run(scene, 6)

@@ -103,6 +103,7 @@ from flax import nnx
 
 from agentjax.models.decoder import LayerwiseWeights
 from agentjax.models.paged import AttentionItems, build_items, items_needed, page_bytes
+from agentjax.models.paged_pallas import BlockTables, check_page_size, table_width
 from agentjax.engine.jax.programs import (COMPILE_COUNTS, copy_pages, decode,
                                           engine_weights, new_cache, prefill)
 from agentjax.engine.protocol import (Completion, GenerateRequest, SamplingParams,
@@ -204,6 +205,10 @@ class JaxEngine:
         caller must end finished sessions: a request that finds the pool held by parked
         sessions comes back with finish_reason "abort".
       deterministic_prefill_rows: rows of every prefill call in deterministic mode.
+      attention: "paged" (the pure-JAX loop over each row's pages, `models/paged.py`),
+        "pallas_gpu" (JAX's Pallas GPU paged-attention kernel, `models/paged_pallas.py`;
+        page_size a power of two >= 16; on CPU it runs in Pallas's interpreter, for
+        tests) or "auto": pallas_gpu when the weights are on a GPU, else paged.
 
     Attributes:
       weight_version: version of the params in use (see `update_weights`).
@@ -233,6 +238,7 @@ class JaxEngine:
         seed: int = 0,
         deterministic: bool = False,
         deterministic_prefill_rows: int = 4,
+        attention: str = "auto",
     ):
         if (max_slots < 1 or max_len < 2 or decode_steps < 1 or deterministic_prefill_rows < 1
                 or page_size < 1):
@@ -255,10 +261,15 @@ class JaxEngine:
         self.deterministic = deterministic
         self.deterministic_prefill_rows = deterministic_prefill_rows
         self.decode_steps = decode_steps
+        self.attention = _attention_path(attention, self._weights)
+        if self.attention == "pallas_gpu":
+            check_page_size(page_size)
+        self._key_layout = "page_hd" if self.attention == "pallas_gpu" else "hd_page"
         self._shapes = ProgramShapes(
             max_slots, max_len, page_size, prefill_chunks=prefill_chunks,
             batch_buckets=batch_buckets, deterministic=deterministic,
-            deterministic_prefill_rows=deterministic_prefill_rows)
+            deterministic_prefill_rows=deterministic_prefill_rows,
+            block_tables=self.attention == "pallas_gpu")
         self.page_size = page_size
         self.kv_pages = max_slots * self._shapes.pages_per_row if kv_pages is None else kv_pages
         if self.kv_pages < 1:
@@ -270,7 +281,7 @@ class JaxEngine:
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self._cache_dtype = self.config.dtype if cache_dtype is None else cache_dtype
         self._cache = new_cache(self._weights, self.config, self.kv_pages, page_size,
-                                self._cache_dtype)
+                                self._cache_dtype, self._key_layout)
         self.stats = collections.Counter()
         self.stats["kv_page_bytes"] = page_bytes(self.config, page_size, self._cache_dtype)
         self._table = PageTable(self.kv_pages, page_size, evict_parked=not deterministic,
@@ -576,7 +587,12 @@ class JaxEngine:
             self._cache = copy_pages(self._cache, src, dst)
 
     def _items(self, seqs: Sequence[_Sequence], spans: Sequence[int], rows: int,
-               size: int) -> AttentionItems:
+               size: int) -> AttentionItems | BlockTables:
+        if self.attention == "pallas_gpu":
+            table = np.zeros((rows, table_width(self._shapes.pages_per_row)), np.int32)
+            for row, seq in enumerate(seqs):
+                table[row, :len(seq.pages)] = seq.pages
+            return BlockTables(table=table)
         pages = [s.pages for s in seqs] + [[]] * (rows - len(seqs))
         spans = list(spans) + [0] * (rows - len(seqs))
         host = build_items(pages, spans, rows, self.page_size, size)
@@ -775,7 +791,7 @@ class JaxEngine:
             self._finish(seq, "abort", None, error=message)
         if details is not None:  # buffers may have been donated to the failed call
             self._cache = new_cache(self._weights, self.config, self.kv_pages, self.page_size,
-                                    self._cache_dtype)
+                                    self._cache_dtype, self._key_layout)
 
 
 def _mark_cancelled(seq: _Sequence, future: asyncio.Future) -> None:
@@ -791,6 +807,15 @@ def _resolve(seq: _Sequence, completion: Completion) -> None:
         seq.loop.call_soon_threadsafe(set_result)
     except RuntimeError:  # the caller's event loop is gone
         pass
+
+
+def _attention_path(attention: str, weights: LayerwiseWeights) -> str:
+    if attention == "auto":
+        platform = next(iter(jax.tree.leaves(weights)[0].devices())).platform
+        return "pallas_gpu" if platform == "gpu" else "paged"
+    if attention not in ("paged", "pallas_gpu"):
+        raise ValueError(f"attention must be 'auto', 'paged' or 'pallas_gpu', got {attention!r}")
+    return attention
 
 
 def _default_eos_ids(tokenizer, config) -> tuple[int, ...]:

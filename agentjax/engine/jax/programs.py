@@ -110,11 +110,11 @@ def copy_pages(cache: PagedKVCache, src, dst) -> PagedKVCache:
 
 
 def new_cache(weights: LayerwiseWeights, config: ModelConfig, num_pages: int,
-              page_size: int, dtype) -> PagedKVCache:
+              page_size: int, dtype, key_layout: str = "hd_page") -> PagedKVCache:
     """An empty pool placed beside the weights: on their mesh by the rules their model
     was sharded with (so the programs take keys and values where the weights' shardings
     produce them), else on their device."""
-    cache = init_paged_cache(config, num_pages, page_size, dtype)
+    cache = init_paged_cache(config, num_pages, page_size, dtype, key_layout)
     placement = mesh_and_rules(weights)
     if placement is None:
         sharding = jax.tree.leaves(weights)[0].sharding
@@ -125,7 +125,7 @@ def new_cache(weights: LayerwiseWeights, config: ModelConfig, num_pages: int,
         # (on a plain device the second call would compile every program again).
         placement = (sharding.mesh, None)
     from agentjax.core.parallel import tree_shardings
-    axes = PagedKVCache.logical_axes(config.num_layers)
+    axes = PagedKVCache.logical_axes(config.num_layers, key_layout)
     return jax.device_put(cache, tree_shardings(axes, cache, *placement))
 
 

@@ -5,7 +5,9 @@ attention items — and so the finite set of programs it compiles.
   rows); padding rows are inert.
 - Chunk width: picked per sequence from its own remaining tokens (`chunk_width`).
 - Attention items: one per (row, page) the call attends (`models/paged.py`), padded to
-  the next power of two: the attention costs the tokens the rows hold.
+  the next power of two: the attention costs the tokens the rows hold. The GPU kernel
+  (`models/paged_pallas.py`) takes block tables of a fixed width instead: one program
+  per rows and chunk width.
 
 Deterministic (batch-invariant) mode fixes the rows independently of what else is in
 flight: prefill always runs `deterministic_prefill_rows` rows, decode always max_slots,
@@ -47,12 +49,15 @@ class ProgramShapes:
         None: 1, 4, 16, 64, ... below max_slots.
       deterministic: fixed row counts whatever else is in flight.
       deterministic_prefill_rows: rows of every prefill call when deterministic.
+      block_tables: the calls take block tables (no attention item counts).
     """
 
     def __init__(self, max_slots: int, max_len: int, page_size: int, *,
                  prefill_chunks: Sequence[int], batch_buckets: Sequence[int] | None,
-                 deterministic: bool, deterministic_prefill_rows: int):
+                 deterministic: bool, deterministic_prefill_rows: int,
+                 block_tables: bool = False):
         self.max_slots, self.max_len, self.page_size = max_slots, max_len, page_size
+        self.block_tables = block_tables
         self.deterministic = deterministic
         self.deterministic_prefill_rows = deterministic_prefill_rows
         self.pages_per_row = -(-max_len // page_size)
@@ -75,12 +80,18 @@ class ProgramShapes:
 
     def item_sizes(self, rows: int) -> list[int]:
         """The attention item counts of calls with `rows` rows: powers of two from
-        MIN_ITEMS up to what `rows` full rows need (whole tiles each)."""
+        MIN_ITEMS up to what `rows` full rows need (whole tiles each); [0] with block
+        tables."""
+        if self.block_tables:
+            return [0]
         return _powers_of_two(MIN_ITEMS,
                               rows * -(-self.pages_per_row // ITEM_TILE) * ITEM_TILE)
 
     def items(self, needed: int, rows: int) -> int:
-        """The item count of a call whose rows attend `needed` pages."""
+        """The item count of a call whose rows attend `needed` pages (0 with block
+        tables)."""
+        if self.block_tables:
+            return 0
         return next(s for s in self.item_sizes(rows) if s >= needed)
 
     def chunk_width(self, remaining: int) -> int:

@@ -67,6 +67,14 @@ def test_chunk_width_trades_padding_for_rounds(remaining, width):
     assert _shapes().chunk_width(remaining) == width
 
 
+def test_block_tables_make_one_program_per_rows_and_chunk():
+    shapes = _shapes(batch_buckets=(4,), prefill_chunks=(16, 64), max_len=128,
+                     block_tables=True)
+    assert shapes.items(37, 16) == 0 and shapes.item_sizes(4) == [0]
+    assert shapes.programs() == ([("prefill", r, w, 0) for r in (4, 16) for w in (16, 64)]
+                                 + [("decode", r, 0, 0) for r in (4, 16)])
+
+
 def test_programs_list_every_shape_the_engine_may_call():
     # 2 pages a row, a tile of 4 items each: 4 rows need 16 items, 16 rows 64.
     shapes = _shapes(batch_buckets=(4,), prefill_chunks=(16, 64), max_len=128)

@@ -1,0 +1,49 @@
+"""JaxEngine(attention="pallas_gpu"): the GPU kernel path (Pallas interpret mode on CPU)
+gives the full forwards' tokens and log-probs, keeps deterministic mode's bitwise batch
+invariance, and bad settings are refused."""
+import jax
+import pytest
+
+from agentjax.engine.protocol import GenerateRequest, SamplingParams
+from agentjax.engine.jax.engine import JaxEngine
+from tests.engine.jax.test_engine import _check_against_full_forward, _prompts
+from tests.engine.jax.test_engine_deterministic import (DETERMINISTIC_KWARGS,
+                                                        _alone_then_crowded)
+
+
+@pytest.fixture(scope="module")
+def pallas_engine(tiny_model, tokenizer):
+    engine = JaxEngine.from_model(tiny_model, tokenizer=tokenizer, attention="pallas_gpu",
+                                  **DETERMINISTIC_KWARGS)
+    # One program per rows and chunk width (block tables, no item counts): prefill at
+    # 2 rows x {8, 32}, decode at 4 rows.
+    assert engine.warmup() == 3
+    yield engine
+    engine.close()
+
+
+def test_outputs_match_full_forwards_and_the_paged_engine(pallas_engine, engine, tiny_model,
+                                                          tokenizer):
+    assert pallas_engine.attention == "pallas_gpu" and engine.attention == "paged"
+    requests = [GenerateRequest(p, SamplingParams(temperature=t, max_new_tokens=12, seed=3))
+                for p, t in zip(_prompts(tokenizer), (0.0, 1.0, 0.7))]
+    ours = pallas_engine.generate_sync(requests)
+    theirs = engine.generate_sync(requests)
+    for request, [completion], [paged] in zip(requests, ours, theirs):
+        _check_against_full_forward(tiny_model, request, completion)
+        assert completion.output_ids == paged.output_ids
+
+
+def test_deterministic_mode_is_bitwise_batch_invariant(pallas_engine, tokenizer):
+    alone, crowded = _alone_then_crowded(pallas_engine, tokenizer, crowd_seed=0)
+    assert pallas_engine.stats["max_decode_batch"] >= 4
+    assert alone == crowded
+
+
+def test_bad_settings_are_refused(tiny_model, tokenizer):
+    with pytest.raises(ValueError, match="attention must be"):
+        JaxEngine.from_model(tiny_model, tokenizer=tokenizer, attention="flash")
+    with pytest.raises(ValueError, match="power of two >= 16"):
+        JaxEngine.from_model(tiny_model, tokenizer=tokenizer, attention="pallas_gpu",
+                             page_size=8)
+    assert jax.default_backend() == "cpu"  # "auto" picks the kernel only on a GPU
