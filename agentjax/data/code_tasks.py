@@ -84,9 +84,9 @@ def _text(record: Mapping[str, Any], field: str, *, allow_empty: bool = False) -
 
 def _parses(source: str, field: str) -> ast.Module:
     try:
-        return ast.parse(source)
+        return code_lib.parse_source(source)
     except SyntaxError as err:
-        raise RowProblem(field, f"does not parse: {err.msg} (line {err.lineno})") from None
+        raise RowProblem(field, f"does not parse: {code_lib.syntax_problem(err)}") from None
 
 
 # --------------------------------------------------------------------------- HumanEval
@@ -95,7 +95,7 @@ def split_check(test: str, entry_point: str) -> list[str]:
     """HumanEval's `test` as hidden tests: one per top-level `assert` of `check` (each
     with the statements before it), so a solution earns partial credit; the whole of it
     (`test` then `check(entry_point)`) when `check` asserts inside a loop or branch."""
-    tree = ast.parse(test)
+    tree = code_lib.parse_source(test)
     whole = [f"{test.rstrip()}\n\ncheck({entry_point})\n"]
     checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
     if not checks:
@@ -137,8 +137,8 @@ def doctest_tests(prompt: str) -> list[str]:
         if not want or "\n" in source:
             continue
         try:
-            ast.parse(want, mode="eval")
-            ast.parse(source, mode="eval")
+            code_lib.parse_source(want, mode="eval")
+            code_lib.parse_source(source, mode="eval")
         except SyntaxError:
             continue
         tests.append(f"assert {source} == {want}")
@@ -169,7 +169,7 @@ def _humaneval(record: Mapping[str, Any]) -> dict[str, Any]:
 
 def _called_function(test: str) -> str | None:
     """The name of the first function an assertion calls (MBPP: the one to write)."""
-    for node in ast.walk(ast.parse(test)):
+    for node in ast.walk(code_lib.parse_source(test)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             if not hasattr(builtins, node.func.id) and node.func.id != "isclose":
                 return node.func.id

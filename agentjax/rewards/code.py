@@ -85,17 +85,40 @@ def last_fenced_block(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
+def parse_source(source: str, mode: str = "exec") -> ast.AST:
+    """`ast.parse`, with every way of not parsing raised as SyntaxError. Nesting too deep
+    for the parser raises RecursionError or MemoryError in CPython, a null byte
+    ValueError. CPython 3.11 also raises SystemError ("AST constructor recursion depth
+    mismatch", python/cpython#106905) now and then for source that parses — a
+    2-line program in one of our runs — so that is retried once before it counts."""
+    for attempt in range(2):
+        try:
+            return ast.parse(source, mode=mode)
+        except SyntaxError:
+            raise
+        except (RecursionError, MemoryError):
+            raise SyntaxError("nesting too deep for the parser") from None
+        except ValueError as err:
+            raise SyntaxError(str(err)) from None
+        except SystemError as err:
+            if attempt:
+                raise SyntaxError(f"the parser failed: {err}") from None
+
+
+def syntax_problem(err: SyntaxError) -> str:
+    """What a SyntaxError of `parse_source` says, with its line when it has one."""
+    return err.msg if err.lineno is None else f"{err.msg} (line {err.lineno})"
+
+
 def parse_program(source: str) -> ast.Module | None:
-    """The syntax tree of a policy's program, None when it does not parse; quietly (a
-    policy writes `1x` often enough: Python's SyntaxWarnings would flood the run's log).
-    Nesting too deep for the parser does not parse either: CPython raises RecursionError
-    for it, and 3.11 at times SystemError ("AST constructor recursion depth mismatch",
-    python/cpython#106905); a policy's babble must not fail its episode."""
+    """The syntax tree of a policy's program, None when it does not parse
+    (`parse_source`); quietly (a policy writes `1x` often enough: Python's SyntaxWarnings
+    would flood the run's log). A policy's babble must not fail its episode."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SyntaxWarning)
         try:
-            return ast.parse(source)
-        except (SyntaxError, ValueError, RecursionError, MemoryError, SystemError):
+            return parse_source(source)
+        except SyntaxError:
             return None
 
 
@@ -132,9 +155,9 @@ def check_test(test: Any) -> None:
     """Raises ValueError naming what is wrong with a test (module docstring)."""
     if isinstance(test, str):
         try:
-            ast.parse(test)
+            parse_source(test)
         except SyntaxError as err:
-            raise ValueError(f"test does not parse: {err.msg} (line {err.lineno}): "
+            raise ValueError(f"test does not parse: {syntax_problem(err)}: "
                              f"{test[:200]!r}") from None
         return
     if (not isinstance(test, Mapping) or not isinstance(test.get("stdout"), str)
@@ -147,7 +170,7 @@ def _instrumented(test: str) -> str:
     """`assert X == Y` as code that keeps both sides (`__got__`, `__want__`) for the
     failure report; any other snippet unchanged."""
     try:
-        tree = ast.parse(test)
+        tree = parse_source(test)
     except SyntaxError:
         return test
     if (len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert)

@@ -120,6 +120,8 @@ BAD_ROWS = [
     ({**HUMANEVAL[1], "test": "assert True"}, "", "field 'test': defines no check(candidate)"),
     ({**MBPP[0], "test_list": ["assert similar_elements((1,), (1,) == (1,)"]}, "",
      "field 'test_list[0]': does not parse"),
+    ({**MBPP[0], "test_list": ["assert " + "+".join(["1"] * 100_000) + " == 1"]}, "",
+     "field 'test_list[0]': does not parse: nesting too deep for the parser"),
     ({**MBPP[0], "code": "def other(a, b): pass"}, "",
      "field 'code': does not define 'similar_elements'"),
     ({k: v for k, v in MBPP[0].items() if k != "text"}, "", "field 'text': missing"),

@@ -121,3 +121,30 @@ def test_policy_programs_parse_quietly():
         assert not code.defines("def f(:", "f") and code.defines("def f(): pass", "f")
     # Too deep for CPython's parser (RecursionError): a program that does not parse.
     assert code.parse_program("x = " + "+".join(["1"] * 100_000)) is None
+
+
+def test_parse_source_raises_every_failure_as_a_syntax_error(monkeypatch):
+    with pytest.raises(SyntaxError, match="nesting too deep"):
+        code.parse_source("x = " + "+".join(["1"] * 100_000))
+    with pytest.raises(SyntaxError, match="null bytes"):
+        code.parse_source("x = 1\0")
+    with pytest.raises(ValueError, match="test does not parse: nesting too deep"):
+        code.check_test("assert " + "+".join(["1"] * 100_000) + " == 1")
+    # CPython 3.11's transient SystemError (python/cpython#106905): retried once, then a
+    # syntax error; a test's instrumentation then falls back to the test as written.
+    real, calls = code.ast.parse, []
+
+    def flaky(source, mode="exec", fail=1):
+        calls.append(source)
+        if len(calls) <= fail:
+            raise SystemError("AST constructor recursion depth mismatch (before=48, after=53)")
+        return real(source, mode=mode)
+
+    monkeypatch.setattr(code.ast, "parse", flaky)
+    assert isinstance(code.parse_source("def f(x): return max(x)"), code.ast.Module)
+    assert len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(code.ast, "parse", lambda s, mode="exec": flaky(s, mode, fail=2))
+    assert code.parse_program("def f(x): return max(x)") is None
+    calls.clear()
+    assert code._instrumented("assert f(1) == 2") == "assert f(1) == 2"
