@@ -82,7 +82,7 @@ def build_engine(config, *, graphdef: nnx.GraphDef, params: Any, model_config, t
             graphdef, params, lanes=r.engine_lanes, tokenizer=tokenizer,
             max_slots=r.engine_slots, max_len=r.max_tokens, decode_steps=r.decode_steps,
             page_size=r.page_size, kv_pages=kv_pages(r) // r.engine_lanes,
-            deterministic=r.deterministic, seed=config.seed)
+            deterministic=r.deterministic, seed=config.seed, attention=r.engine_attention)
         return engine, engine.close
 
     s = r.sglang
