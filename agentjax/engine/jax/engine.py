@@ -6,7 +6,8 @@
 
 The scheduler is one thread's state machine (intake, admission, prefill and decode
 rounds, finishing). What it drives lives beside it: the device programs and the page
-pool in `engine/jax/programs.py` (attention in `models/paged.py`), the shape of each
+pool in `engine/jax/programs.py` (attention in `models/paged.py`, on GPU the Pallas
+kernel of `models/paged_pallas.py`), the shape of each
 call in `engine/jax/shapes.py`, the pages, sessions and shared prompts in
 `engine/jax/pages.py`.
 
