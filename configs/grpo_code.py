@@ -56,9 +56,6 @@ def get_config(arg=None):
         config.sft.steps = 600
         config.sft.guess_prob, config.sft.wrong_first_prob = 0.6, 0.5
         config.rollout.max_tokens, config.rollout.max_new_tokens = 512, 48
-        # One evaluation, after the last step: one at step 20 took ~2 of the run's 30
-        # minutes and changes nothing the training does.
-        config.eval.every = 0
     elif variant == "hf":
         config.env.instruction = "short"  # the instruction and the tools' schemas
         config.data.train_questions, config.data.test_questions = "1:5000", "1:400"
