@@ -183,6 +183,15 @@ def write_pages(k_pool: jax.Array, v_pool: jax.Array, k: jax.Array, v: jax.Array
     return k_pool, v_pool
 
 
+def merge_partials(acc, part):
+    """Two partial softmaxes (max [...], sum [...], weighted values [..., hd]) over
+    disjoint keys merged into one (the online softmax of FlashAttention)."""
+    (acc_max, acc_sum, acc_out), (top, total, out) = acc, part
+    new = jnp.maximum(acc_max, top)
+    keep, take = jnp.exp(acc_max - new), jnp.exp(top - new)
+    return new, acc_sum * keep + total * take, acc_out * keep[..., None] + out * take[..., None]
+
+
 def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, slots: jax.Array,
                     items: AttentionItems, key_layout: str = "hd_page") -> jax.Array:
     """Grouped-query causal attention of new queries over their rows' pages.
@@ -248,13 +257,11 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, slots: j
         row_max, row_sum, row_out = carry
         for i in range(ITEM_TILE):  # in item order: a row's merges never reorder
             row = rows[i]
-            old = row_max[row]
-            new = jnp.maximum(old, top[i])
-            keep, take = jnp.exp(old - new), jnp.exp(top[i] - new)
+            new, merged_sum, merged_out = merge_partials(
+                (row_max[row], row_sum[row], row_out[row]), (top[i], total[i], out[i]))
             row_max = row_max.at[row].set(new)
-            row_sum = row_sum.at[row].set(row_sum[row] * keep + total[i] * take)
-            row_out = row_out.at[row].set(row_out[row] * keep[..., None]
-                                          + out[i] * take[..., None])
+            row_sum = row_sum.at[row].set(merged_sum)
+            row_out = row_out.at[row].set(merged_out)
         return row_max, row_sum, row_out
 
     shape = (r + 1, kh, h // kh, t)

@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from agentjax.models.paged import merge_partials
+
 # Query heads per program: Triton's dot needs blocks of at least 16 rows.
 _BLOCK_H = 16
 _MAX_SPLITS = 16
@@ -147,12 +149,9 @@ def paged_attention_pallas(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
     # Partitions merged one by one, in order: element-wise, so no reduction whose order
     # could follow the batch shape. An empty partition has max = the mask value and
     # sum 0: it scales by 0 and adds 0.
-    row_max, row_sum, row_out = top[:, 0], total[:, 0], out[:, 0]
+    merged = (top[:, 0], total[:, 0], out[:, 0])
     for s in range(1, k_splits):
-        new = jnp.maximum(row_max, top[:, s])
-        keep, take = jnp.exp(row_max - new), jnp.exp(top[:, s] - new)
-        row_sum = row_sum * keep + total[:, s] * take
-        row_out = row_out * keep[..., None] + out[:, s] * take[..., None]
-        row_max = new
+        merged = merge_partials(merged, (top[:, s], total[:, s], out[:, s]))
+    _, row_sum, row_out = merged
     row_out = row_out / jnp.where(row_sum > 0, row_sum, 1.0)[..., None]
     return row_out[:, :, :groups].reshape(r, t, h, hd).astype(q.dtype)

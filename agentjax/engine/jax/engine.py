@@ -272,6 +272,7 @@ class JaxEngine:
             deterministic_prefill_rows=deterministic_prefill_rows,
             block_tables=self.attention == "pallas_gpu")
         self.page_size = page_size
+        self._table_width = table_width(self._shapes.pages_per_row)
         self.kv_pages = max_slots * self._shapes.pages_per_row if kv_pages is None else kv_pages
         if self.kv_pages < 1:
             raise ValueError(f"kv_pages must be positive, got {kv_pages}")
@@ -590,7 +591,7 @@ class JaxEngine:
     def _items(self, seqs: Sequence[_Sequence], spans: Sequence[int], rows: int,
                size: int) -> AttentionItems | BlockTables:
         if self.attention == "pallas_gpu":
-            table = np.zeros((rows, table_width(self._shapes.pages_per_row)), np.int32)
+            table = np.zeros((rows, self._table_width), np.int32)
             for row, seq in enumerate(seqs):
                 table[row, :len(seq.pages)] = seq.pages
             return BlockTables(table=table)
