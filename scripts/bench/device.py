@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 import tempfile
 import time
 
@@ -56,7 +57,9 @@ from model import jax_side  # scripts/bench/model.py: plain jitted fwd + bwd
 from qwen25 import QWEN25, model_config, parameter_count  # scripts/bench/qwen25.py
 from rollout import compilations, compile_line, table  # scripts/bench/rollout.py
 from timing import Runs, measure, percent, timed  # scripts/bench/timing.py
+from trace_summary import summary  # scripts/bench/trace_summary.py
 
+from agentjax.config.choices import REMAT_POLICIES
 from agentjax.config.presets import search_config
 from agentjax.core import parallel
 from agentjax.core.trajectory import Trajectory, Turn, collate
@@ -155,6 +158,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--attention", default="auto", choices=("auto", "paged", "pallas_gpu"),
                         help="JaxEngine attention (auto: the Pallas kernel on a GPU)")
     parser.add_argument("--skip-train", action="store_true", help="engines only")
+    parser.add_argument("--remat", nargs="+", choices=REMAT_POLICIES,
+                        help="the train step once per policy, in this order (default: the "
+                             "hf preset's); measured peaks are the process's so far, so "
+                             "list the policies from least memory to most")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="after each engine's timed runs, trace one short generate "
+                             "(2 x decode_steps new tokens) into DIR/<model> and print "
+                             "where its device time went")
     parser.add_argument("--peak-tbps", type=float,
                         help="peak HBM TB/s of a device PEAKS does not list")
     parser.add_argument("--peak-tflops", type=float,
@@ -294,11 +305,13 @@ def probe_device(args, peak: Peak | None) -> Probes:
 # --------------------------------------------------------------------------- train
 
 
-def train_config(args):
+def train_config(args, remat: str | None):
     """The trainer's config for the bench's step: configs/grpo_search.py's `hf` variant
     (bf16 compute, remat, log-prob chunks, KL reference) at the bench's shapes, one
-    optimizer step over --micro-rows micro-batches."""
+    optimizer step over --micro-rows micro-batches; `remat` replaces the preset's."""
     config = search_config("grpo", "hf")
+    if remat is not None:
+        config.model.remat = remat
     r, algo = config.rollout, config.algo
     r.max_tokens, r.max_new_tokens = args.prompt + args.new_tokens, args.new_tokens
     r.group_size, r.prompts_per_step = GROUP_SIZE, args.train_rows // GROUP_SIZE
@@ -375,8 +388,9 @@ def too_large(what: str, needed: int, device_bytes: int | None) -> str | None:
             f"{scaled(device_bytes, 'B')}")
 
 
-def bench_train(name: str, args, peak: Peak | None, mesh, device) -> Measured:
-    config = train_config(args)
+def bench_train(name: str, args, peak: Peak | None, mesh, device,
+                remat: str | None) -> Measured:
+    config = train_config(args, remat)
     model_cfg = model_config(*SHAPES[name], **model_precision(config))
     plan = memory_plan(config, model_cfg, mesh)
     skipped = too_large("the plan's rows the step holds",
@@ -522,6 +536,10 @@ def bench_engine(name: str, args, peak: Peak | None, probes: Probes) -> Measured
             "prefill": functools.partial(engine_run, engine, prompts, 1),
             "generate": functools.partial(engine_run, engine, prompts, args.new_tokens),
             "forward": plain_forward(model, prompts)}, args.repeats, compilations=compilations)
+        if args.profile:
+            trace_dir = os.path.join(args.profile, name)
+            with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+                engine_run(engine, prompts, 2 * args.decode_steps)
     finally:
         engine.close()
     compiled = compile_line(before, 3 * args.repeats)
@@ -575,6 +593,10 @@ def bench_engine(name: str, args, peak: Peak | None, probes: Probes) -> Measured
           f"per program call over the generate runs ({fastest_gap.calls} calls, "
           f"{percent(fastest_gap.host_gap * fastest_gap.calls / fastest_gap.wall)} of the "
           f"wall time); engine-reported: {reported or 'none'}. {HOST_GAP}")
+    if args.profile:
+        print(f"\nprofile of one generate of {2 * args.decode_steps} new tokens per request "
+              f"(prefill included; {trace_dir}):")
+        print(summary(trace_dir))
     return Measured(name, args.batch, decode_rate / peak.bandwidth if peak else None)
 
 
@@ -616,8 +638,14 @@ def main(argv=None) -> None:
     # Train first: memory_stats' peak is process-wide, so nothing larger runs before it.
     train = None
     if not args.skip_train:
-        train = bench_train(args.models[0], args, peak, mesh, device)
-        print(f"[{time.perf_counter() - start:.0f} s]")
+        by_remat = {}
+        for remat in args.remat or [None]:
+            by_remat[remat] = bench_train(args.models[0], args, peak, mesh, device, remat)
+            print(f"[{time.perf_counter() - start:.0f} s]")
+        best_remat = max(by_remat, key=lambda r: by_remat[r].value or 0)
+        train = by_remat[best_remat]
+        if len(by_remat) > 1:
+            print(f"train-step goal below: remat {best_remat}, the best of {list(by_remat)}")
     print()
     probes = probe_device(args, peak)
     engines = []

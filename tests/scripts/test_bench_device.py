@@ -22,22 +22,28 @@ def bench():
         sys.path.remove(BENCH)
 
 
-def test_tiny_mode_runs_every_phase_with_a_given_peak():
+def test_tiny_mode_runs_every_phase_with_a_given_peak(tmp_path):
     # A made-up peak takes the utilization and goal paths a CPU has none for (the
     # tests' XLA flags skip the optimizations tiny programs do not need).
     env = dict(os.environ, PYTHONPATH=ROOT)
     done = subprocess.run(
         [sys.executable, os.path.join(BENCH, "device.py"), "--tiny", "--peak-tbps", "0.05",
-         "--peak-tflops", "0.2"], capture_output=True, text=True, timeout=300, cwd=ROOT,
-        env=env)
+         "--peak-tflops", "0.2", "--remat", "full", "none", "--profile", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     assert "peak: 50 GB/s HBM, 200 GFLOP/s dense bf16 (--peak-tbps/--peak-tflops)" in out
     for section in ("## Train step at the tiny shape", "## JaxEngine at the tiny shape",
                     "## Goals (issue 27)"):
         assert section in out
+    # One train step per remat policy, the goal at the best of them.
+    assert "remat full, bfloat16" in out and "remat none, bfloat16" in out
+    assert "train-step goal below: remat " in out and "the best of ['full', 'none']" in out
+    # The profiled generate's ops (on CPU: the host's XLA threads).
+    assert "profile of one generate of 8 new tokens per request" in out
+    assert "| op | count | total ms | mean us | share |" in out
     # The timed runs were checked for compilations (timing.measure raises otherwise).
-    assert out.count("timed runs: none (checked after each)") == 2
+    assert out.count("timed runs: none (checked after each)") == 3
     assert "measured peak: n/a (the device reports no memory stats, as on CPU)" in out
     assert "MBU n/a" not in out and "host gap:" in out and "WARNING" not in out
     assert out.count("not the goal's conditions") == 2

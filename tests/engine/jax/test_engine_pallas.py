@@ -7,6 +7,7 @@ import pytest
 from agentjax.engine.protocol import GenerateRequest, SamplingParams
 from agentjax.engine.jax.engine import JaxEngine
 from tests.engine.jax.test_engine import _check_against_full_forward, _prompts
+from tests.engine_fixtures import ENGINE_KWARGS
 from tests.engine.jax.test_engine_deterministic import (DETERMINISTIC_KWARGS,
                                                         _alone_then_crowded)
 
@@ -22,8 +23,22 @@ def pallas_engine(tiny_model, tokenizer):
     engine.close()
 
 
-def test_outputs_match_full_forwards_and_the_paged_engine(pallas_engine, engine, tiny_model,
-                                                          tokenizer):
+@pytest.fixture(scope="module")
+def paged_engine(engine, tiny_model, tokenizer):
+    """The shared engine where "auto" picked the pure-JAX path (CPU); on a GPU, where it
+    picked the kernel, a pure-JAX one of the same shapes."""
+    if engine.attention == "paged":
+        yield engine
+        return
+    paged = JaxEngine.from_model(tiny_model, tokenizer=tokenizer, attention="paged",
+                                 **ENGINE_KWARGS)
+    yield paged
+    paged.close()
+
+
+def test_outputs_match_full_forwards_and_the_paged_engine(pallas_engine, paged_engine,
+                                                          tiny_model, tokenizer):
+    engine = paged_engine
     assert pallas_engine.attention == "pallas_gpu" and engine.attention == "paged"
     requests = [GenerateRequest(p, SamplingParams(temperature=t, max_new_tokens=12, seed=3))
                 for p, t in zip(_prompts(tokenizer), (0.0, 1.0, 0.7))]
@@ -46,4 +61,7 @@ def test_bad_settings_are_refused(tiny_model, tokenizer):
     with pytest.raises(ValueError, match="power of two >= 16"):
         JaxEngine.from_model(tiny_model, tokenizer=tokenizer, attention="pallas_gpu",
                              page_size=8)
-    assert jax.default_backend() == "cpu"  # "auto" picks the kernel only on a GPU
+    # "auto" picks the kernel only on a GPU (no program is compiled before a request).
+    auto = JaxEngine.from_model(tiny_model, tokenizer=tokenizer, **ENGINE_KWARGS)
+    assert auto.attention == ("pallas_gpu" if jax.default_backend() == "gpu" else "paged")
+    auto.close()
