@@ -5,6 +5,10 @@ in the same run.
     python scripts/bench/device.py            # Qwen2.5-0.5B and 3B shapes (< 10 min, H200)
     python scripts/bench/device.py --tiny     # a tiny shape on CPU in seconds (CI)
     python scripts/bench/device.py --models 3B --skip-train --deterministic
+    python scripts/bench/device.py --remat full dots_no_batch --profile /tmp/prof
+
+On an H200 (2026-12-04) the default run took ~3 minutes with --repeats 1; the figures
+and the profile are in docs/results/engine.md.
 
 Weights are random (normal(0, 0.02), initialized on the device), never downloaded:
 throughput does not depend on their values. Everything runs on `jax.devices()[0]`, in
