@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from typing import Callable, Sequence
 
 import ml_collections
@@ -119,17 +120,21 @@ class Rollouts:
     def evaluate(self, params, prefix: str, tasks=None, *,
                  version: int | None = None) -> dict[str, float]:
         """Greedy and sampled success of `params` (also pass@k, per hops) on `tasks`
-        (default: the fixed held-out evaluation subset); the engine holds `params` as
-        weight `version` afterwards (None: its next, unless it holds `params` already)."""
+        (default: the fixed held-out evaluation subset) and its wall seconds
+        (`<prefix>/eval_s`); the engine holds `params` as weight `version` afterwards
+        (None: its next, unless it holds `params` already)."""
+        started = time.perf_counter()
         self.sync_weights(params, version)
         sampling = dataclasses.replace(self.sampling(0), temperature=self.config.rollout.temperature,
                                        seed=self.config.seed + EVAL_SEED_OFFSET)
-        return evaluate(self.pool, self.eval_tasks if tasks is None else tasks,
-                        success_key=self.suite.success_key, sampling=sampling,
-                        samples=self.config.eval.samples, prefix=prefix,
-                        inspect=lambda episodes: self.inspect(
-                            episodes, 0, stage=prefix, where=f"{prefix} evaluation",
-                            fatal=True))
+        results = evaluate(self.pool, self.eval_tasks if tasks is None else tasks,
+                           success_key=self.suite.success_key, sampling=sampling,
+                           samples=self.config.eval.samples, prefix=prefix,
+                           inspect=lambda episodes: self.inspect(
+                               episodes, 0, stage=prefix, where=f"{prefix} evaluation",
+                               fatal=True))
+        results[f"{prefix}/eval_s"] = time.perf_counter() - started
+        return results
 
     def close(self) -> None:
         self.pool.close()
