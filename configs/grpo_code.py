@@ -34,11 +34,8 @@ def get_config(arg=None):
     config.reward.outcome = "tests"
     config.reward.format_weight = 0.1
     config.reward.tool_weight = 0.05
-    # Write, run, read, fix, submit: up to four actions; the observation before the
-    # fourth says it is the last (a policy that runs a program there submits nothing:
-    # 40% of seed 1's episodes did, and training success stalled near 0.5).
+    # Write, run, read, fix, submit: up to four actions.
     config.env.max_turns = 4
-    config.env.last_turn_notice = True
     config.pretrain.steps = 0  # no text corpus: the programs are the language
     config.sft.rename_frac = 0.0  # no entities to rename
     config.sft.negative_frac = 0.0

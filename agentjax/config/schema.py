@@ -262,8 +262,6 @@ ENV = Section(
         "this many words"),
     Key("failures_shown", 3, POSITIVE, "code env: failed tests a `run` observation "
         "describes (the rest are counted)"),
-    Key("last_turn_notice", False, Flag(), "code env: the observation before the last "
-        "turn says it is the last (an episode that runs a program there ends unsubmitted)"),
     Key("instruction", "short", Choice(INSTRUCTIONS), "the search prompt: 'minimal', "
         "'short' or 'search_r1' (envs/registry.py: INSTRUCTIONS)"),
     Key("loss_on_observations", False, Flag(), "True puts the observation tokens (what "

@@ -36,15 +36,10 @@ class TurnEnv:
       max_turns: policy turns per episode (>= 1), the answering turn included.
       max_observation_chars: every observation (and turn error) is cut to at most this
         many characters (>= 1; see `clip`).
-
-    A subclass that sets `last_turn_notice` has it appended (after the cut) to the
-    observation that precedes the policy's last turn, so a policy can tell that turn from
-    the others: an episode that ends at the turn limit has no answer.
     """
 
     stop: tuple[str, ...]
     observation_role: str | None
-    last_turn_notice: str = ""
 
     def __init__(self, max_turns: int,
                  max_observation_chars: int = DEFAULT_MAX_OBSERVATION_CHARS):
@@ -89,9 +84,6 @@ class TurnEnv:
         else:
             self.act(action, turn)
         turn.observation = self._bound(turn.observation)
-        if (self.last_turn_notice and not self.log.done
-                and len(self.log.turns) + 2 == self.max_turns):
-            turn.observation = f"{turn.observation}\n{self.last_turn_notice}"
         if turn.error is not None:
             turn.error = self._bound(turn.error)
         self.log.turns.append(turn)

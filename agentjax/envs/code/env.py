@@ -62,9 +62,6 @@ TOOLS = {
 }
 
 
-LAST_TURN_NOTICE = "Last turn: give your final program."
-
-
 def system_prompt() -> str:
     return (f"You can call tools. Their JSON function schemas:\n{describe_tools(TOOLS)}\n"
             "To call a tool, write one JSON object with its name and arguments between "
@@ -147,8 +144,6 @@ class CodeEnv(TurnEnv):
       tests_runner: `(program, tests, *, timeout_s, memory_mb) -> [TestResult]` behind
         `run`; default `rewards.code.run_tests` in `sandbox`. (A scripted demonstrator's
         own programs may run in-process: data/code_world.py.)
-      last_turn_notice: the observation before the last turn ends with LAST_TURN_NOTICE
-        (a `run` there cannot be followed by a submission).
     """
 
     stop = ("</tool_call>",)
@@ -159,10 +154,8 @@ class CodeEnv(TurnEnv):
                  episode_time_s: float = 60.0, max_failures_shown: int = 3,
                  max_detail_chars: int = 300, max_observation_chars: int = 2000,
                  instruction: str = DEFAULT_INSTRUCTION, tool_prompt: bool = True,
-                 tests_runner: Callable[..., list[code_lib.TestResult]] | None = None,
-                 last_turn_notice: bool = False):
+                 tests_runner: Callable[..., list[code_lib.TestResult]] | None = None):
         super().__init__(max_turns, max_observation_chars)
-        self.last_turn_notice = LAST_TURN_NOTICE if last_turn_notice else ""
         if episode_time_s <= 0 or max_failures_shown < 1 or max_detail_chars < 1:
             raise ValueError(f"episode_time_s, max_failures_shown and max_detail_chars must "
                              f"be positive, got {episode_time_s}, {max_failures_shown}, "

@@ -155,26 +155,6 @@ def test_invalid_actions_get_corrections(sandbox):
     assert env.log.num_invalid == 3
 
 
-def test_the_last_turn_notice_precedes_the_last_turn_only(sandbox):
-    notice = "\nLast turn: give your final program."
-    env = make_env(sandbox, max_turns=3, last_turn_notice=True)
-    first, _, _, _ = env.step(run_call(OFF_BY_ONE))
-    assert first.startswith("1 of 3 tests passed.") and notice not in first
-    # A correction is an observation too: the turn after it is the last.
-    second, done, _, _ = env.step("I think it is easy.")
-    assert not done and second.startswith("Invalid action") and second.endswith(notice)
-    _, done, _, _ = env.step(run_call(RIGHT))
-    assert done and env.log.stop_reason == "max_turns"
-    # Off (the default), or a one-turn episode: never.
-    env = make_env(sandbox, max_turns=3)
-    env.step(run_call(OFF_BY_ONE))
-    assert notice not in env.step(run_call(OFF_BY_ONE))[0]
-    env = make_env(sandbox, max_turns=2, last_turn_notice=True)
-    assert env.step(run_call(RIGHT))[0] == "3 of 3 tests passed." + notice
-    env = make_env(sandbox, max_turns=1, last_turn_notice=True)
-    assert env.step(run_call(RIGHT))[1]
-
-
 def test_the_episode_run_budget(sandbox):
     env = make_env(sandbox, episode_time_s=0.5, max_turns=5)
     observation, _, _, _ = env.step(run_call("import time\ndef add(a, b):\n"

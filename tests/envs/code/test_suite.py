@@ -53,18 +53,6 @@ def test_the_world_depth_and_the_failures_shown_reach_the_suite(tmp_path):
     assert any("more failed)" in r for r in reports)
 
 
-def test_the_last_turn_notice_reaches_the_demonstrations(tmp_path):
-    # Three turns: a wrong run, the right run, the submission after the notice.
-    suite = build_suite(config_of(**{"env.max_turns": 3, "env.last_turn_notice": True,
-                                     "sft.wrong_first_prob": 1.0, "sft.guess_prob": 0.0}),
-                        str(tmp_path))
-    demos = [d for d in suite.demonstrations if len(d.turns) == 3]
-    assert demos and all(
-        "Last turn" not in d.turns[0].observation
-        and d.turns[1].observation.endswith("\nLast turn: give your final program.")
-        for d in demos)
-
-
 def test_files_suite_canonical_demonstrations(tmp_path):
     train = write_jsonl(tmp_path / "mbpp.jsonl", MBPP)
     test = write_jsonl(tmp_path / "he.jsonl", HUMANEVAL)
