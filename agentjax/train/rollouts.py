@@ -121,7 +121,7 @@ class Rollouts:
                  version: int | None = None) -> dict[str, float]:
         """Greedy and sampled success of `params` (also pass@k, per hops) on `tasks`
         (default: the fixed held-out evaluation subset) and its wall seconds
-        (`<prefix>/eval_s`); the engine holds `params` as weight `version` afterwards
+        (`time/eval_s`, `time/<prefix>_eval_s` for another prefix); the engine holds `params` as weight `version` afterwards
         (None: its next, unless it holds `params` already)."""
         started = time.perf_counter()
         self.sync_weights(params, version)
@@ -133,7 +133,8 @@ class Rollouts:
                            inspect=lambda episodes: self.inspect(
                                episodes, 0, stage=prefix, where=f"{prefix} evaluation",
                                fatal=True))
-        results[f"{prefix}/eval_s"] = time.perf_counter() - started
+        timing_key = "time/eval_s" if prefix == "eval" else f"time/{prefix}_eval_s"
+        results[timing_key] = time.perf_counter() - started
         return results
 
     def close(self) -> None:

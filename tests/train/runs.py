@@ -88,10 +88,10 @@ def check_finished_run(config: str, workdir, out: str) -> None:
     """What every config's `:test` run must have done, given its workdir and output."""
     workdir = Path(workdir)
     final = json.loads((workdir / "final.json").read_text())
-    assert "sft/success_greedy" in final and final["sft/eval_s"] > 0  # evaluations timed
+    assert "sft/success_greedy" in final and final["time/sft_eval_s"] > 0  # evaluations timed
     assert (workdir / "sft" / "hf" / "model.safetensors").exists()
     if not config.startswith("sft"):
-        assert "eval/success_sampled" in final and final["eval/eval_s"] > 0
+        assert "eval/success_sampled" in final and final["time/eval_s"] > 0
         rows = read_metrics(str(workdir))
         assert [r["step"] for r in rows] == [1, 2]
         for row in rows:
