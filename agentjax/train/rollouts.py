@@ -121,8 +121,9 @@ class Rollouts:
                  version: int | None = None) -> dict[str, float]:
         """Greedy and sampled success of `params` (also pass@k, per hops) on `tasks`
         (default: the fixed held-out evaluation subset) and its wall seconds
-        (`time/eval_s`, `time/<prefix>_eval_s` for another prefix); the engine holds `params` as weight `version` afterwards
-        (None: its next, unless it holds `params` already)."""
+        (`time/eval_s`, `time/<prefix>_eval_s` for another prefix); the engine holds
+        `params` as weight `version` afterwards (None: its next, unless it holds `params`
+        already)."""
         started = time.perf_counter()
         self.sync_weights(params, version)
         sampling = dataclasses.replace(self.sampling(0), temperature=self.config.rollout.temperature,

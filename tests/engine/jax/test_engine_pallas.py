@@ -38,12 +38,11 @@ def paged_engine(engine, tiny_model, tokenizer):
 
 def test_outputs_match_full_forwards_and_the_paged_engine(pallas_engine, paged_engine,
                                                           tiny_model, tokenizer):
-    engine = paged_engine
-    assert pallas_engine.attention == "pallas_gpu" and engine.attention == "paged"
+    assert pallas_engine.attention == "pallas_gpu" and paged_engine.attention == "paged"
     requests = [GenerateRequest(p, SamplingParams(temperature=t, max_new_tokens=12, seed=3))
                 for p, t in zip(_prompts(tokenizer), (0.0, 1.0, 0.7))]
     ours = pallas_engine.generate_sync(requests)
-    theirs = engine.generate_sync(requests)
+    theirs = paged_engine.generate_sync(requests)
     for request, [completion], [paged] in zip(requests, ours, theirs):
         _check_against_full_forward(tiny_model, request, completion)
         assert completion.output_ids == paged.output_ids
