@@ -17,7 +17,9 @@ naming their line and field, or skipped with --config.data.skip_bad_rows=True):
         --config.data.source=files --config.data.train_path=/data/mbpp_train.jsonl \
         --config.data.test_path=/data/humaneval.jsonl --workdir=/ckpt/grpo-code
 
-Single-shot instead of run-read-fix: --config.env.max_turns=1. All-or-nothing reward:
+A `run` call on the last allowed turn submits its program (env.submit_at_limit; False
+ends such an episode with no program). Single-shot instead of run-read-fix:
+--config.env.max_turns=1. All-or-nothing reward:
 --config.reward.outcome=em (every hidden test passed, the success criterion). Needs bubblewrap (`apt-get install -y bubblewrap`).
 Variants: cpu, hf, test (seconds; CI).
 """

@@ -262,6 +262,9 @@ ENV = Section(
         "this many words"),
     Key("failures_shown", 3, POSITIVE, "code env: failed tests a `run` observation "
         "describes (the rest are counted)"),
+    Key("submit_at_limit", True, Flag(), "code env: a `run` call on the last allowed turn "
+        "submits its program (as SWE-agent's autosubmission); False ends that episode "
+        "with no program"),
     Key("instruction", "short", Choice(INSTRUCTIONS), "the search prompt: 'minimal', "
         "'short' or 'search_r1' (envs/registry.py: INSTRUCTIONS)"),
     Key("loss_on_observations", False, Flag(), "True puts the observation tokens (what "

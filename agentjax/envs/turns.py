@@ -2,9 +2,9 @@
 
 Per `step`: parse the action, then
   * answer -> the episode ends (stop_reason "answer", `log.final_answer` set);
-  * the turn reaches `max_turns` -> the episode ends (stop_reason "max_turns"); a search
-    or tool call made on that turn is logged but not run: the policy could never see
-    its result;
+  * the turn reaches `max_turns` -> the episode ends (`final_turn`: stop_reason
+    "max_turns"); a search or tool call made on that turn is logged but not run: the
+    policy could never see its result;
   * invalid -> a corrective observation; the turn is logged with `valid=False`;
   * otherwise the subclass runs the call (`act`) and fills the observation.
 Every turn is appended to `log.turns`; the step reward is always 0 (rewards/ scores
@@ -78,7 +78,7 @@ class TurnEnv:
             self.log.final_answer = action.answer
             self._finish("answer")
         elif len(self.log.turns) + 1 >= self.max_turns:
-            self._finish("max_turns")
+            self.final_turn(action)
         elif action.kind == "invalid":
             turn.observation = self.corrective_observation(action)
         else:
@@ -108,6 +108,10 @@ class TurnEnv:
 
     def corrective_observation(self, action: Action) -> str:
         raise NotImplementedError
+
+    def final_turn(self, action: Action) -> None:
+        """Ends the episode on its last allowed turn, whose action is not an answer."""
+        self._finish("max_turns")
 
     def act(self, action: Action, turn: TurnLog) -> None:
         """Runs a valid search/tool call; sets `turn.observation` (and `error`,

@@ -9,6 +9,12 @@ Actions (hermes-style tool calls, as the python env):
   `<tool_call>{"name": "submit", "arguments": {"code": "..."}}</tool_call>`, or a turn
       whose last fenced block (```python ... ```) is the program, ends the episode with
       that final program (`log.final_answer`).
+On the last allowed turn (`max_turns`), a `run` call has no turn left to read its result:
+with `submit_at_limit` its program is submitted (stop_reason "submitted_at_limit"), the
+latest program the policy wrote, as SWE-agent submits the working tree when an agent
+exits on its step or cost limit ("autosubmission"); without it the episode ends with no
+program (stop_reason "max_turns", reward 0). The format reward still counts only a
+submission the policy made (`rewards.code.code_format_score`).
 The hidden tests are run by the reward (`rewards.code.tests_score`), never by the env:
 nothing of them reaches the policy. A HumanEval-style task's program runs after the
 task's prompt (`rewards.code.assemble_program`), so the policy may complete the body or
@@ -67,7 +73,7 @@ def system_prompt() -> str:
             "To call a tool, write one JSON object with its name and arguments between "
             "<tool_call> and </tool_call>. The result comes back in the next message. "
             "The final program is the one you submit, or the last ```python block of "
-            "your last message.")
+            "your last message; a program you run on your last turn is submitted.")
 
 
 def problem_text(task: Task) -> str:
@@ -138,6 +144,8 @@ class CodeEnv(TurnEnv):
       max_detail_chars: each part of a failure description (the test, expected, got,
         stderr) is cut to this many characters.
       max_observation_chars: every observation is cut to this many characters.
+      submit_at_limit: a `run` call on the last allowed turn submits its program
+        (module docstring).
       instruction: user prompt template with a `{question}` slot.
       tool_prompt: a system message describes the tools (`system_prompt`); False for a
         tiny model that learns the protocol from demonstrations (fewer tokens).
@@ -153,6 +161,7 @@ class CodeEnv(TurnEnv):
                  max_turns: int = 4, timeout_s: float = 5.0, memory_mb: int = 512,
                  episode_time_s: float = 60.0, max_failures_shown: int = 3,
                  max_detail_chars: int = 300, max_observation_chars: int = 2000,
+                 submit_at_limit: bool = True,
                  instruction: str = DEFAULT_INSTRUCTION, tool_prompt: bool = True,
                  tests_runner: Callable[..., list[code_lib.TestResult]] | None = None):
         super().__init__(max_turns, max_observation_chars)
@@ -164,6 +173,7 @@ class CodeEnv(TurnEnv):
         self.timeout_s, self.memory_mb = float(timeout_s), int(memory_mb)
         self.episode_time_s = float(episode_time_s)
         self.max_failures_shown, self.max_detail_chars = max_failures_shown, max_detail_chars
+        self.submit_at_limit = bool(submit_at_limit)
         self.instruction = check_instruction(instruction)
         self.tool_prompt = tool_prompt
         self.tests_runner = tests_runner or functools.partial(code_lib.run_tests,
@@ -197,6 +207,13 @@ class CodeEnv(TurnEnv):
         return (f"Invalid action: {action.error}. Run a program with <tool_call>"
                 '{"name": "run", "arguments": {"code": "..."}}</tool_call>, or give the '
                 "final program in a ```python block.")
+
+    def final_turn(self, action: Action) -> None:
+        if self.submit_at_limit and action.kind == "tool_call":  # `run`: submit is an answer
+            self.log.final_answer = action.arguments["code"]
+            self._finish("submitted_at_limit")
+        else:
+            super().final_turn(action)
 
     def act(self, action: Action, turn: TurnLog) -> None:
         task = self.log.task

@@ -84,6 +84,7 @@ def build_code_suite(config, data_dir: str) -> TaskSuite:
     minimal = config.env.instruction == "minimal"
     env_kwargs = dict(max_turns=config.env.max_turns, timeout_s=TEST_TIMEOUT_S,
                       max_failures_shown=config.env.failures_shown,
+                      submit_at_limit=config.env.submit_at_limit,
                       memory_mb=TEST_MEMORY_MB, tool_prompt=not minimal,
                       instruction=MINIMAL_INSTRUCTION if minimal else DEFAULT_INSTRUCTION)
 

@@ -155,6 +155,28 @@ def test_invalid_actions_get_corrections(sandbox):
     assert env.log.num_invalid == 3
 
 
+@pytest.mark.parametrize("submit_at_limit", [True, False])
+def test_a_run_on_the_last_turn(sandbox, reward_fn, submit_at_limit):
+    env = make_env(sandbox, max_turns=2, submit_at_limit=submit_at_limit)
+    env.step(run_call(OFF_BY_ONE))
+    observation, done, _, _ = env.step(run_call(RIGHT))
+    # The last turn's call is not run (the policy could never read its report).
+    assert done and observation == "" and "visible_passed" not in env.log.turns[-1].extra
+    _, components = reward_fn(TASK, env.log)
+    if submit_at_limit:
+        assert env.log.stop_reason == "submitted_at_limit" and env.log.final_answer == RIGHT
+        # Every hidden test passes; the format term counts only the policy's own
+        # submission: two valid turns, no submitted program.
+        assert components["all_tests_pass"] == 1.0 and components["code_format"] == 0.5
+    else:
+        assert env.log.stop_reason == "max_turns" and env.log.final_answer is None
+        assert components["tests_pass"] == 0.0 and components["code_format"] == 0.5
+    # A last turn that is not a run call ends as before, with or without the option.
+    env = make_env(sandbox, max_turns=1, submit_at_limit=submit_at_limit)
+    env.step("no program here")
+    assert env.log.stop_reason == "max_turns" and env.log.final_answer is None
+
+
 def test_the_episode_run_budget(sandbox):
     env = make_env(sandbox, episode_time_s=0.5, max_turns=5)
     observation, _, _, _ = env.step(run_call("import time\ndef add(a, b):\n"
