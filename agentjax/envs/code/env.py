@@ -68,12 +68,13 @@ TOOLS = {
 }
 
 
-def system_prompt() -> str:
+def system_prompt(submit_at_limit: bool = True) -> str:
     return (f"You can call tools. Their JSON function schemas:\n{describe_tools(TOOLS)}\n"
             "To call a tool, write one JSON object with its name and arguments between "
             "<tool_call> and </tool_call>. The result comes back in the next message. "
             "The final program is the one you submit, or the last ```python block of "
-            "your last message; a program you run on your last turn is submitted.")
+            "your last message" + ("; a program you run on your last turn is submitted."
+                                   if submit_at_limit else "."))
 
 
 def problem_text(task: Task) -> str:
@@ -185,7 +186,7 @@ class CodeEnv(TurnEnv):
         user = {"role": "user", "content": fill_question(self.instruction, problem_text(task))}
         if not self.tool_prompt:
             return [user]
-        return [{"role": "system", "content": system_prompt()}, user]
+        return [{"role": "system", "content": system_prompt(self.submit_at_limit)}, user]
 
     def parse(self, action_text: str) -> Action:
         action = parse_tool_call(action_text, tools=TOOLS)

@@ -122,7 +122,7 @@ def build_code_suite(config, data_dir: str) -> TaskSuite:
         with_solution = [t for t in train_tasks if t.metadata.get("solution")]
         demos = (_play(lambda i, t: canonical_demonstration(make_env(), t),
                        with_solution[:config.sft.num_demos]) if config.sft.steps else [])
-    texts = [DEFAULT_INSTRUCTION, system_prompt()]
+    texts = [DEFAULT_INSTRUCTION, system_prompt(config.env.submit_at_limit)]
     texts += [t.question for t in train_tasks + test_tasks]
     texts += turn_texts(demos)
     return TaskSuite(train_tasks, test_tasks, make_env, rewards, success_key, "tool", demos,

@@ -171,6 +171,11 @@ def test_a_run_on_the_last_turn(sandbox, reward_fn, submit_at_limit):
     else:
         assert env.log.stop_reason == "max_turns" and env.log.final_answer is None
         assert components["tests_pass"] == 0.0 and components["code_format"] == 0.5
+    # The system prompt says what the last turn's run does.
+    system = env.reset(TASK)[0]["content"]
+    assert system.endswith("a program you run on your last turn is submitted."
+                           if submit_at_limit else "the last ```python block of your last "
+                           "message.")
     # A last turn that is not a run call ends as before, with or without the option.
     env = make_env(sandbox, max_turns=1, submit_at_limit=submit_at_limit)
     env.step("no program here")
