@@ -159,6 +159,31 @@ def test_unsandboxed_fallback_only_when_asked(caplog):
     assert_host_unaffected(sb)
 
 
+IDENTITY = """
+    import os
+    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+    print(status["Uid"].split(), status["Gid"].split(), status["Groups"].split(),
+          status["CapEff"].strip(), status["CapPrm"].strip())
+"""
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="a dedicated uid per run needs root")
+@pytest.mark.parametrize("sandboxed", [True, False])
+def test_runs_as_the_slot_uid_with_no_groups_or_capabilities(sandboxed):
+    """Real, effective, saved and file-system ids are the slot's uid, as subprocess's
+    `user=`/`group=`/`extra_groups=[]` would set them (setpriv does it: module docstring),
+    with no supplementary groups and no capabilities."""
+    uid = uid_base_for(f"identity-{sandboxed}")
+    kwargs = {} if sandboxed else dict(bwrap="no-such-bwrap-binary", allow_unsandboxed=True)
+    sb = Sandbox(uid_base=uid, max_parallel=1, **kwargs)
+    result = run(sb, IDENTITY)
+    assert result.ok, result.stderr
+    assert result.stdout.split("] ", 2)[:2] == [f"['{uid}', '{uid}', '{uid}', '{uid}'",
+                                                 f"['{uid}', '{uid}', '{uid}', '{uid}'"]
+    assert result.stdout.strip().endswith("[] 0000000000000000 0000000000000000")
+    assert_host_unaffected(sb)
+
+
 # ---------------------------------------------------------------- adversarial
 
 def test_network_is_unreachable(sandbox):
