@@ -61,9 +61,11 @@ def get_config(arg=None):
         # Episodes of 100-450 tokens packed into micro-batches (16 rows of 512): the
         # update and the log-prob pass take ~2 s a step instead of ~12 s in rows of 512.
         config.algo.micro_tokens = 8192
-        # 30 minutes on a 2-core machine: no evaluation mid-run (~2.5 minutes); the SFT
-        # agent's and the final evaluations stay.
+        # 30 minutes on a 2-core machine: no evaluation mid-run; the SFT agent's and the
+        # final evaluations stay. A step takes ~14 s (most of it the rollout: the engine,
+        # and the sandbox runs of ~250 `run` calls and ~128 rewards), so 60 steps fit.
         config.eval.every = 0
+        config.total_steps = 60
     elif variant == "hf":
         config.env.instruction = "short"  # the instruction and the tools' schemas
         config.data.train_questions, config.data.test_questions = "1:5000", "1:400"

@@ -153,7 +153,7 @@ PINNED = {
         "env.name": "code", "env.max_turns": 4, "env.instruction": "minimal",
         "reward.outcome": "tests", "sft.guess_prob": 0.6, "sft.wrong_first_prob": 0.5,
         "data.train_questions": "1:3000", "rollout.max_tokens": 512, "data.code_depth": 1,
-        "env.failures_shown": 1, "env.submit_at_limit": True, "total_steps": 40,
+        "env.failures_shown": 1, "env.submit_at_limit": True, "total_steps": 60,
         "eval.every": 0, "algo.micro_tokens": 8192},
     ("grpo_code.py", "hf"): {"env.instruction": "short", "rollout.max_tokens": 8192},
     ("grpo_code.py", "test"): {"env.max_turns": 3, "data.train_questions": "1:24"},

@@ -66,6 +66,24 @@ def test_failures_say_expected_and_got():
     assert "TypeError" in results[3].stderr and "child" not in results[3].stderr
 
 
+def test_expected_and_got_survive_any_characters():
+    """Both sides come back exactly as repr shows them: non-ASCII, newlines, NULs; a NUL
+    the program printed itself stays in its stderr."""
+    program = "def f():\n    return 'caf\u00e9\\n\\x00 \u2028'\n"
+    results = code.run_tests(program, ["assert f() == 'cafe'",
+                                       "import sys; sys.stderr.write('a\\x00b'); assert False"],
+                             SubprocessSandbox())
+    assert (results[0].expected, results[0].got) == ("'cafe'", "'caf\u00e9\\n\\x00 \\u2028'")
+    assert results[1].expected is None and results[1].stderr.startswith("a\x00bAssertionError")
+
+
+def test_a_test_child_whose_error_report_fails_still_exits():
+    """A program that breaks the traceback module: its test fails, the next one runs."""
+    program = "import sys\nsys.modules['traceback'] = None\n"
+    results = code.run_tests(program, ["raise ValueError('x')", "pass"], SubprocessSandbox())
+    assert [r.status for r in results] == ["error", "passed"]
+
+
 def test_io_tests_compare_stdout_per_line():
     sandbox = SubprocessSandbox()
     program = "a, b = map(int, input().split())\nprint(a + b)\nprint('done')  \n"
