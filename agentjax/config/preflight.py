@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 import shutil
 
 INSTALL = "pip install -e .  (from the agentjax checkout)"
@@ -62,6 +63,10 @@ def optional_modules(config) -> dict[str, tuple[str, str]]:
     return needed
 
 
+# Envs whose tools run the policy's code in agentjax.envs.sandbox.
+SANDBOXED_ENVS = ("python", "code")
+
+
 def check_runtime(config) -> None:
     """Raises MissingDependency naming what is missing and how to install it."""
     missing, commands = [], []
@@ -84,7 +89,21 @@ def check_runtime(config) -> None:
     if missing:
         raise MissingDependency("missing " + "; ".join(missing) + ". Install with: "
                                 + " and ".join(commands))
-    if config.env.name == "python" and shutil.which("bwrap") is None:
+    if config.env.name in SANDBOXED_ENVS:
+        check_sandbox_tools(config.env.name)
+
+
+def check_sandbox_tools(env_name: str) -> None:
+    """Raises MissingDependency naming the sandbox's missing executables: bubblewrap,
+    util-linux's prlimit, and its setpriv when we are root (the sandbox drops to a
+    dedicated uid with it)."""
+    needed = {"bwrap": "bubblewrap", "prlimit": "util-linux"}
+    if os.geteuid() == 0:
+        needed["setpriv"] = "util-linux"
+    missing = [name for name in needed if shutil.which(name) is None]
+    if missing:
+        packages = " ".join(dict.fromkeys(needed[name] for name in missing))
         raise MissingDependency(
-            "env.name='python' runs tool code under bubblewrap, which is not installed: "
-            "apt-get install -y bubblewrap")
+            f"env.name={env_name!r} runs the policy's code under bubblewrap with rlimits; "
+            f"not found on PATH: {', '.join(missing)}. Install with: apt-get install -y "
+            f"{packages}")

@@ -52,11 +52,27 @@ def test_lazily_imported_modules_are_declared_requirements():
         assert module.lower() in declared, f"{module} is not in pyproject's dependencies"
 
 
-def test_python_env_needs_bubblewrap(monkeypatch):
+@pytest.mark.parametrize("env", ["python", "code"])
+@pytest.mark.parametrize("root", [True, False])
+def test_sandboxed_envs_need_bubblewrap_and_util_linux(monkeypatch, env, root):
     monkeypatch.setattr(preflight.shutil, "which", lambda name: None)
+    monkeypatch.setattr(preflight.os, "geteuid", lambda: 0 if root else 1000)
     config = default_config()
-    config.env.name = "python"
-    with pytest.raises(preflight.MissingDependency, match="bubblewrap"):
+    config.env.name = env
+    with pytest.raises(preflight.MissingDependency) as error:
+        preflight.check_runtime(config)
+    message = str(error.value)
+    assert "bwrap, prlimit" + (", setpriv" if root else ".") in message
+    assert message.endswith("apt-get install -y bubblewrap util-linux")
+    # Only what is missing is named.
+    monkeypatch.setattr(preflight.shutil, "which",
+                        lambda name: None if name == "setpriv" else f"/usr/bin/{name}")
+    if root:
+        with pytest.raises(preflight.MissingDependency, match=r"found on PATH: setpriv\. "
+                                                               r"Install with: apt-get "
+                                                               r"install -y util-linux$"):
+            preflight.check_runtime(config)
+    else:
         preflight.check_runtime(config)
 
 
