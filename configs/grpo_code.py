@@ -62,8 +62,9 @@ def get_config(arg=None):
         # update and the log-prob pass take ~2 s a step instead of ~12 s in rows of 512.
         config.algo.micro_tokens = 8192
         # 30 minutes on a 2-core machine: no evaluation mid-run; the SFT agent's and the
-        # final evaluations stay. A step takes ~14 s (most of it the rollout: the engine,
-        # and the sandbox runs of ~250 `run` calls and ~128 rewards), so 60 steps fit.
+        # final evaluations stay. A step takes 12-15 s (most of it the rollout: the engine,
+        # and the sandbox runs of ~250 `run` calls and ~128 rewards): 60 steps, 18-22
+        # minutes a run (docs/results/code.md).
         config.eval.every = 0
         config.total_steps = 60
     elif variant == "hf":
