@@ -351,7 +351,7 @@ def run_one(index, test):
     head, _, pair = stderr.rpartition(b"\x00")
     head, _, length = head.rpartition(b"\x00")
     pair = pair.decode("utf-8", "replace")
-    if length.isdigit() and int(length) <= len(pair):
+    if length.isdigit() and len(length) <= 9 and int(length) <= len(pair):
         stderr, expected, got = head, pair[:int(length)], pair[int(length):]
     exit_code = None
     if killed is None:

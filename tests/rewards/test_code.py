@@ -71,10 +71,14 @@ def test_expected_and_got_survive_any_characters():
     the program printed itself stays in its stderr."""
     program = "def f():\n    return 'caf\u00e9\\n\\x00 \u2028'\n"
     results = code.run_tests(program, ["assert f() == 'cafe'",
-                                       "import sys; sys.stderr.write('a\\x00b'); assert False"],
+                                       "import sys; sys.stderr.write('a\\x00b'); assert False",
+                                       "import sys; sys.stderr.write('\\x00' + '9' * 5000 + "
+                                       "'\\x00'); assert False", "pass"],
                              SubprocessSandbox())
     assert (results[0].expected, results[0].got) == ("'cafe'", "'caf\u00e9\\n\\x00 \\u2028'")
     assert results[1].expected is None and results[1].stderr.startswith("a\x00bAssertionError")
+    # A length too long to be one does not stop the harness: the next test still runs.
+    assert [r.status for r in results[2:]] == ["failed", "passed"]
 
 
 def test_a_test_child_whose_error_report_fails_still_exits():
