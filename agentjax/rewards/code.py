@@ -187,8 +187,8 @@ def _instrumented(test: str) -> str:
 # Runs inside the sandbox as main.py; SPEC is spliced in as a Python literal, and each
 # test's report comes back as one line, the repr of a dict (read with ast.literal_eval).
 _HARNESS = r'''
-# Only modules that cost nothing to import up front (a run pays the harness's start-up
-# every time): no json, re or enum; hashlib and traceback when a test needs them.
+# Only what every run needs is imported up front (each run pays the harness's start-up):
+# no json, re or enum; hashlib and traceback when a test needs them.
 import ctypes, os, select, sys, time
 _libc = ctypes.CDLL(None)
 _libc.prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE 0: no test can ptrace us or open our fds
