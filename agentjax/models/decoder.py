@@ -60,8 +60,8 @@ from agentjax.models.attention import (ATTENTION_RESIDUALS, accumulation_dtype, 
 from agentjax.models import lora
 from agentjax.models.cache import KVCache, write_slots
 from agentjax.models.config import ModelConfig
-from agentjax.models.paged import (AttentionItems, PagedKVCache, paged_attention,
-                                   write_pages)
+from agentjax.models.paged import (AttentionItems, PagedKVCache, ViewItems, paged_attention,
+                                   view_attention, write_pages)
 from agentjax.models.paged_pallas import BlockTables, paged_attention_pallas
 from agentjax.core.parallel import LogicalSharding, constrain
 
@@ -362,7 +362,7 @@ class LayerwiseWeights:
         return _logits(hidden, w, self.activation_sharding)
 
     def forward(self, tokens: jax.Array, slots: jax.Array, write: jax.Array,
-                cache: PagedKVCache, items: AttentionItems | BlockTables
+                cache: PagedKVCache, items: AttentionItems | ViewItems | BlockTables
                 ) -> tuple[jax.Array, PagedKVCache]:
         """Writes a chunk of new tokens into the page pool and runs the decoder over it
         (`models/paged.py`: the index arrays and the work list).
@@ -374,8 +374,9 @@ class LayerwiseWeights:
           write: [R, T] int32 flat pool index of each token's key / value; -1 for padding.
           cache: the page pool.
           items: the attention work list of the call: `AttentionItems` for the pure-JAX
-            attention, `BlockTables` for the GPU kernel (`models/paged_pallas.py`; keys
-            in the "page_hd" layout).
+            attention over the pool, `ViewItems` when `cache` is a view of the call's
+            pages (`paged.gather_view`, decode), `BlockTables` for the GPU kernel
+            (`models/paged_pallas.py`; keys in the "page_hd" layout).
 
         Returns:
           (hidden [R, T, D] in the compute dtype after the final norm, updated pool).
@@ -396,6 +397,8 @@ class LayerwiseWeights:
                 k_pool, v_pool = write_pages(k_pool, v_pool, k, v, write, cache.key_layout)
                 if isinstance(items, BlockTables):
                     out = paged_attention_pallas(q, k_pool, v_pool, slots, items)
+                elif isinstance(items, ViewItems):
+                    out = view_attention(q, k_pool, v_pool, slots, items, cache.key_layout)
                 else:
                     out = paged_attention(q, k_pool, v_pool, slots, items, cache.key_layout)
                 return out, (k_pool, v_pool)

@@ -18,10 +18,18 @@ host-side bookkeeping (the engine's page table); a device call gets only index a
   the longest context or x max_len (the ragged paged attention of tpu-inference / vLLM).
 
 Each item yields a partial softmax (max, sum, weighted values) and a row's partials are
-merged one by one in item order (`paged_attention`). The item list is padded to a
-bucketed length; padding items belong to no row. A row's output is bitwise independent
-of the other rows and of the padding (tested): the property the engine's deterministic
-mode needs.
+merged in a fixed order. The item list is padded to a bucketed length; padding items
+belong to no row. A row's output is bitwise independent of the other rows and of the
+padding (tested): the property the engine's deterministic mode needs.
+
+Two attentions read the work list:
+- `paged_attention` (prefill chunks): a loop over tiles of a row's pages, each merged
+  into its row's accumulators in page order, so memory stays one tile's scores.
+- `view_attention` (decode): a decode call first gathers the pages its rows hold into a
+  view (`gather_view`, one copy per call instead of one per step), every step attends
+  over the view with one batched product and merges each row's partials in a fixed tree,
+  and the call's new tokens go back to the pool at its end (`copy_slots`). Per step it
+  reads the view once, where gathering the pages again would copy them first.
 """
 from __future__ import annotations
 
@@ -135,20 +143,21 @@ _NEVER = 2 ** 30
 
 
 def build_items(pages: list[list[int]], spans: list[int], rows: int, page_size: int,
-                size: int) -> HostItems:
+                size: int, tile: int = ITEM_TILE) -> HostItems:
     """The work list of a call whose program row r attends slots [0, spans[r]) held in
     pages[r] (padding rows: span 0), padded to `size` items.
 
-    Each row's items fill whole tiles of ITEM_TILE (the last padded with masked items),
-    so page j of a row always sits at position j % ITEM_TILE of a tile of its own,
-    whatever the other rows hold. Raises ValueError when the rows need more than `size`
+    Each row's items fill whole tiles of `tile` items (the last padded with masked
+    items): with ITEM_TILE, page j of a row always sits at position j % ITEM_TILE of a
+    tile of its own, whatever the other rows hold (what `paged_attention` needs);
+    `view_attention` takes tile 1. Raises ValueError when the rows need more than `size`
     items (the caller picks size from `items_needed`)."""
     row, page, first = [], [], []
     for r, (held, span) in enumerate(zip(pages, spans)):
         n = -(-span // page_size)
         if n > len(held):
             raise ValueError(f"row {r} attends {span} slots but holds {len(held)} pages")
-        pad = -n % ITEM_TILE
+        pad = -n % tile
         row += [r] * (n + pad)
         page += held[:n] + [0] * pad
         first += [j * page_size for j in range(n)] + [_NEVER] * pad
@@ -160,9 +169,9 @@ def build_items(pages: list[list[int]], spans: list[int], rows: int, page_size: 
                      first_slot=np.asarray(first + [_NEVER] * pad, np.int32))
 
 
-def items_needed(spans: list[int], page_size: int) -> int:
-    """Attention items of rows attending `spans` slots (whole tiles per row)."""
-    return sum(-(-(-(-s // page_size)) // ITEM_TILE) * ITEM_TILE for s in spans)
+def items_needed(spans: list[int], page_size: int, tile: int = ITEM_TILE) -> int:
+    """Attention items of rows attending `spans` slots (whole tiles of `tile` per row)."""
+    return sum(-(-(-(-s // page_size)) // tile) * tile for s in spans)
 
 
 def write_pages(k_pool: jax.Array, v_pool: jax.Array, k: jax.Array, v: jax.Array,
@@ -266,9 +275,161 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, slots: j
 
     shape = (r + 1, kh, h // kh, t)
     init = (jnp.full(shape, MASKED, acc), jnp.zeros(shape, acc), jnp.zeros(shape + (hd,), acc))
-    # A trip count read from the data, not the shape: XLA keeps the loop a loop (a
-    # one-tile loop it would inline, and fuse otherwise, changing the last bit).
-    tiles = jnp.sum(items.row >= 0) // ITEM_TILE
+    # The rows' tiles come first (`build_items`), so the loop stops where the padding
+    # starts. A trip count read from the data also keeps the loop a loop (a one-tile
+    # loop XLA would inline, and fuse otherwise, changing the last bit).
+    tiles = jnp.sum(items.row < r) // ITEM_TILE
     _, row_sum, row_out = jax.lax.fori_loop(0, tiles, merge_tile, init)
     out = row_out[:r] / jnp.where(row_sum[:r] > 0, row_sum[:r], 1.0)[..., None]
+    return out.transpose(0, 3, 1, 2, 4).reshape(r, t, h, hd).astype(q.dtype)
+
+
+# ------------------------------------------------------------------- decode over a view
+
+@struct.dataclass
+class ViewItems:
+    """The work list of `view_attention`, each [W] int32: item i is page i of the view
+    (`gather_view`), of program row `row[i]` (padding: the row count), holding sequence
+    positions from `first_slot[i]`. A row's items are consecutive and in slot order, no
+    tile padding (`build_items(..., tile=1)`)."""
+
+    row: jax.Array
+    first_slot: jax.Array
+
+    @staticmethod
+    def of(items: AttentionItems) -> "ViewItems":
+        return ViewItems(row=items.row, first_slot=items.first_slot)
+
+
+def gather_view(cache: PagedKVCache, items: AttentionItems) -> PagedKVCache:
+    """The pages the items read, in item order, as a pool of their own (page i: the
+    page of item i), in every layer."""
+    take = lambda x: jnp.take(x, items.page, axis=0)
+    return cache.replace(k=tuple(map(take, cache.k)), v=tuple(map(take, cache.v)))
+
+
+def _row_layout(row: jax.Array, rows: int) -> tuple[jax.Array, jax.Array]:
+    """(first item, item count) of each of rows + 1 rows (the last: padding items)."""
+    count = jnp.zeros((rows + 1,), jnp.int32).at[row].add(1)
+    return jnp.cumsum(count) - count, count
+
+
+def view_index(items: ViewItems, slots: jax.Array, page_size: int) -> jax.Array:
+    """The flat view index (view page * page_size + offset) of each slot [R, T] of its
+    row; -1 stays -1."""
+    chex.assert_rank(slots, 2)
+    start, _ = _row_layout(items.row, slots.shape[0])
+    page = start[:-1, None] + jnp.maximum(slots, 0) // page_size
+    return jnp.where(slots < 0, -1, page * page_size + slots % page_size)
+
+
+def read_slots(k_pool: jax.Array, v_pool: jax.Array, index: jax.Array,
+               key_layout: str = "hd_page") -> tuple[jax.Array, jax.Array]:
+    """Keys and values [R, T, K, hd] at the flat pool indices `index` [R, T] (what
+    `write_pages` wrote there; entries at -1 read page 0)."""
+    chex.assert_rank(index, 2)
+    _check_key_layout(key_layout)
+    page_size = v_pool.shape[2]
+    page, offset = jnp.maximum(index, 0) // page_size, jnp.maximum(index, 0) % page_size
+    k = k_pool[page, :, :, offset] if key_layout == "hd_page" else k_pool[page, :, offset]
+    return k, v_pool[page, :, offset]
+
+
+def copy_slots(src: PagedKVCache, src_index: jax.Array, dst: PagedKVCache,
+               dst_index: jax.Array) -> PagedKVCache:
+    """dst with the keys and values of src's flat slots src_index [R, T] written at
+    dst_index [R, T] (-1: skipped), in every layer."""
+    ks, vs = [], []
+    for src_k, src_v, dst_k, dst_v in zip(src.k, src.v, dst.k, dst.v):
+        k, v = read_slots(src_k, src_v, src_index, src.key_layout)
+        dst_k, dst_v = write_pages(dst_k, dst_v, k, v, dst_index, dst.key_layout)
+        ks.append(dst_k)
+        vs.append(dst_v)
+    return dst.replace(k=tuple(ks), v=tuple(vs))
+
+
+def _ordered_sum(x: jax.Array) -> jax.Array:
+    """Sum over the last axis by halving (zero-padded to a power of two): every output
+    element is the same sequence of additions whatever the array's other dimensions.
+    (XLA:CPU's reduce over the same values differed in the last bit with the leading
+    dimension's size.)"""
+    n = x.shape[-1]
+    width = 1 << (n - 1).bit_length()
+    x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - n)])
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        x = x[..., :half] + x[..., half:]
+    return x[..., 0]
+
+
+def _merge_rows(partial, row: jax.Array, rows: int):
+    """Each row's item partials (max [W, ...], sum, weighted values [W, ..., hd]) merged
+    into one [rows, ...] in a fixed tree: at level L the item at row-local index j (a
+    multiple of 2^(L+1)) takes in the one at j + 2^L. A row's tree follows its own item
+    count alone; rows with no items get the empty partial (max MASKED, sum 0)."""
+    width = row.shape[0]
+    start, count = _row_layout(row, rows)
+    local = jnp.arange(width, dtype=jnp.int32) - start[row]
+    # Entry `width`: the empty partial, which merges as an exact no-op.
+    buf = tuple(jnp.concatenate([x, jnp.full_like(x[:1], fill)])
+                for x, fill in zip(partial, (MASKED, 0.0, 0.0)))
+
+    def level(index, buf):
+        stride = jnp.left_shift(jnp.int32(1), index)
+        takes = (local % (2 * stride) == 0) & (local + stride < count[row])
+        partner = jnp.where(takes, jnp.arange(width, dtype=jnp.int32) + stride, width)
+        merged = merge_partials(tuple(x[:width] for x in buf), tuple(x[partner] for x in buf))
+        return tuple(x.at[:width].set(m) for x, m in zip(buf, merged))
+
+    most = jnp.max(count[:rows])
+    levels = 32 - jax.lax.clz(jnp.maximum(most - 1, 0))   # ceil(log2(most))
+    buf = jax.lax.fori_loop(0, levels, level, buf)
+    first = jnp.where(count[:rows] > 0, start[:rows], width)
+    return tuple(x[first] for x in buf)
+
+
+def view_attention(q: jax.Array, k_view: jax.Array, v_view: jax.Array, slots: jax.Array,
+                   items: ViewItems, key_layout: str = "hd_page") -> jax.Array:
+    """Grouped-query causal attention of new queries over their rows' pages in a view
+    (`gather_view`; the new tokens already written).
+
+    Every item's partial softmax comes from one batched product over all items (a
+    row's pages are not reduced in a loop), then each row's partials are merged in a
+    fixed tree (`_merge_rows`). Both depend only on the row's own items: the products
+    are per item, the sums are `_ordered_sum`s, the merges element-wise. So a row's
+    result does not depend on the item count or the other rows (tested bitwise). Memory:
+    every item's scores at once, [W, H, T, page]: meant for decode steps (T = 1).
+
+    Args:
+      q: [R, T, H, hd] queries of the new tokens.
+      k_view: [W, K, hd, page] keys ([W, K, page, hd] when key_layout is "page_hd").
+      v_view: [W, K, page, hd] values.
+      slots: [R, T] int32 position of each query in its row (-1: padding query).
+      items: the view's work list, covering every slot <= the row's largest query slot.
+
+    Returns:
+      [R, T, H, hd] in q's dtype (zeros for padding queries); softmax in float32.
+    """
+    chex.assert_rank([q, k_view, v_view, slots], [4, 4, 4, 2])
+    chex.assert_rank([items.row, items.first_slot], 1)
+    chex.assert_equal_shape_prefix([k_view, v_view, items.row], 1)
+    _check_key_layout(key_layout)
+    r, t, h, hd = q.shape
+    kh, page_size = v_view.shape[1], v_view.shape[2]
+    acc = accumulation_dtype(q.dtype)
+    q = q.reshape(r, t, kh, h // kh, hd) * jnp.asarray(hd ** -0.5, q.dtype)
+    q = jnp.concatenate([q, jnp.zeros_like(q[:1])]).transpose(0, 2, 3, 1, 4)  # [R+1,K,G,T,hd]
+    slots = jnp.concatenate([slots, jnp.full_like(slots[:1], -1)])           # [R+1, T]
+    score_spec = "nkgtd,nkds->nkgts" if key_layout == "hd_page" else "nkgtd,nksd->nkgts"
+    scores = jnp.einsum(score_spec, q[items.row], k_view.astype(q.dtype),
+                        preferred_element_type=acc)                          # [W,K,G,T,p]
+    positions = items.first_slot[:, None] + jnp.arange(page_size, dtype=jnp.int32)[None]
+    visible = (positions[:, None, :] <= slots[items.row][:, :, None])[:, None, None]
+    scores = jnp.where(visible, scores, MASKED)
+    top = jnp.max(scores, axis=-1)
+    probs = jnp.where(visible, jnp.exp(scores - top[..., None]), 0.0)
+    out = jnp.einsum("nkgts,nksd->nkgtd", probs.astype(q.dtype), v_view.astype(q.dtype),
+                     preferred_element_type=acc)
+    _, row_sum, row_out = _merge_rows((top, _ordered_sum(probs), out), items.row, r)
+    out = row_out / jnp.where(row_sum > 0, row_sum, 1.0)[..., None]
     return out.transpose(0, 3, 1, 2, 4).reshape(r, t, h, hd).astype(q.dtype)

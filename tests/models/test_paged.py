@@ -1,12 +1,16 @@
 """Paged KV pool and ragged paged attention against a float64 reference."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from agentjax.models.config import ModelConfig
-from agentjax.models.paged import (AttentionItems, build_items, init_paged_cache,
-                                   items_needed, page_bytes, paged_attention, write_pages)
+from agentjax.models.paged import (AttentionItems, PagedKVCache, ViewItems, _ordered_sum,
+                                   build_items, copy_slots, gather_view, init_paged_cache,
+                                   items_needed, page_bytes, paged_attention, read_slots,
+                                   view_attention, view_index, write_pages)
 
 PAGE, K, G, HD = 4, 2, 3, 8
 
@@ -154,3 +158,108 @@ def test_copy_pages_and_bad_work_lists():
     scene = make_scene(3, [1], [1])
     with pytest.raises(ValueError, match="not a multiple of 4"):
         _run(scene, 6)
+
+
+def _run_view(scene, size, dtype=jnp.float32, jit=True, page_size=PAGE):
+    """What a decode step does: the rows' pages gathered into a view (items without tile
+    padding), the new tokens written into the view, attention over it."""
+    items = build_items(scene["held"], scene["total"], len(scene["held"]), page_size, size,
+                        tile=1)
+    items = AttentionItems(*(jnp.asarray(x) for x in (items.row, items.page,
+                                                      items.first_slot)))
+    layout = scene["key_layout"]
+
+    def call(q, k_pool, v_pool, new_k, new_v, slots):
+        view = gather_view(PagedKVCache(k=(k_pool,), v=(v_pool,), key_layout=layout), items)
+        at = view_index(ViewItems.of(items), slots, page_size)
+        k_view, v_view = write_pages(view.k[0], view.v[0], new_k, new_v, at, layout)
+        return view_attention(q, k_view, v_view, slots, ViewItems.of(items), layout)
+
+    call = jax.jit(call) if jit else call
+    args = [jnp.asarray(scene[n], dtype) for n in ("q", "k_pool", "v_pool", "new_k", "new_v")]
+    return call(*args, jnp.asarray(scene["slots"]))
+
+
+@pytest.mark.parametrize("jit", [True, False])
+@pytest.mark.parametrize("key_layout", ["hd_page", "page_hd"])
+def test_view_attention_matches_the_float64_reference(jit, key_layout):
+    with jax.enable_x64():
+        # decode steps over 0 to 9 pages a row (tree merges of up to 4 levels); a
+        # padding row; and a chunk of new tokens (the function takes any T)
+        for lengths, new in [([3, 12, 0, 7, 33], [1, 1, 1, 1, 1]),
+                             ([3, 0, 9], [1, 0, 1]),
+                             ([0, 5, 9], [7, 3, 1])]:
+            scene = make_scene(4, lengths, new, key_layout)
+            size = items_needed(scene["total"], PAGE, tile=1) + 3  # padding items too
+            out = _run_view(scene, size, jnp.float64, jit)
+            expected = reference(scene["q"], scene["keys"], scene["values"], lengths,
+                                 scene["slots"])
+            np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-12, atol=1e-12)
+            assert not np.asarray(out)[scene["slots"] < 0].any()
+
+
+def test_view_attention_rows_are_bitwise_independent_of_the_batch():
+    """A row's result alone (the other rows padding), in a crowd of rows with more and
+    fewer pages (so more tree levels run: no-ops for it) and with more padding items.
+    (XLA:CPU's plain sum over a page differed in the last bit between item counts.)"""
+    page = 64
+    lengths = [80, 200, 500, 2, 130]
+    scene = make_scene(5, lengths, [1] * 5, page_size=page)
+    run = functools.partial(_run_view, page_size=page)
+    need = items_needed(scene["total"], page, tile=1)
+    crowd = np.asarray(run(scene, need))
+    padded = np.asarray(run(scene, 64))
+    assert np.array_equal(padded, crowd)
+    for row in range(len(lengths)):
+        alone = dict(scene, held=[h if r == row else [] for r, h in enumerate(scene["held"])],
+                     total=[t if r == row else 0 for r, t in enumerate(scene["total"])])
+        for name in ("slots", "write"):
+            alone[name] = np.where(np.arange(len(lengths))[:, None] == row, scene[name], -1)
+        out = np.asarray(run(alone, items_needed(alone["total"], page, tile=1)))
+        assert np.array_equal(out[row], crowd[row]), row
+
+
+@pytest.mark.parametrize("key_layout", ["hd_page", "page_hd"])
+def test_copy_slots_reads_what_write_pages_wrote(key_layout):
+    scene = make_scene(6, [2, 6], [3, 1], key_layout)
+    k_pool, v_pool = write_pages(*(jnp.asarray(scene[n]) for n in
+                                   ("k_pool", "v_pool", "new_k", "new_v")),
+                                 jnp.asarray(scene["write"]), key_layout)
+    k, v = read_slots(k_pool, v_pool, jnp.asarray(scene["write"]), key_layout)
+    written = scene["write"] >= 0
+    np.testing.assert_array_equal(np.asarray(k)[written], scene["new_k"][written].astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(v)[written], scene["new_v"][written].astype(np.float32))
+    # copied into an empty pool of the other layout, at other slots; -1 copies nothing
+    other = "page_hd" if key_layout == "hd_page" else "hd_page"
+    src = PagedKVCache(k=(k_pool,), v=(v_pool,), key_layout=key_layout)
+    dst = init_paged_cache(ModelConfig(arch="qwen2", vocab_size=8, hidden_size=8,
+                                       intermediate_size=8, num_layers=1, num_heads=K * G,
+                                       num_kv_heads=K, head_dim=HD, dtype=jnp.float32),
+                           num_pages=4, page_size=PAGE, key_layout=other)
+    target = np.where(written, np.arange(scene["write"].size).reshape(scene["write"].shape),
+                      -1).astype(np.int32)
+    dst = copy_slots(src, jnp.asarray(scene["write"]), dst, jnp.asarray(target))
+    k2, v2 = read_slots(dst.k[0], dst.v[0], jnp.asarray(target), other)
+    np.testing.assert_array_equal(np.asarray(k2)[written], np.asarray(k)[written])
+    np.testing.assert_array_equal(np.asarray(v2)[written], np.asarray(v)[written])
+    filled = {int(i) for i in target[written]}
+    untouched = [i for i in range(4 * PAGE) if i not in filled]
+    assert not np.asarray(read_slots(dst.k[0], dst.v[0], jnp.asarray([untouched]), other)[0]).any()
+
+
+def test_ordered_sum_is_the_sum_whatever_the_leading_shape():
+    rng = np.random.default_rng(7)
+    for width in (1, 3, 4, 64, 100):
+        x = rng.standard_normal((37, width)).astype(np.float32)
+        total = np.asarray(jax.jit(_ordered_sum)(x))
+        np.testing.assert_allclose(total, x.astype(np.float64).sum(-1), rtol=1e-5, atol=1e-5)
+        for rows in (1, 2, 5, 36):
+            assert np.array_equal(np.asarray(jax.jit(_ordered_sum)(x[:rows])), total[:rows])
+
+
+def test_items_without_tiles_for_the_view():
+    host = build_items([[7, 3], [5], []], [PAGE + 1, 2, 0], 3, PAGE, 4, tile=1)
+    assert host.row.tolist() == [0, 0, 1, 3] and host.page.tolist() == [7, 3, 5, 0]
+    assert host.first_slot.tolist()[:3] == [0, PAGE, 0]
+    assert items_needed([PAGE + 1, 2, 0], PAGE, tile=1) == 3
+    assert items_needed([PAGE + 1, 2, 0], PAGE) == 8

@@ -109,9 +109,10 @@ from agentjax.engine.jax.programs import (COMPILE_COUNTS, copy_pages, decode,
                                           engine_weights, new_cache, prefill)
 from agentjax.engine.protocol import (Completion, GenerateRequest, SamplingParams,
                                      check_request, reported_distribution)
-from agentjax.engine.jax.shapes import ProgramShapes
+from agentjax.engine.jax.shapes import TILES, ProgramShapes
 from agentjax.engine.jax.sampling import fold_in_data, prng_key_data
 from agentjax.engine.jax.pages import PageTable
+
 
 
 class _StopStrings:
@@ -589,7 +590,7 @@ class JaxEngine:
             self._cache = copy_pages(self._cache, src, dst)
 
     def _items(self, seqs: Sequence[_Sequence], spans: Sequence[int], rows: int,
-               size: int) -> AttentionItems | BlockTables:
+               size: int, kind: str) -> AttentionItems | BlockTables:
         if self.attention == "pallas_gpu":
             table = np.zeros((rows, self._table_width), np.int32)
             for row, seq in enumerate(seqs):
@@ -597,7 +598,7 @@ class JaxEngine:
             return BlockTables(table=table)
         pages = [s.pages for s in seqs] + [[]] * (rows - len(seqs))
         spans = list(spans) + [0] * (rows - len(seqs))
-        host = build_items(pages, spans, rows, self.page_size, size)
+        host = build_items(pages, spans, rows, self.page_size, size, TILES[kind])
         return AttentionItems(row=host.row, page=host.page, first_slot=host.first_slot)
 
     def _flat_slot(self, seq: _Sequence, slot: int) -> int:
@@ -636,7 +637,8 @@ class JaxEngine:
                 rows = shapes.rows(len(batch), "prefill")
                 spans = [s.length + min(width, s.context_length - 1 - s.length)
                          for s in batch]
-                size = shapes.items(items_needed(spans, self.page_size), rows)
+                size = shapes.items(items_needed(spans, self.page_size, TILES["prefill"]),
+                                     rows, "prefill")
                 self._run_prefill(batch, rows, width, size)
         return bool(by_width)
 
@@ -654,7 +656,8 @@ class JaxEngine:
                 slots[row, i] = seq.length + i
                 write[row, i] = self._flat_slot(seq, seq.length + i)
             counts.append(len(chunk))
-        items = self._items(seqs, [s.length + n for s, n in zip(seqs, counts)], rows, size)
+        items = self._items(seqs, [s.length + n for s, n in zip(seqs, counts)], rows, size,
+                            "prefill")
         start = self._device_call()
         self._cache = prefill(self._weights, self._cache, tokens, slots, write, items)
         jax.block_until_ready(self._cache)
@@ -683,7 +686,8 @@ class JaxEngine:
         if seqs:
             rows = self._shapes.rows(len(seqs), "decode")
             spans = [s.length + n for s, n in zip(seqs, steps)]
-            size = self._shapes.items(items_needed(spans, self.page_size), rows)
+            size = self._shapes.items(items_needed(spans, self.page_size, TILES["decode"]),
+                                       rows, "decode")
             self._run_decode(seqs, steps, rows, size)
         return bool(seqs)
 
@@ -705,7 +709,8 @@ class JaxEngine:
                 write[row, i] = self._flat_slot(seq, seq.length + i)
             ids = sorted(seq.stop_ids)
             stop_ids[row, :len(ids)] = ids
-        items = self._items(seqs, [s.length + n for s, n in zip(seqs, steps)], rows, size)
+        items = self._items(seqs, [s.length + n for s, n in zip(seqs, steps)], rows, size,
+                            "decode")
         keys, positions, temperature, top_k, top_p = self._sampling_arrays(seqs, rows)
         start = self._device_call()
         self._cache, tokens, logprobs, emitted = decode(

@@ -12,7 +12,9 @@ Static shapes, so XLA compiles a bounded set of programs once:
   It samples nothing: a sequence's last context token is fed by its first decode step
   (as every sampled token is fed by the next one), whose logits give the first sample.
 - `decode` runs `num_steps` single-token steps in a `lax.scan`; rows stop on device at a
-  stop id or their token budget, so the host syncs once per `num_steps` tokens.
+  stop id or their token budget, so the host syncs once per `num_steps` tokens. With the
+  pure-JAX attention it gathers its rows' pages once (`paged.gather_view`), the steps
+  attend over that view, and the tokens they wrote are copied to the pool at the end.
 
 The programs are module-level jitted functions, shared by every engine with the same
 model and shapes; their XLA compilations are counted from JAX's compile events
@@ -30,7 +32,8 @@ from flax import nnx
 
 from agentjax.models.config import ModelConfig
 from agentjax.models.decoder import LayerwiseWeights
-from agentjax.models.paged import AttentionItems, PagedKVCache, init_paged_cache
+from agentjax.models.paged import (AttentionItems, PagedKVCache, ViewItems, copy_slots,
+                                   gather_view, init_paged_cache, view_index)
 from agentjax.engine.jax.sampling import sample
 
 # XLA compilations of the engine's jitted programs, by program name ("prefill",
@@ -80,12 +83,19 @@ def decode(weights: LayerwiseWeights, cache: PagedKVCache, lengths, last_tokens,
     Returns (pool, tokens [R, num_steps], logprobs [R, num_steps], emitted [R, num_steps]
     bool — whether the row was active and sampled at that step)."""
 
+    # The pure-JAX attention reads the rows' pages from a view gathered once per call;
+    # the steps write into the view, and the new tokens go to the pool at the end.
+    pool, first_lengths = cache, lengths
+    on_view = isinstance(items, AttentionItems)
+    if on_view:
+        cache, items = gather_view(pool, items), ViewItems.of(items)
+
     def step(carry, write_now):
         cache, lengths, tokens, active, steps, budget = carry
         slots = jnp.where(active, lengths, -1)[:, None]
-        hidden, cache = weights.forward(tokens[:, None], slots,
-                                        jnp.where(active, write_now, -1)[:, None], cache,
-                                        items)
+        write_now = (view_index(items, slots, cache.page_size) if on_view
+                     else jnp.where(active, write_now, -1)[:, None])
+        hidden, cache = weights.forward(tokens[:, None], slots, write_now, cache, items)
         new, logprobs = sample(weights.logits(hidden)[:, 0], keys, steps, temperature, top_k,
                                top_p)
         emitted = active
@@ -100,7 +110,12 @@ def decode(weights: LayerwiseWeights, cache: PagedKVCache, lengths, last_tokens,
     carry = (cache, lengths, last_tokens, active & (budget > 0), steps, budget)
     (cache, *_), (tokens, logprobs, emitted) = jax.lax.scan(step, carry, write.T,
                                                             length=num_steps)
-    return cache, tokens.T, logprobs.T, emitted.T
+    tokens, logprobs, emitted = tokens.T, logprobs.T, emitted.T
+    if on_view:  # a row's emitted steps are a prefix: step i wrote slot lengths + i
+        slots = jnp.where(emitted, first_lengths[:, None] + jnp.arange(num_steps)[None], -1)
+        cache = copy_slots(cache, view_index(items, slots, cache.page_size), pool,
+                           jnp.where(emitted, write, -1))
+    return cache, tokens, logprobs, emitted
 
 
 @functools.partial(jax.jit, donate_argnames=("cache",))

@@ -5,9 +5,12 @@ attention items — and so the finite set of programs it compiles.
   rows); padding rows are inert.
 - Chunk width: picked per sequence from its own remaining tokens (`chunk_width`).
 - Attention items: one per (row, page) the call attends (`models/paged.py`), padded to
-  the next power of two: the attention costs the tokens the rows hold. The GPU kernel
-  (`models/paged_pallas.py`) takes block tables of a fixed width instead: one program
-  per rows and chunk width.
+  a bucketed count: the attention costs the tokens the rows hold. Prefill counts are
+  powers of two, a row's items in whole tiles (its attention skips the padding tiles);
+  decode counts also take the midpoints 3 x 2^k, items one by one (every decode step
+  computes every item of its view, padding too, so it pays at most 1/3 for padding,
+  not 1/2). The GPU kernel (`models/paged_pallas.py`) takes block tables of a fixed
+  width instead: one program per rows and chunk width.
 
 Deterministic (batch-invariant) mode fixes the rows independently of what else is in
 flight: prefill always runs `deterministic_prefill_rows` rows, decode always max_slots,
@@ -21,19 +24,24 @@ from __future__ import annotations
 
 from typing import Sequence
 
-# `models.paged.ITEM_TILE` (this module imports no JAX): a row's items fill whole tiles.
+# `models.paged.ITEM_TILE` (this module imports no JAX): a prefill row's items fill whole
+# tiles; a decode row's come one by one.
 ITEM_TILE = 4
+TILES = {"prefill": ITEM_TILE, "decode": 1}
 # The fewest attention items of a call (smaller lists round up to it): two tiles.
 MIN_ITEMS = 2 * ITEM_TILE
 
 
-def _powers_of_two(low: int, high: int) -> list[int]:
-    """Powers of two from the first >= low up to the first >= high (high included)."""
+def _bucket_sizes(low: int, high: int, midpoints: bool) -> list[int]:
+    """Powers of two (and, with `midpoints`, 3 x 2^k between them) from the first >= low
+    up to the first >= high (high included)."""
     sizes, size = [], 1 << max(low - 1, 0).bit_length()
     while True:
-        sizes.append(size)
-        if size >= high:
-            return sizes
+        for candidate in (size, 3 * size // 2) if midpoints and size >= 4 else (size,):
+            if candidate >= low:
+                sizes.append(candidate)
+            if candidate >= high:
+                return sizes
         size *= 2
 
 
@@ -78,21 +86,21 @@ class ProgramShapes:
             return self.deterministic_prefill_rows if kind == "prefill" else self.max_slots
         return next((b for b in self.batch_buckets if b >= count), self.max_slots)
 
-    def item_sizes(self, rows: int) -> list[int]:
-        """The attention item counts of calls with `rows` rows: powers of two from
-        MIN_ITEMS up to what `rows` full rows need (whole tiles each); [0] with block
-        tables."""
+    def item_sizes(self, rows: int, kind: str) -> list[int]:
+        """The attention item counts of `kind` calls with `rows` rows (module docstring),
+        from MIN_ITEMS up to what `rows` full rows need; [0] with block tables."""
         if self.block_tables:
             return [0]
-        return _powers_of_two(MIN_ITEMS,
-                              rows * -(-self.pages_per_row // ITEM_TILE) * ITEM_TILE)
+        tile = TILES[kind]
+        return _bucket_sizes(MIN_ITEMS, rows * -(-self.pages_per_row // tile) * tile,
+                             midpoints=kind == "decode")
 
-    def items(self, needed: int, rows: int) -> int:
-        """The item count of a call whose rows attend `needed` pages (0 with block
+    def items(self, needed: int, rows: int, kind: str) -> int:
+        """The item count of a `kind` call whose rows need `needed` items (0 with block
         tables)."""
         if self.block_tables:
             return 0
-        return next(s for s in self.item_sizes(rows) if s >= needed)
+        return next(s for s in self.item_sizes(rows, kind) if s >= needed)
 
     def chunk_width(self, remaining: int) -> int:
         """Prefill chunk width for a sequence with `remaining` tokens left to prefill: the
@@ -115,5 +123,6 @@ class ProgramShapes:
         else:
             prefill_rows = decode_rows = list(self.batch_buckets) + [self.max_slots]
         return ([("prefill", r, w, n) for r in prefill_rows for w in self.chunks
-                 for n in self.item_sizes(r)]
-                + [("decode", r, 0, n) for r in decode_rows for n in self.item_sizes(r)])
+                 for n in self.item_sizes(r, "prefill")]
+                + [("decode", r, 0, n) for r in decode_rows
+                   for n in self.item_sizes(r, "decode")])

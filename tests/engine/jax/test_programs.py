@@ -2,13 +2,16 @@
 import dataclasses
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec
 
 from agentjax.core import parallel
 from agentjax.models.config import ModelConfig
 from agentjax.models.decoder import Decoder
-from agentjax.engine.jax.programs import engine_weights, mesh_and_rules, new_cache
+from agentjax.models.paged import AttentionItems, build_items
+from agentjax.engine.jax.programs import decode, engine_weights, mesh_and_rules, new_cache
 
 PAGES, PAGE_SIZE = 4, 16
 # kv_heads replicated and a page's slots split instead: not what the default rules give.
@@ -83,3 +86,45 @@ def test_weights_on_a_one_device_mesh_compile_each_program_once():
         compiles = engine.compile_counts
         engine.generate_sync([request])
         assert engine.compile_counts == compiles
+
+
+def test_decode_writes_the_pool_at_the_tokens_it_emitted_only():
+    """Decode steps attend over a view of the rows' pages; at the end the tokens they
+    wrote are copied to the pool: every emitted step's slot, and nothing after a row
+    stopped (here at a stop id, where the host had given it slots for 4 steps)."""
+    model = _model()
+    graphdef, params = nnx.split(model)
+    weights = engine_weights(graphdef, params)
+    pages = [[3, 0], [2, 1]]
+    lengths = np.array([2, 1], np.int32)
+    write = np.array([[p * PAGE_SIZE + s for s in range(n, n + 4)]
+                      for p, n in zip((3, 2), lengths)], np.int32)
+    host = build_items(pages, [n + 4 for n in lengths], 2, PAGE_SIZE, 4, tile=1)
+    items = AttentionItems(row=host.row, page=host.page, first_slot=host.first_slot)
+
+    empty = new_cache(weights, model.config, PAGES, PAGE_SIZE, jnp.float32)
+    rng = np.random.default_rng(0)
+    before = jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(np.float32), empty)
+
+    def run(stop_ids):
+        cache = jax.tree.map(jnp.asarray, before)  # a fresh copy: decode donates it
+        return decode(weights, cache, lengths, np.array([5, 6], np.int32), np.ones(2, bool),
+                      write, items, np.zeros((2, 2), np.uint32), lengths,
+                      np.full(2, 4, np.int32), stop_ids, np.zeros(2, np.float32),
+                      np.full(2, -1, np.int32), np.ones(2, np.float32), num_steps=4)
+
+    free, tokens, _, emitted = run(np.full((2, 1), -1, np.int32))
+    assert np.asarray(emitted).all()
+    stopped, _, _, emitted = run(np.array([[-1], [int(tokens[1, 0])]], np.int32))
+    assert np.asarray(emitted).tolist() == [[True] * 4, [True, False, False, False]]
+    key = lambda pool, flat: np.asarray(pool)[flat // PAGE_SIZE, :, :, flat % PAGE_SIZE]
+    value = lambda pool, flat: np.asarray(pool)[flat // PAGE_SIZE, :, flat % PAGE_SIZE]
+    written = [*write[0], write[1, 0]]
+    for layer in range(model.config.num_layers):
+        for flat in range(PAGES * PAGE_SIZE):
+            for read, pools in ((key, (before.k, free.k, stopped.k)),
+                                (value, (before.v, free.v, stopped.v))):
+                old, ran_on, stopped_at = (read(pool[layer], flat) for pool in pools)
+                # what a stopped row wrote is what it wrote running on
+                assert np.array_equal(stopped_at, ran_on if flat in written else old)
+                assert np.array_equal(ran_on, old) == (flat not in write), flat

@@ -46,16 +46,25 @@ def test_deterministic_rows_do_not_depend_on_what_is_in_flight():
     (1, 1, MIN_ITEMS), (8, 1, 8),        # one row holds at most 8 pages
     (9, 4, 16), (17, 4, 32), (32, 4, 32),  # four rows up to 32
     (100, 16, 128), (128, 16, 128)])
-def test_items_round_up_to_a_power_of_two(needed, rows, items):
-    assert _shapes().items(needed, rows) == items
+def test_prefill_items_round_up_to_a_power_of_two(needed, rows, items):
+    assert _shapes().items(needed, rows, "prefill") == items
+
+
+@pytest.mark.parametrize("needed,rows,items", [
+    (1, 1, MIN_ITEMS), (8, 1, 8),            # one row holds at most 8 pages
+    (9, 4, 12), (13, 4, 16), (17, 4, 24), (25, 4, 32),
+    (65, 16, 96), (100, 16, 128)])
+def test_decode_items_also_take_the_midpoints(needed, rows, items):
+    assert _shapes().items(needed, rows, "decode") == items
 
 
 def test_item_sizes_end_at_what_full_rows_need():
     shapes = _shapes(max_len=96, page_size=16)  # 6 pages a row
-    assert shapes.item_sizes(1) == [8]
-    assert shapes.item_sizes(4) == [8, 16, 32]  # 24 pages round up to 32
+    assert shapes.item_sizes(1, "prefill") == [8]
+    assert shapes.item_sizes(4, "prefill") == [8, 16, 32]  # 24 pages: whole tiles, 32
+    assert shapes.item_sizes(4, "decode") == [8, 12, 16, 24]  # 24 pages, one by one
     with pytest.raises(StopIteration):
-        shapes.items(33, 4)
+        shapes.items(33, 4, "prefill")
 
 
 @pytest.mark.parametrize("remaining,width", [
@@ -70,17 +79,19 @@ def test_chunk_width_trades_padding_for_rounds(remaining, width):
 def test_block_tables_make_one_program_per_rows_and_chunk():
     shapes = _shapes(batch_buckets=(4,), prefill_chunks=(16, 64), max_len=128,
                      block_tables=True)
-    assert shapes.items(37, 16) == 0 and shapes.item_sizes(4) == [0]
+    assert shapes.items(37, 16, "decode") == 0 and shapes.item_sizes(4, "prefill") == [0]
     assert shapes.programs() == ([("prefill", r, w, 0) for r in (4, 16) for w in (16, 64)]
                                  + [("decode", r, 0, 0) for r in (4, 16)])
 
 
 def test_programs_list_every_shape_the_engine_may_call():
-    # 2 pages a row, a tile of 4 items each: 4 rows need 16 items, 16 rows 64.
+    # 2 pages a row. Prefill: a tile of 4 items each, so 4 rows need 16 items, 16 rows
+    # 64. Decode: items one by one, 8 and 32.
     shapes = _shapes(batch_buckets=(4,), prefill_chunks=(16, 64), max_len=128)
-    sizes = {4: (8, 16), 16: (8, 16, 32, 64)}
+    prefill = {4: (8, 16), 16: (8, 16, 32, 64)}
+    decode = {4: (8,), 16: (8, 12, 16, 24, 32)}
     assert shapes.programs() == (
-        [("prefill", r, w, n) for r in (4, 16) for w in (16, 64) for n in sizes[r]]
-        + [("decode", r, 0, n) for r in (4, 16) for n in sizes[r]])
+        [("prefill", r, w, n) for r in (4, 16) for w in (16, 64) for n in prefill[r]]
+        + [("decode", r, 0, n) for r in (4, 16) for n in decode[r]])
     assert _shapes(deterministic=True, prefill_chunks=(16, 64), max_len=128).programs() == (
-        [("prefill", 2, w, 8) for w in (16, 64)] + [("decode", 16, 0, n) for n in sizes[16]])
+        [("prefill", 2, w, 8) for w in (16, 64)] + [("decode", 16, 0, n) for n in decode[16]])
