@@ -364,27 +364,35 @@ def _ordered_sum(x: jax.Array) -> jax.Array:
 
 def _merge_rows(partial, row: jax.Array, rows: int):
     """Each row's item partials (max [W, ...], sum, weighted values [W, ..., hd]) merged
-    into one [rows, ...] in a fixed tree: at level L the item at row-local index j (a
-    multiple of 2^(L+1)) takes in the one at j + 2^L. A row's tree follows its own item
-    count alone; rows with no items get the empty partial (max MASKED, sum 0)."""
+    into one [rows, ...] in a fixed tree: each level merges a row's partials in pairs
+    (0, 1), (2, 3), ... (an odd last one passes through), until one is left. A row's
+    tree follows its own item count alone; rows with no items get the empty partial
+    (max MASKED, sum 0), which also stands in for a missing pair (an exact no-op).
+
+    Each level keeps the rows' partials packed, row after row, in an array of static
+    size: a row of c partials leaves ceil(c / 2), so a level of S partials over R rows
+    leaves at most (S + R) / 2. The levels cost ~2W + R log W merges, not W per level."""
     width = row.shape[0]
     start, count = _row_layout(row, rows)
-    local = jnp.arange(width, dtype=jnp.int32) - start[row]
-    # Entry `width`: the empty partial, which merges as an exact no-op.
-    buf = tuple(jnp.concatenate([x, jnp.full_like(x[:1], fill)])
-                for x, fill in zip(partial, (MASKED, 0.0, 0.0)))
-
-    def level(index, buf):
-        stride = jnp.left_shift(jnp.int32(1), index)
-        takes = (local % (2 * stride) == 0) & (local + stride < count[row])
-        partner = jnp.where(takes, jnp.arange(width, dtype=jnp.int32) + stride, width)
-        merged = merge_partials(tuple(x[:width] for x in buf), tuple(x[partner] for x in buf))
-        return tuple(x.at[:width].set(m) for x, m in zip(buf, merged))
-
-    most = jnp.max(count[:rows])
-    levels = 32 - jax.lax.clz(jnp.maximum(most - 1, 0))   # ceil(log2(most))
-    buf = jax.lax.fori_loop(0, levels, level, buf)
-    first = jnp.where(count[:rows] > 0, start[:rows], width)
+    start, count = start[:rows], count[:rows]        # padding items are never read
+    with_empty = lambda parts: tuple(jnp.concatenate([x, jnp.full_like(x[:1], fill)])
+                                     for x, fill in zip(parts, (MASKED, 0.0, 0.0)))
+    buf, size = with_empty(partial), width           # entry `size`: the empty partial
+    for _ in range(max(width - 1, 0).bit_length()):  # ceil(log2(width)) levels
+        pairs = (count + 1) // 2
+        ends = jnp.cumsum(pairs)
+        next_start, next_size = ends - pairs, min(size, (size + rows + 1) // 2)
+        at = jnp.arange(next_size, dtype=jnp.int32)
+        owner = jnp.searchsorted(ends, at, side="right", method="compare_all")
+        held = owner < rows
+        owner = jnp.minimum(owner, rows - 1)
+        pair = at - next_start[owner]
+        left = jnp.where(held, start[owner] + 2 * pair, size)
+        right = jnp.where(held & (2 * pair + 1 < count[owner]), left + 1, size)
+        buf = with_empty(merge_partials(tuple(x[left] for x in buf),
+                                        tuple(x[right] for x in buf)))
+        start, count, size = next_start, pairs, next_size
+    first = jnp.where(count > 0, start, size)
     return tuple(x[first] for x in buf)
 
 

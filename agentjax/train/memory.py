@@ -22,6 +22,10 @@ offline stages' batches are not planned):
   KV pages              the JaxEngine's page pool: rollout.kv_tokens (default
                         engine_slots x max_tokens) x layers x kv_heads x head_dim x 2
                         (keys and values) in the compute dtype (`init_paged_cache`)
+  decode page view      with the pure-JAX attention (rollout.engine_attention "paged";
+                        "auto" off GPUs), the copy of the pages a decode call reads
+                        (`paged.gather_view`), at most every slot at max_tokens, in the
+                        largest decode item bucket (engine/jax/shapes.py)
   activations           one micro-batch's forward kept for its backward (below)
   gradients             float32 like the params; twice when micro-batches are summed
                         (the running sum and the current micro-batch's, update.py:
@@ -106,6 +110,7 @@ from agentjax.models.attention import choose_impl
 from agentjax.models.decoder import Decoder, resolve_remat
 from agentjax.models.lora import split_adapters
 from agentjax.train.engines import kv_pages
+from agentjax.engine.jax.shapes import item_sizes
 from agentjax.rl.advantages import needs_critic
 
 _GIB = 2 ** 30
@@ -298,6 +303,16 @@ def device_memory(device: jax.Device) -> int | None:
     return None if not stats else stats.get("bytes_limit")
 
 
+def _pages_bytes(model_config: ModelConfig, pages: int, page_size: int, mesh: Mesh) -> int:
+    """Bytes per device of `pages` KV pages placed as JaxEngine places its pool (by the
+    default rules, whatever config.rules says)."""
+    cache = jax.eval_shape(lambda: init_paged_cache(model_config, pages, page_size))
+    shardings = parallel.tree_shardings(
+        PagedKVCache.logical_axes(model_config.num_layers), cache, mesh)
+    return sum(math.prod(sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+               for leaf, sharding in zip(jax.tree.leaves(cache), jax.tree.leaves(shardings)))
+
+
 def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, mesh: Mesh,
                 *, device_bytes: int | None = None) -> MemoryPlan:
     """The per-device memory plan of `config` with the policy `model_config` on `mesh`.
@@ -358,23 +373,29 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
         rows.append(MemoryRow(f"staged weights ({staged}, async)", master,
                               f"rollout.mode='sync' drops it, or {_SHARD_PARAMS}"))
     lane_pages = kv_pages(r) // r.engine_lanes
-    cache = jax.eval_shape(lambda: init_paged_cache(model_config, lane_pages, r.page_size))
-    # JaxEngine places its pool by the default rules, whatever config.rules says.
-    cache_shardings = parallel.tree_shardings(
-        PagedKVCache.logical_axes(model_config.num_layers), cache, mesh)
-    cache_bytes = sum(math.prod(sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
-                      for leaf, sharding in zip(jax.tree.leaves(cache),
-                                                jax.tree.leaves(cache_shardings)))
+    pool_split = "split the kv heads over mesh.tensor (data and fsdp devices each hold the pool)"
     rows.append(MemoryRow(
         f"KV pages ({r.engine_lanes * lane_pages} x {r.page_size} tokens, "
         f"{model_config.dtype})",
-        r.engine_lanes * cache_bytes,
+        r.engine_lanes * _pages_bytes(model_config, lane_pages, r.page_size, mesh),
         "set rollout.kv_tokens to the tokens the episodes hold at once (default: "
-        "engine_slots x max_tokens), lower rollout.engine_slots or rollout.max_tokens, or "
-        "split the kv heads over mesh.tensor (data and fsdp devices each hold the pool)"))
-    rows += _activation_rows(config, model_config, mesh, rules, master)
+        f"engine_slots x max_tokens), lower rollout.engine_slots or rollout.max_tokens, or "
+        f"{pool_split}"))
     # A device of this process: memory_stats of another host's device is not readable.
     device = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
+    attention = r.engine_attention
+    if attention == "auto":  # as JaxEngine resolves it, from where its weights are
+        attention = "pallas_gpu" if device.platform == "gpu" else "paged"
+    if attention == "paged":
+        view_pages = item_sizes(r.engine_slots // r.engine_lanes,
+                                -(-r.max_tokens // r.page_size), "decode")[-1]
+        rows.append(MemoryRow(
+            f"decode page view ({r.engine_lanes} x {view_pages} pages)",
+            r.engine_lanes * _pages_bytes(model_config, view_pages, r.page_size, mesh),
+            "the pure-JAX attention copies the pages a decode call reads (at most every "
+            "slot at max_tokens): lower rollout.engine_slots or rollout.max_tokens, or "
+            f"{pool_split}"))
+    rows += _activation_rows(config, model_config, mesh, rules, master)
     if device_bytes is None:
         device_bytes = device_memory(device)
     return MemoryPlan(rows=tuple(rows), device_bytes=device_bytes, device=device.device_kind)

@@ -184,9 +184,11 @@ def _run_view(scene, size, dtype=jnp.float32, jit=True, page_size=PAGE):
 @pytest.mark.parametrize("key_layout", ["hd_page", "page_hd"])
 def test_view_attention_matches_the_float64_reference(jit, key_layout):
     with jax.enable_x64():
-        # decode steps over 0 to 9 pages a row (tree merges of up to 4 levels); a
-        # padding row; and a chunk of new tokens (the function takes any T)
+        # decode steps over 0 to 9 pages a row (tree merges of up to 4 levels) and 33
+        # pages beside 1 and 2 (6 levels); a padding row; and a chunk of new tokens (the
+        # function takes any T)
         for lengths, new in [([3, 12, 0, 7, 33], [1, 1, 1, 1, 1]),
+                             ([130, 2, 5], [1, 1, 1]),
                              ([3, 0, 9], [1, 0, 1]),
                              ([0, 5, 9], [7, 3, 1])]:
             scene = make_scene(4, lengths, new, key_layout)
@@ -203,7 +205,7 @@ def test_view_attention_rows_are_bitwise_independent_of_the_batch():
     fewer pages (so more tree levels run: no-ops for it) and with more padding items.
     (XLA:CPU's plain sum over a page differed in the last bit between item counts.)"""
     page = 64
-    lengths = [80, 200, 500, 2, 130]
+    lengths = [80, 200, 500, 2, 2000]
     scene = make_scene(5, lengths, [1] * 5, page_size=page)
     run = functools.partial(_run_view, page_size=page)
     need = items_needed(scene["total"], page, tile=1)

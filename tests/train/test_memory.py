@@ -52,8 +52,37 @@ def _rows(plan):
     return {row.name.split(" (")[0]: row.bytes for row in plan.rows}
 
 
-def test_hf_preset_on_one_device():
+def _hf(algo):
+    """The hf preset planned for the GPU it is meant for, on this CPU: the attention
+    kernel reads the pool in place (no decode page view)."""
+    config = search_config(algo, "hf")
+    config.rollout.engine_attention = "pallas_gpu"
+    return config
+
+
+def test_the_pure_jax_attention_plans_its_decode_page_view():
+    """Off a GPU ("auto") a decode call copies the pages it reads: at most every slot at
+    max_tokens, in the largest decode item bucket. The hf preset's 256 slots x 64 pages
+    (16,384, a power of two) are twice its pool (rollout.kv_tokens: 2,048 a slot)."""
     config = search_config("grpo", "hf")
+    assert config.rollout.engine_attention == "auto"
+    mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    plan = memory_plan(config, _qwen25_3b(config), mesh, device_bytes=None)
+    rows = _rows(plan)
+    assert rows["decode page view"] == 2 * SLOTS * TOKENS * L * K * HD * 2
+    assert rows["decode page view"] == 2 * rows["KV pages"]
+    assert "decode page view (1 x 16384 pages)" in plan.table()
+    config.rollout.engine_lanes, config.rollout.engine_slots = 2, 96  # 48 a lane
+    rows = _rows(memory_plan(config, _qwen25_3b(config), mesh, device_bytes=None))
+    # 48 x 64 = 3,072 pages a lane: the bucket 3 x 2^10, twice
+    assert rows["decode page view"] == 2 * 3072 * 64 * L * K * HD * 2 * 2
+    config.rollout.engine_attention = "pallas_gpu"
+    assert "decode page view" not in _rows(memory_plan(config, _qwen25_3b(config), mesh,
+                                                       device_bytes=None))
+
+
+def test_hf_preset_on_one_device():
+    config = _hf("grpo")
     assert (config.rollout.engine_slots, config.rollout.max_tokens) == (SLOTS, TOKENS)
     assert config.algo.kl_coef > 0 and config.rollout.engine_lanes == 1
     assert PARAMS == 3_085_938_688  # Qwen2.5-3B's published 3.09B
@@ -77,7 +106,7 @@ def test_hf_preset_on_one_device():
 
 
 def test_ppo_critic_and_lanes():
-    config = search_config("ppo", "hf")
+    config = _hf("ppo")
     config.rollout.engine_lanes = 2
     config.algo.kl_coef = 0.0
     mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
@@ -89,7 +118,7 @@ def test_ppo_critic_and_lanes():
 
 
 def test_dpo_keeps_its_reference_whatever_the_kl_coefficient():
-    config = search_config("grpo", "hf")
+    config = _hf("grpo")
     config.stage, config.algo.kl_coef = "dpo", 0.0
     mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
     rows = _rows(memory_plan(config, _qwen25_3b(config), mesh, device_bytes=None))
@@ -97,7 +126,7 @@ def test_dpo_keeps_its_reference_whatever_the_kl_coefficient():
 
 
 def test_async_rollouts_stage_one_more_float32_copy():
-    config = search_config("grpo", "hf")
+    config = _hf("grpo")
     config.rollout.mode = "async"
     mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
     rows = _rows(memory_plan(config, _qwen25_3b(config), mesh, device_bytes=None))
@@ -105,7 +134,7 @@ def test_async_rollouts_stage_one_more_float32_copy():
 
 
 def test_fsdp_divides_params_not_the_page_pool(eight_devices):
-    config = search_config("grpo", "hf")
+    config = _hf("grpo")
     mesh = parallel.make_mesh({"data": 1, "fsdp": 8, "tensor": 1}, devices=eight_devices)
     rows = _rows(memory_plan(config, _qwen25_3b(config), mesh, device_bytes=None))
     shard = EMBED_SHARDED // 8 + REPLICATED
@@ -119,7 +148,7 @@ def test_fsdp_divides_params_not_the_page_pool(eight_devices):
 
 
 def test_does_not_fit_names_the_knobs():
-    config = search_config("grpo", "hf")
+    config = _hf("grpo")
     mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
     plan = memory_plan(config, _qwen25_3b(config), mesh, device_bytes=80 * GIB)
     assert not plan.fits
@@ -141,7 +170,7 @@ def test_unknown_device_memory_is_not_checked():
 
 
 def test_a_micro_batch_that_cannot_fit_stops_the_run_naming_its_knobs():
-    config = search_config("grpo", "hf")
+    config = _hf("grpo")
     config.algo.microbatch_size = 0  # the whole minibatch of 80 rows at once
     mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
     plan = memory_plan(config, _qwen25_3b(config), mesh, device_bytes=141 * GIB)
@@ -160,7 +189,7 @@ def test_a_micro_batch_that_cannot_fit_stops_the_run_naming_its_knobs():
 
 
 def test_token_micro_batches_and_the_remat_policy_of_their_length():
-    config = search_config("grpo", "hf")
+    config = _hf("grpo")
     config.model.remat, config.algo.microbatch_size = "auto", 0
     config.algo.micro_tokens = 32768
     mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
@@ -279,7 +308,7 @@ def _lora_model(config, V, D, L, H, K, F, tied):
 
 def test_lora_qwen25_7b_on_one_h200():
     assert PARAMS_7B == 7_615_616_512 and LORA_7B == 40_370_176
-    config = search_config("grpo", "hf")
+    config = _hf("grpo")
     model_config = _lora_model(config, V7, D7, L7, H7, K7, F7, tied=False)
     assert model_config.param_dtype == "bfloat16"  # the frozen base, in the compute dtype
     assert adapter_param_count(layer_param_specs(model_config), model_config.lora) == LORA_7B
@@ -303,7 +332,7 @@ def test_lora_qwen25_7b_on_one_h200():
 
 
 def test_lora_qwen25_3b_fits_one_80gb_gpu_with_a_critic():
-    config = search_config("ppo", "hf")
+    config = _hf("ppo")
     model_config = _lora_model(config, V, D, L, H, K, F, tied=True)
     trainable = L * RANK * (2 * (D + H * HD) + 2 * (D + K * HD) + 3 * (D + F))
     mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])

@@ -114,7 +114,6 @@ from agentjax.engine.jax.sampling import fold_in_data, prng_key_data
 from agentjax.engine.jax.pages import PageTable
 
 
-
 class _StopStrings:
     """Detects the first token whose decoded text completes a stop string.
 

@@ -45,6 +45,15 @@ def _bucket_sizes(low: int, high: int, midpoints: bool) -> list[int]:
         size *= 2
 
 
+def item_sizes(rows: int, pages_per_row: int, kind: str) -> list[int]:
+    """The attention item counts of `kind` ("prefill" / "decode") calls with `rows` rows
+    of at most `pages_per_row` pages (module docstring), from MIN_ITEMS up to what full
+    rows need."""
+    tile = TILES[kind]
+    return _bucket_sizes(MIN_ITEMS, rows * -(-pages_per_row // tile) * tile,
+                         midpoints=kind == "decode")
+
+
 class ProgramShapes:
     """Program shapes of one engine (module docstring).
 
@@ -87,13 +96,11 @@ class ProgramShapes:
         return next((b for b in self.batch_buckets if b >= count), self.max_slots)
 
     def item_sizes(self, rows: int, kind: str) -> list[int]:
-        """The attention item counts of `kind` calls with `rows` rows (module docstring),
-        from MIN_ITEMS up to what `rows` full rows need; [0] with block tables."""
+        """The attention item counts of `kind` calls with `rows` rows (`item_sizes`);
+        [0] with block tables."""
         if self.block_tables:
             return [0]
-        tile = TILES[kind]
-        return _bucket_sizes(MIN_ITEMS, rows * -(-self.pages_per_row // tile) * tile,
-                             midpoints=kind == "decode")
+        return item_sizes(rows, self.pages_per_row, kind)
 
     def items(self, needed: int, rows: int, kind: str) -> int:
         """The item count of a `kind` call whose rows need `needed` items (0 with block
