@@ -4,9 +4,10 @@ in place.
     tables = BlockTables(table=...)                       # [R, table_width(pages)] int32
     out = paged_attention_pallas(q, k_pool, v_pool, slots, tables)
 
-The pure-JAX `paged.paged_attention` walks each row's pages in a sequential loop of small
-products: right for XLA:CPU, but on a GPU every step of that loop is a few tiny kernel
-launches. Here every query token is one program of `jax.experimental.pallas.ops.gpu.
+The pure-JAX paths of `models/paged.py` copy pages: a prefill walks each row's pages in a
+sequential loop of small products (on a GPU a few tiny kernel launches per step of that
+loop), a decode call gathers its rows' pages into a view. Here the pool is read in place:
+every query token is one program of `jax.experimental.pallas.ops.gpu.
 paged_attention.paged_attention_kernel` (split-KV flash decoding over the row's block
 table): a query at slot s attends the slots [0, s] of its row, which is causal attention
 for a prefill chunk as well as for a decode step. So prefill and decode share one kernel
