@@ -288,17 +288,31 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, slots: j
 
 @struct.dataclass
 class ViewItems:
-    """The work list of `view_attention`, each [W] int32: item i is page i of the view
-    (`gather_view`), of program row `row[i]` (padding: the row count), holding sequence
-    positions from `first_slot[i]`. A row's items are consecutive and in slot order, no
-    tile padding (`build_items(..., tile=1)`)."""
+    """The work list of `view_attention` over a view (`gather_view`) of W pages: item i
+    is page i of the view, of program row `row[i]` (padding: the row count), holding
+    sequence positions from `first_slot[i]`. A row's items are consecutive and in slot
+    order, no tile padding (`build_items(..., tile=1)`). Built once per call (`of`),
+    with the plan of the rows' merges that every layer and step reuses.
+
+    row, first_slot: [W] int32.
+    row_start: [R] int32, each row's first item.
+    merges: per level of `_merge_rows`, the (left, right) partials it merges, [S_l] int32
+      each (the entry past the level's input: the empty partial).
+    merged: [R] int32, where each row's result sits after the last level.
+    """
 
     row: jax.Array
     first_slot: jax.Array
+    row_start: jax.Array
+    merges: tuple[tuple[jax.Array, jax.Array], ...]
+    merged: jax.Array
 
     @staticmethod
-    def of(items: AttentionItems) -> "ViewItems":
-        return ViewItems(row=items.row, first_slot=items.first_slot)
+    def of(items: AttentionItems, rows: int) -> "ViewItems":
+        start, count = _row_layout(items.row, rows)
+        merges, merged = _merge_plan(start[:rows], count[:rows], items.row.shape[0])
+        return ViewItems(row=items.row, first_slot=items.first_slot, row_start=start[:rows],
+                         merges=merges, merged=merged)
 
 
 def gather_view(cache: PagedKVCache, items: AttentionItems) -> PagedKVCache:
@@ -318,8 +332,7 @@ def view_index(items: ViewItems, slots: jax.Array, page_size: int) -> jax.Array:
     """The flat view index (view page * page_size + offset) of each slot [R, T] of its
     row; -1 stays -1."""
     chex.assert_rank(slots, 2)
-    start, _ = _row_layout(items.row, slots.shape[0])
-    page = start[:-1, None] + jnp.maximum(slots, 0) // page_size
+    page = items.row_start[:, None] + jnp.maximum(slots, 0) // page_size
     return jnp.where(slots < 0, -1, page * page_size + slots % page_size)
 
 
@@ -362,23 +375,17 @@ def _ordered_sum(x: jax.Array) -> jax.Array:
     return x[..., 0]
 
 
-def _merge_rows(partial, row: jax.Array, rows: int):
-    """Each row's item partials (max [W, ...], sum, weighted values [W, ..., hd]) merged
-    into one [rows, ...] in a fixed tree: each level merges a row's partials in pairs
-    (0, 1), (2, 3), ... (an odd last one passes through), until one is left. A row's
-    tree follows its own item count alone; rows with no items get the empty partial
-    (max MASKED, sum 0), which also stands in for a missing pair (an exact no-op).
+def _merge_plan(start: jax.Array, count: jax.Array, width: int):
+    """The merges of `_merge_rows` for rows whose `count` [R] partials start at `start`
+    [R] in an array of `width`: per level, (left, right) indices into that level's
+    input, and where each row's result ends up.
 
-    Each level keeps the rows' partials packed, row after row, in an array of static
-    size: a row of c partials leaves ceil(c / 2), so a level of S partials over R rows
-    leaves at most (S + R) / 2. The levels cost ~2W + R log W merges, not W per level."""
-    width = row.shape[0]
-    start, count = _row_layout(row, rows)
-    start, count = start[:rows], count[:rows]        # padding items are never read
-    with_empty = lambda parts: tuple(jnp.concatenate([x, jnp.full_like(x[:1], fill)])
-                                     for x, fill in zip(parts, (MASKED, 0.0, 0.0)))
-    buf, size = with_empty(partial), width           # entry `size`: the empty partial
-    for _ in range(max(width - 1, 0).bit_length()):  # ceil(log2(width)) levels
+    Each level merges a row's partials in pairs (0, 1), (2, 3), ... (an odd last one
+    with the empty partial) and keeps the results packed, row after row, in an array of
+    static size: a row of c partials leaves ceil(c / 2), so a level of S partials over
+    R rows leaves at most (S + R) / 2. ceil(log2(width)) levels leave each row one."""
+    rows, size, merges = count.shape[0], width, []
+    for _ in range(max(width - 1, 0).bit_length()):
         pairs = (count + 1) // 2
         ends = jnp.cumsum(pairs)
         next_start, next_size = ends - pairs, min(size, (size + rows + 1) // 2)
@@ -387,13 +394,26 @@ def _merge_rows(partial, row: jax.Array, rows: int):
         held = owner < rows
         owner = jnp.minimum(owner, rows - 1)
         pair = at - next_start[owner]
-        left = jnp.where(held, start[owner] + 2 * pair, size)
+        left = jnp.where(held, start[owner] + 2 * pair, size)  # `size`: the empty partial
         right = jnp.where(held & (2 * pair + 1 < count[owner]), left + 1, size)
+        merges.append((left, right))
+        start, count, size = next_start, pairs, next_size
+    return tuple(merges), jnp.where(count > 0, start, size)
+
+
+def _merge_rows(partial, items: ViewItems):
+    """Each row's item partials (max [W, ...], sum, weighted values [W, ..., hd]) merged
+    into one [R, ...] by the plan of `_merge_plan`: a fixed pairwise tree that follows
+    the row's own item count alone. Rows with no items get the empty partial (max
+    MASKED, sum 0), which also stands in for a missing pair (an exact no-op). Costs
+    ~2W + R log W merges, not W per level."""
+    with_empty = lambda parts: tuple(jnp.concatenate([x, jnp.full_like(x[:1], fill)])
+                                     for x, fill in zip(parts, (MASKED, 0.0, 0.0)))
+    buf = with_empty(partial)
+    for left, right in items.merges:
         buf = with_empty(merge_partials(tuple(x[left] for x in buf),
                                         tuple(x[right] for x in buf)))
-        start, count, size = next_start, pairs, next_size
-    first = jnp.where(count > 0, start, size)
-    return tuple(x[first] for x in buf)
+    return tuple(x[items.merged] for x in buf)
 
 
 def view_attention(q: jax.Array, k_view: jax.Array, v_view: jax.Array, slots: jax.Array,
@@ -438,6 +458,6 @@ def view_attention(q: jax.Array, k_view: jax.Array, v_view: jax.Array, slots: ja
     probs = jnp.where(visible, jnp.exp(scores - top[..., None]), 0.0)
     out = jnp.einsum("nkgts,nksd->nkgtd", probs.astype(q.dtype), v_view.astype(q.dtype),
                      preferred_element_type=acc)
-    _, row_sum, row_out = _merge_rows((top, _ordered_sum(probs), out), items.row, r)
+    _, row_sum, row_out = _merge_rows((top, _ordered_sum(probs), out), items)
     out = row_out / jnp.where(row_sum > 0, row_sum, 1.0)[..., None]
     return out.transpose(0, 3, 1, 2, 4).reshape(r, t, h, hd).astype(q.dtype)

@@ -171,9 +171,10 @@ def _run_view(scene, size, dtype=jnp.float32, jit=True, page_size=PAGE):
 
     def call(q, k_pool, v_pool, new_k, new_v, slots):
         view = gather_view(PagedKVCache(k=(k_pool,), v=(v_pool,), key_layout=layout), items)
-        at = view_index(ViewItems.of(items), slots, page_size)
+        view_items = ViewItems.of(items, slots.shape[0])
+        at = view_index(view_items, slots, page_size)
         k_view, v_view = write_pages(view.k[0], view.v[0], new_k, new_v, at, layout)
-        return view_attention(q, k_view, v_view, slots, ViewItems.of(items), layout)
+        return view_attention(q, k_view, v_view, slots, view_items, layout)
 
     call = jax.jit(call) if jit else call
     args = [jnp.asarray(scene[n], dtype) for n in ("q", "k_pool", "v_pool", "new_k", "new_v")]

@@ -88,7 +88,7 @@ def decode(weights: LayerwiseWeights, cache: PagedKVCache, lengths, last_tokens,
     pool, first_lengths = cache, lengths
     on_view = isinstance(items, AttentionItems)
     if on_view:
-        cache, items = gather_view(pool, items), ViewItems.of(items)
+        cache, items = gather_view(pool, items), ViewItems.of(items, lengths.shape[0])
 
     def step(carry, write_now):
         cache, lengths, tokens, active, steps, budget = carry

@@ -7,9 +7,10 @@ attention items — and so the finite set of programs it compiles.
 - Attention items: one per (row, page) the call attends (`models/paged.py`), padded to
   a bucketed count: the attention costs the tokens the rows hold. Prefill counts are
   powers of two, a row's items in whole tiles (its attention skips the padding tiles);
-  decode counts also take the midpoints 3 x 2^k, items one by one (every decode step
-  computes every item of its view, padding too, so it pays at most 1/3 for padding,
-  not 1/2). The GPU kernel (`models/paged_pallas.py`) takes block tables of a fixed
+  decode counts, items one by one, also take the midpoints 3 x 2^k from 96 items (every
+  decode step computes every item of its view, padding too, so there it pays at most
+  1/3 for padding, not 1/2; below, padding costs little and each count is one more
+  program to compile). The GPU kernel (`models/paged_pallas.py`) takes block tables of a fixed
   width instead: one program per rows and chunk width.
 
 Deterministic (batch-invariant) mode fixes the rows independently of what else is in
@@ -30,14 +31,17 @@ ITEM_TILE = 4
 TILES = {"prefill": ITEM_TILE, "decode": 1}
 # The fewest attention items of a call (smaller lists round up to it): two tiles.
 MIN_ITEMS = 2 * ITEM_TILE
+# Decode item counts take the midpoint 3 x 2^k between powers of two from this one on.
+MIDPOINTS_FROM = 64
 
 
 def _bucket_sizes(low: int, high: int, midpoints: bool) -> list[int]:
-    """Powers of two (and, with `midpoints`, 3 x 2^k between them) from the first >= low
-    up to the first >= high (high included)."""
+    """Powers of two (and, with `midpoints`, 3 x 2^k between those from MIDPOINTS_FROM)
+    from the first >= low up to the first >= high (high included)."""
     sizes, size = [], 1 << max(low - 1, 0).bit_length()
     while True:
-        for candidate in (size, 3 * size // 2) if midpoints and size >= 4 else (size,):
+        with_midpoint = midpoints and size >= MIDPOINTS_FROM
+        for candidate in (size, 3 * size // 2) if with_midpoint else (size,):
             if candidate >= low:
                 sizes.append(candidate)
             if candidate >= high:

@@ -245,9 +245,8 @@ def test_warmup_compiled_every_program(engine, tokenizer):
     compiles = engine.compile_counts
     programs = engine.warmup()
     # Rows 1 (bucket) and 4 (max_slots) x (prefill at the 1 chunk + decode); one row
-    # needs at most 6 pages (8 items), four rows 24: prefill 8, 16 or 32 items (whole
-    # tiles), decode 8, 12, 16 or 24.
-    assert programs == (1 + 3) + (1 + 4)
+    # needs at most 6 pages (8 items), four rows 24 (8, 16 or 32 items).
+    assert programs == (1 + 3) * 2
     prompts = _prompts(tokenizer)
     long_prompt = (prompts[0] * 4)[:70]  # > one 32-token chunk, 5 pages
     _generate(engine, GenerateRequest(prompts[1], GREEDY))                       # gathered

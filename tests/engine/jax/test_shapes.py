@@ -52,8 +52,8 @@ def test_prefill_items_round_up_to_a_power_of_two(needed, rows, items):
 
 @pytest.mark.parametrize("needed,rows,items", [
     (1, 1, MIN_ITEMS), (8, 1, 8),            # one row holds at most 8 pages
-    (9, 4, 12), (13, 4, 16), (17, 4, 24), (25, 4, 32),
-    (65, 16, 96), (100, 16, 128)])
+    (9, 4, 16), (17, 4, 32), (33, 8, 64),    # powers of two up to 64
+    (65, 16, 96), (97, 16, 128)])            # then midpoints too
 def test_decode_items_also_take_the_midpoints(needed, rows, items):
     assert _shapes().items(needed, rows, "decode") == items
 
@@ -62,7 +62,9 @@ def test_item_sizes_end_at_what_full_rows_need():
     shapes = _shapes(max_len=96, page_size=16)  # 6 pages a row
     assert shapes.item_sizes(1, "prefill") == [8]
     assert shapes.item_sizes(4, "prefill") == [8, 16, 32]  # 24 pages: whole tiles, 32
-    assert shapes.item_sizes(4, "decode") == [8, 12, 16, 24]  # 24 pages, one by one
+    assert shapes.item_sizes(4, "decode") == [8, 16, 32]  # 24 pages, one by one
+    assert _shapes(max_len=1024).item_sizes(16, "decode") == [8, 16, 32, 64, 96, 128, 192,
+                                                              256]  # 16 rows x 16 pages
     with pytest.raises(StopIteration):
         shapes.items(33, 4, "prefill")
 
@@ -89,7 +91,7 @@ def test_programs_list_every_shape_the_engine_may_call():
     # 64. Decode: items one by one, 8 and 32.
     shapes = _shapes(batch_buckets=(4,), prefill_chunks=(16, 64), max_len=128)
     prefill = {4: (8, 16), 16: (8, 16, 32, 64)}
-    decode = {4: (8,), 16: (8, 12, 16, 24, 32)}
+    decode = {4: (8,), 16: (8, 16, 32)}
     assert shapes.programs() == (
         [("prefill", r, w, n) for r in (4, 16) for w in (16, 64) for n in prefill[r]]
         + [("decode", r, 0, n) for r in (4, 16) for n in decode[r]])
