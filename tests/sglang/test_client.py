@@ -354,11 +354,13 @@ def test_a_server_failing_every_request_leaves_the_rotation_and_costs_no_episode
                 context += turn.action_ids + turn.observation_ids
         assert len(good.generate_bodies()) == 16  # 8 episodes x 2 turns, each once
         # Out after 3 failed answers in a row; each rejoin (it answers /health) costs
-        # one failed answer, re-issued, and doubles its wait before the next.
+        # one failed answer, re-issued, and doubles its wait before the next. Requests
+        # already sent when the third failure lands fail too (up to the other 7 of the 8
+        # concurrent episodes: seen 5 failures with 1 rejoin on a loaded machine).
         assert engine.stats["taken_out"] >= 1
         assert "3 failed answers in a row, the last: " in logs[0] and "wedged" in logs[0]
         failed = len(bad.generate_bodies())
-        assert failed <= 3 + engine.stats["rejoined"]
+        assert failed <= 3 + (8 - 1) + engine.stats["rejoined"]
 
         engine.update_weights({"step": 1})  # the bad server loads it as well
         bad.fail_generate = None  # it recovers: back after its wait, current weights
