@@ -309,9 +309,11 @@ class ViewItems:
 
     @staticmethod
     def of(items: AttentionItems, rows: int) -> "ViewItems":
-        start, count = _row_layout(items.row, rows)
-        merges, merged = _merge_plan(start[:rows], count[:rows], items.row.shape[0])
-        return ViewItems(row=items.row, first_slot=items.first_slot, row_start=start[:rows],
+        # Padding items (row `rows`, after every row's) are dropped from the counts.
+        count = jnp.zeros((rows,), jnp.int32).at[items.row].add(1, mode="drop")
+        start = jnp.cumsum(count) - count
+        merges, merged = _merge_plan(start, count, items.row.shape[0])
+        return ViewItems(row=items.row, first_slot=items.first_slot, row_start=start,
                          merges=merges, merged=merged)
 
 
@@ -320,12 +322,6 @@ def gather_view(cache: PagedKVCache, items: AttentionItems) -> PagedKVCache:
     page of item i), in every layer."""
     take = lambda x: jnp.take(x, items.page, axis=0)
     return cache.replace(k=tuple(map(take, cache.k)), v=tuple(map(take, cache.v)))
-
-
-def _row_layout(row: jax.Array, rows: int) -> tuple[jax.Array, jax.Array]:
-    """(first item, item count) of each of rows + 1 rows (the last: padding items)."""
-    count = jnp.zeros((rows + 1,), jnp.int32).at[row].add(1)
-    return jnp.cumsum(count) - count, count
 
 
 def view_index(items: ViewItems, slots: jax.Array, page_size: int) -> jax.Array:

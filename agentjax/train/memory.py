@@ -110,6 +110,7 @@ from agentjax.models.attention import choose_impl
 from agentjax.models.decoder import Decoder, resolve_remat
 from agentjax.models.lora import split_adapters
 from agentjax.train.engines import kv_pages
+from agentjax.engine.jax.engine import resolve_attention
 from agentjax.engine.jax.shapes import item_sizes
 from agentjax.rl.advantages import needs_critic
 
@@ -383,10 +384,7 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
         f"{pool_split}"))
     # A device of this process: memory_stats of another host's device is not readable.
     device = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
-    attention = r.engine_attention
-    if attention == "auto":  # as JaxEngine resolves it, from where its weights are
-        attention = "pallas_gpu" if device.platform == "gpu" else "paged"
-    if attention == "paged":
+    if resolve_attention(r.engine_attention, device.platform) == "paged":
         view_pages = item_sizes(r.engine_slots // r.engine_lanes,
                                 -(-r.max_tokens // r.page_size), "decode")[-1]
         rows.append(MemoryRow(

@@ -262,7 +262,8 @@ class JaxEngine:
         self.deterministic = deterministic
         self.deterministic_prefill_rows = deterministic_prefill_rows
         self.decode_steps = decode_steps
-        self.attention = _attention_path(attention, self._weights)
+        self.attention = resolve_attention(
+            attention, next(iter(jax.tree.leaves(self._weights)[0].devices())).platform)
         if self.attention == "pallas_gpu":
             check_page_size(page_size)
         self._key_layout = "page_hd" if self.attention == "pallas_gpu" else "hd_page"
@@ -588,6 +589,10 @@ class JaxEngine:
                 src[i], dst[i] = a, b
             self._cache = copy_pages(self._cache, src, dst)
 
+    def _item_count(self, spans: Sequence[int], rows: int, kind: str) -> int:
+        """The attention items of a `kind` call whose rows attend `spans` slots."""
+        return self._shapes.items(items_needed(spans, self.page_size, TILES[kind]), rows, kind)
+
     def _items(self, seqs: Sequence[_Sequence], spans: Sequence[int], rows: int,
                size: int, kind: str) -> AttentionItems | BlockTables:
         if self.attention == "pallas_gpu":
@@ -636,8 +641,7 @@ class JaxEngine:
                 rows = shapes.rows(len(batch), "prefill")
                 spans = [s.length + min(width, s.context_length - 1 - s.length)
                          for s in batch]
-                size = shapes.items(items_needed(spans, self.page_size, TILES["prefill"]),
-                                     rows, "prefill")
+                size = self._item_count(spans, rows, "prefill")
                 self._run_prefill(batch, rows, width, size)
         return bool(by_width)
 
@@ -685,8 +689,7 @@ class JaxEngine:
         if seqs:
             rows = self._shapes.rows(len(seqs), "decode")
             spans = [s.length + n for s, n in zip(seqs, steps)]
-            size = self._shapes.items(items_needed(spans, self.page_size, TILES["decode"]),
-                                       rows, "decode")
+            size = self._item_count(spans, rows, "decode")
             self._run_decode(seqs, steps, rows, size)
         return bool(seqs)
 
@@ -815,9 +818,10 @@ def _resolve(seq: _Sequence, completion: Completion) -> None:
         pass
 
 
-def _attention_path(attention: str, weights: LayerwiseWeights) -> str:
+def resolve_attention(attention: str, platform: str) -> str:
+    """The attention path of an engine whose weights are on `platform` ("cpu", "gpu",
+    "tpu"): "auto" is the Pallas kernel on a GPU, else the pure-JAX paged attention."""
     if attention == "auto":
-        platform = next(iter(jax.tree.leaves(weights)[0].devices())).platform
         return "pallas_gpu" if platform == "gpu" else "paged"
     if attention not in ("paged", "pallas_gpu"):
         raise ValueError(f"attention must be 'auto', 'paged' or 'pallas_gpu', got {attention!r}")
