@@ -21,7 +21,13 @@ Design:
 - Prefill: each admitted sequence's context but its last token goes into right-padded
   [R, C] chunks, C picked per sequence from its own remaining tokens; the sequences of a
   round are grouped by C, one call per group. The last context token is fed by the
-  first decode step, which samples the first token.
+  first decode step, which samples the first token. Prefill comes first: every
+  admitted sequence prefills all its chunks before the next decode round (as SGLang's
+  scheduler, unless its mixed chunks are on), and admission runs again after each
+  prefill round (the siblings of a prompt just prefilled share it at once), so a decode
+  call batches every row in flight. Interleaved, the short rows of a batch would finish
+  while a long prompt still prefilled, and its row then decode alone in as many calls
+  again; a GRPO group would decode one call out of phase with its first sample.
 - Shared prompts: a fresh sequence whose ids equal another's prefills nothing: it
   shares that sequence's pages (copy-on-write), so a GRPO group's prompt is prefilled
   once (`engine/jax/pages.py`).
@@ -446,8 +452,12 @@ class JaxEngine:
                 if not self._receive():
                     break
                 self._drop_cancelled()
-                self._admit()
-                progressed = self._prefill_round()
+                progressed = False
+                while True:  # prefill first (module docstring), admitting as it goes
+                    self._admit()
+                    if not self._prefill_round():
+                        break
+                    progressed = True
                 progressed = self._decode_round() or progressed
                 if self._in_flight and not progressed:
                     self._resolve_starvation()

@@ -140,6 +140,25 @@ def test_concurrent_callers_share_one_batch_and_each_prompt_is_prefilled_once(en
     assert results[0][0][0].output_ids == results[2][0][0].output_ids
 
 
+
+def test_a_long_prompt_prefills_before_the_batch_decodes(engine, tokenizer):
+    """Prefill first: a prompt of three chunks is prefilled before anyone decodes, so
+    the short rows and the long one decode together (one call of 4 tokens each) and the
+    long row does not decode alone after the others finished."""
+    long_prompt = (tokenizer.encode("A long question about the rivers of Europe, "
+                                    "their sources and their mouths?",
+                                    add_special_tokens=False) * 8)[:80]
+    short = [tokenizer.encode(t, add_special_tokens=False)
+             for t in ("Rivers of Spain?", "Rivers of Peru?", "Rivers of Chad?")]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=ENGINE_KWARGS["decode_steps"],
+                              seed=3)
+    before = dict(engine.stats)
+    results = _generate(engine, *(GenerateRequest(p, sampling) for p in short + [long_prompt]))
+    delta = {k: engine.stats[k] - before.get(k, 0) for k in engine.stats}
+    assert delta["prefill_calls"] == 3  # the long prompt's 79 ids in chunks of 32
+    assert delta["decode_calls"] == 1
+    assert all(len(c.output_ids) >= 1 for [c] in results)
+
 def test_sessions_reuse_the_cache_and_match_reprefilling(engine, tiny_model, tokenizer):
     prompt = _prompts(tokenizer)[0]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=4)
