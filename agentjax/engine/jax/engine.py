@@ -169,8 +169,11 @@ class _Sequence:
         return len(self.input_ids) + len(self.outputs)
 
     def context(self, start: int, stop: int) -> tuple[int, ...]:
-        """Context ids [start, stop) (input then outputs)."""
-        return (self.input_ids + tuple(self.outputs))[start:stop]
+        """Context ids [start, stop) (input then outputs), 0 <= start <= stop."""
+        prompt = len(self.input_ids)
+        if stop <= prompt:
+            return self.input_ids[start:stop]
+        return self.input_ids[start:] + tuple(self.outputs[max(start - prompt, 0):stop - prompt])
 
     @property
     def decoding(self) -> bool:
@@ -615,8 +618,13 @@ class JaxEngine:
         host = build_items(pages, spans, rows, self.page_size, size, TILES[kind])
         return AttentionItems(row=host.row, page=host.page, first_slot=host.first_slot)
 
-    def _flat_slot(self, seq: _Sequence, slot: int) -> int:
-        return seq.pages[slot // self.page_size] * self.page_size + slot % self.page_size
+    def _flat_slots(self, seq: _Sequence, start: int, stop: int) -> np.ndarray:
+        """Flat pool indices (page * page_size + offset) of the sequence's slots
+        [start, stop)."""
+        size, first = self.page_size, start // self.page_size
+        slots = np.arange(start, stop)
+        pages = np.asarray(seq.pages[first:-(-stop // size)], np.int64)
+        return pages[slots // size - first] * size + slots % size
 
     def _sampling_arrays(self, seqs: Sequence[_Sequence], size: int):
         keys = np.zeros((size, 2), np.uint32)
@@ -664,10 +672,10 @@ class JaxEngine:
         counts = []
         for row, seq in enumerate(seqs):
             chunk = seq.context(seq.length, min(seq.length + width, seq.context_length - 1))
+            end = seq.length + len(chunk)
             tokens[row, :len(chunk)] = chunk
-            for i in range(len(chunk)):
-                slots[row, i] = seq.length + i
-                write[row, i] = self._flat_slot(seq, seq.length + i)
+            slots[row, :len(chunk)] = np.arange(seq.length, end)
+            write[row, :len(chunk)] = self._flat_slots(seq, seq.length, end)
             counts.append(len(chunk))
         items = self._items(seqs, [s.length + n for s, n in zip(seqs, counts)], rows, size,
                             "prefill")
@@ -717,8 +725,7 @@ class JaxEngine:
             last[row] = seq.context(seq.length, seq.length + 1)[0]
             active[row] = True
             budget[row] = n
-            for i in range(n):
-                write[row, i] = self._flat_slot(seq, seq.length + i)
+            write[row, :n] = self._flat_slots(seq, seq.length, seq.length + n)
             ids = sorted(seq.stop_ids)
             stop_ids[row, :len(ids)] = ids
         items = self._items(seqs, [s.length + n for s, n in zip(seqs, steps)], rows, size,
@@ -728,15 +735,14 @@ class JaxEngine:
         self._cache, tokens, logprobs, emitted = decode(
             self._weights, self._cache, lengths, last, active, write, items, keys, positions,
             budget, stop_ids, temperature, top_k, top_p, num_steps=self.decode_steps)
-        tokens, logprobs, emitted = (np.asarray(a) for a in (tokens, logprobs, emitted))
+        emitted = np.asarray(emitted)
+        # Python lists: the loop below reads one element per token.
+        tokens, logprobs = np.asarray(tokens).tolist(), np.asarray(logprobs).tolist()
         if seqs:
             self._count("decode", start, len(seqs), int(emitted.sum()))
         self._device_done = time.perf_counter()
-        for row, seq in enumerate(seqs):
-            for step in np.flatnonzero(emitted[row]):
-                seq.length += 1  # the fed token is cached now
-                if self._append(seq, int(tokens[row, step]), float(logprobs[row, step])):
-                    break
+        for row, (seq, count) in enumerate(zip(seqs, emitted.sum(axis=1).tolist())):
+            self._record(seq, tokens[row][:count], logprobs[row][:count])
 
     def _resolve_starvation(self) -> None:
         """No sequence in flight could get pages for its next round: free some. Default
@@ -771,23 +777,37 @@ class JaxEngine:
         self.stats[f"max_{program}_batch"] = max(self.stats[f"max_{program}_batch"], batch)
         self.stats["peak_kv_pages"] = self._table.peak_in_use
 
-    def _append(self, seq: _Sequence, token: int, logprob: float) -> bool:
-        """Records a sampled token; finishes the sequence when it ends. True if ended."""
-        seq.outputs.append(token)
-        seq.logprobs.append(logprob)
-        seq.versions.append(self.weight_version)
-        if token in seq.stop_ids:
-            return self._finish(seq, "stop", token)
-        matched = seq.stop_strings.match(seq.outputs)
+    def _record(self, seq: _Sequence, tokens: list[int], logprobs: list[float]) -> None:
+        """Records the tokens a decode call sampled for `seq` (in order) up to the first
+        that ends it, and finishes it there: a stop id, else a completed stop string,
+        else its token budget or max_len. What was sampled after it is dropped, its
+        slots left past `seq.length`."""
+        room = min(seq.sampling.max_new_tokens - len(seq.outputs),
+                   self.max_len + 1 - seq.context_length)
+        end = min(len(tokens), room)
+        stop = next((i for i, t in enumerate(tokens[:end]) if t in seq.stop_ids), None)
+        if stop is not None:
+            end = stop + 1
+        matched = None
+        if seq.stop_strings.stops:
+            window = seq.outputs[-seq.stop_strings.window:]
+            for i in range(end if stop is None else stop):
+                matched = seq.stop_strings.match(window + tokens[:i + 1])
+                if matched is not None:
+                    end = i + 1
+                    break
+        seq.outputs += tokens[:end]
+        seq.logprobs += logprobs[:end]
+        seq.versions += [self.weight_version] * end
+        seq.length += end  # the tokens fed are cached now
         if matched is not None:
-            return self._finish(seq, "stop", matched)
-        if len(seq.outputs) >= seq.sampling.max_new_tokens:
-            return self._finish(seq, "length", None)
-        if seq.context_length > self.max_len:
-            return self._finish(seq, "length", None)
-        return False
+            self._finish(seq, "stop", matched)
+        elif stop is not None:
+            self._finish(seq, "stop", tokens[stop])
+        elif end == room:
+            self._finish(seq, "length", None)
 
-    def _finish(self, seq: _Sequence, reason: str, matched, error: str | None = None) -> bool:
+    def _finish(self, seq: _Sequence, reason: str, matched, error: str | None = None) -> None:
         if seq in self._in_flight:
             self._release(seq)
         meta = dict(seq.meta, prompt_tokens=len(seq.input_ids),
@@ -797,7 +817,6 @@ class JaxEngine:
         if error is not None:
             meta["error"] = error
         _resolve(seq, Completion(list(seq.outputs), list(seq.logprobs), reason, matched, meta))
-        return True
 
     def _abort_all(self, message: str, details: str | None) -> None:
         seqs = list(self._waiting) + self._in_flight

@@ -112,6 +112,11 @@ def test_stop_strings_and_stop_ids_keep_the_stop(engine, tokenizer):
     assert by_text.output_ids == out[:first + 1] and by_text.finish_reason == "stop"
     assert by_text.matched_stop == stop
     assert stop in tokenizer.decode(by_text.output_ids)
+    # Both: the stop id wins at its own token; a string completed before it wins.
+    [[both]] = _generate(engine, GenerateRequest(prompt, SamplingParams(
+        temperature=0.0, max_new_tokens=24, stop=(stop,), stop_token_ids=(out[k],))))
+    assert both.output_ids == out[:first + 1]
+    assert both.matched_stop == (out[k] if first == k else stop)
 
 
 def test_concurrent_callers_share_one_batch_and_each_prompt_is_prefilled_once(engine,
