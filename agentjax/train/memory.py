@@ -24,8 +24,9 @@ offline stages' batches are not planned):
                         (keys and values) in the compute dtype (`init_paged_cache`)
   decode page view      with the pure-JAX attention (rollout.engine_attention "paged";
                         "auto" off GPUs), the copy of the pages a decode call reads
-                        (`paged.gather_view`), at most every slot at max_tokens, in the
-                        largest decode item bucket (engine/jax/shapes.py)
+                        (`paged.gather_view`): the largest decode item bucket
+                        (engine/jax/shapes.py), at most every slot at max_tokens and at
+                        most the pool's pages (the engine splits a round to stay within)
   activations           one micro-batch's forward kept for its backward (below)
   gradients             float32 like the params; twice when micro-batches are summed
                         (the running sum and the current micro-batch's, update.py:
@@ -386,13 +387,13 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
     device = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
     if resolve_attention(r.engine_attention, device.platform) == "paged":
         view_pages = item_sizes(r.engine_slots // r.engine_lanes,
-                                -(-r.max_tokens // r.page_size), "decode")[-1]
+                                -(-r.max_tokens // r.page_size), "decode", lane_pages)[-1]
         rows.append(MemoryRow(
             f"decode page view ({r.engine_lanes} x {view_pages} pages)",
             r.engine_lanes * _pages_bytes(model_config, view_pages, r.page_size, mesh),
             "the pure-JAX attention copies the pages a decode call reads (at most every "
-            "slot at max_tokens): lower rollout.engine_slots or rollout.max_tokens, or "
-            f"{pool_split}"))
+            "slot at max_tokens, at most the pool): lower rollout.kv_tokens, "
+            f"rollout.engine_slots or rollout.max_tokens, or {pool_split}"))
     rows += _activation_rows(config, model_config, mesh, rules, master)
     if device_bytes is None:
         device_bytes = device_memory(device)

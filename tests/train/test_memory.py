@@ -61,20 +61,20 @@ def _hf(algo):
 
 
 def test_the_pure_jax_attention_plans_its_decode_page_view():
-    """Off a GPU ("auto") a decode call copies the pages it reads: at most every slot at
-    max_tokens, in the largest decode item bucket. The hf preset's 256 slots x 64 pages
-    (16,384, a power of two) are twice its pool (rollout.kv_tokens: 2,048 a slot)."""
+    """Off a GPU ("auto") a decode call copies the pages it reads: the largest decode
+    item bucket, at most every slot at max_tokens and at most the pool. The hf preset's
+    256 slots x 64 pages (16,384) are twice its pool (rollout.kv_tokens: 2,048 a slot),
+    so the engine splits a decode round into calls within the pool's 8,192 pages."""
     config = search_config("grpo", "hf")
     assert config.rollout.engine_attention == "auto"
     mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
     plan = memory_plan(config, _qwen25_3b(config), mesh, device_bytes=None)
     rows = _rows(plan)
-    assert rows["decode page view"] == 2 * SLOTS * TOKENS * L * K * HD * 2
-    assert rows["decode page view"] == 2 * rows["KV pages"]
-    assert "decode page view (1 x 16384 pages)" in plan.table()
+    assert rows["decode page view"] == KV_ELEMENTS * 2 == rows["KV pages"]
+    assert "decode page view (1 x 8192 pages)" in plan.table()
     config.rollout.engine_lanes, config.rollout.engine_slots = 2, 96  # 48 a lane
     rows = _rows(memory_plan(config, _qwen25_3b(config), mesh, device_bytes=None))
-    # 48 x 64 = 3,072 pages a lane: the bucket 3 x 2^10, twice
+    # 48 x 64 = 3,072 pages a lane, the bucket 3 x 2^10, within a lane's pool of 4,096
     assert rows["decode page view"] == 2 * 3072 * 64 * L * K * HD * 2 * 2
     config.rollout.engine_attention = "pallas_gpu"
     assert "decode page view" not in _rows(memory_plan(config, _qwen25_3b(config), mesh,

@@ -31,10 +31,13 @@ Design:
 - Shared prompts: a fresh sequence whose ids equal another's prefills nothing: it
   shares that sequence's pages (copy-on-write), so a GRPO group's prompt is prefilled
   once (`engine/jax/pages.py`).
-- Decode: one program call runs `decode_steps` tokens over the decoding rows. Stop
-  strings are checked on the host by decoding a window of each row's newest tokens;
-  tokens sampled after a stop string are discarded and the sequence's length rolled
-  back.
+- Decode: one program call runs `decode_steps` tokens over the decoding rows. With the
+  pure-JAX attention the call copies the pages its rows attend into a view
+  (`paged.gather_view`); rows that share a prompt attend its pages each, so a round is
+  split into calls whose views hold at most kv_pages pages: the view never outgrows the
+  pool. Stop strings are checked on the host by decoding a window of each row's newest
+  tokens; tokens sampled after a stop string are discarded and the sequence's length
+  rolled back.
 - Compilations: one decode program per (rows, attention items) and one prefill program
   per (rows, chunk, attention items), compiled when first used; `warmup()` compiles
   them all upfront.
@@ -276,16 +279,17 @@ class JaxEngine:
         if self.attention == "pallas_gpu":
             check_page_size(page_size)
         self._key_layout = "page_hd" if self.attention == "pallas_gpu" else "hd_page"
+        self.page_size = page_size
+        self.kv_pages = max_slots * -(-max_len // page_size) if kv_pages is None else kv_pages
+        if self.kv_pages < 1:
+            raise ValueError(f"kv_pages must be positive, got {kv_pages}")
+        # A decode call's view holds at most the pool's page count (module docstring).
         self._shapes = ProgramShapes(
             max_slots, max_len, page_size, prefill_chunks=prefill_chunks,
             batch_buckets=batch_buckets, deterministic=deterministic,
             deterministic_prefill_rows=deterministic_prefill_rows,
-            block_tables=self.attention == "pallas_gpu")
-        self.page_size = page_size
+            block_tables=self.attention == "pallas_gpu", view_pages=self.kv_pages)
         self._table_width = table_width(self._shapes.pages_per_row)
-        self.kv_pages = max_slots * self._shapes.pages_per_row if kv_pages is None else kv_pages
-        if self.kv_pages < 1:
-            raise ValueError(f"kv_pages must be positive, got {kv_pages}")
         self.batch_wait_s = batch_wait_s
         self.max_stop_ids = max_stop_ids
         if eos_token_ids is None:
@@ -704,12 +708,29 @@ class JaxEngine:
                 steps.append(budget)
         if copies:
             self._copy_pages(copies)
-        if seqs:
-            rows = self._shapes.rows(len(seqs), "decode")
-            spans = [s.length + n for s, n in zip(seqs, steps)]
+        for batch in self._view_batches(list(zip(seqs, steps))):
+            batch_seqs, batch_steps = zip(*batch)
+            rows = self._shapes.rows(len(batch), "decode")
+            spans = [s.length + n for s, n in batch]
             size = self._item_count(spans, rows, "decode")
-            self._run_decode(seqs, steps, rows, size)
+            self._run_decode(batch_seqs, batch_steps, rows, size)
         return bool(seqs)
+
+    def _view_batches(self, work: list[tuple[_Sequence, int]]):
+        """The decode calls of a round: (sequence, steps) in order, split where a call
+        would attend more pages than its view may hold (rows sharing a prompt attend
+        its pages each, so a round can attend more pages than the pool has)."""
+        limit = self._shapes.view_pages
+        batch, pages = [], 0
+        for seq, n in work:
+            need = -(-(seq.length + n) // self.page_size)
+            if batch and limit is not None and pages + need > limit:
+                yield batch
+                batch, pages = [], 0
+            batch.append((seq, n))
+            pages += need
+        if batch:
+            yield batch
 
     def _run_decode(self, seqs: Sequence[_Sequence], steps: Sequence[int], rows: int,
                     size: int) -> None:

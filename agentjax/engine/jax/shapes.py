@@ -49,13 +49,18 @@ def _bucket_sizes(low: int, high: int, midpoints: bool) -> list[int]:
         size *= 2
 
 
-def item_sizes(rows: int, pages_per_row: int, kind: str) -> list[int]:
+def item_sizes(rows: int, pages_per_row: int, kind: str,
+               view_pages: int | None = None) -> list[int]:
     """The attention item counts of `kind` ("prefill" / "decode") calls with `rows` rows
     of at most `pages_per_row` pages (module docstring), from MIN_ITEMS up to what full
-    rows need."""
+    rows need; decode counts stop at `view_pages` (the most pages a decode call's view
+    holds), itself the last."""
     tile = TILES[kind]
-    return _bucket_sizes(MIN_ITEMS, rows * -(-pages_per_row // tile) * tile,
-                         midpoints=kind == "decode")
+    sizes = _bucket_sizes(MIN_ITEMS, rows * -(-pages_per_row // tile) * tile,
+                          midpoints=kind == "decode")
+    if kind == "decode" and view_pages is not None and view_pages < sizes[-1]:
+        sizes = [s for s in sizes if s < view_pages] + [view_pages]
+    return sizes
 
 
 class ProgramShapes:
@@ -71,14 +76,17 @@ class ProgramShapes:
       deterministic: fixed row counts whatever else is in flight.
       deterministic_prefill_rows: rows of every prefill call when deterministic.
       block_tables: the calls take block tables (no attention item counts).
+      view_pages: the most pages a decode call attends (its view, `models/paged.py`);
+        the engine splits a decode round into calls within it. None: no bound.
     """
 
     def __init__(self, max_slots: int, max_len: int, page_size: int, *,
                  prefill_chunks: Sequence[int], batch_buckets: Sequence[int] | None,
                  deterministic: bool, deterministic_prefill_rows: int,
-                 block_tables: bool = False):
+                 block_tables: bool = False, view_pages: int | None = None):
         self.max_slots, self.max_len, self.page_size = max_slots, max_len, page_size
         self.block_tables = block_tables
+        self.view_pages = None if block_tables else view_pages
         self.deterministic = deterministic
         self.deterministic_prefill_rows = deterministic_prefill_rows
         self.pages_per_row = -(-max_len // page_size)
@@ -104,7 +112,7 @@ class ProgramShapes:
         [0] with block tables."""
         if self.block_tables:
             return [0]
-        return item_sizes(rows, self.pages_per_row, kind)
+        return item_sizes(rows, self.pages_per_row, kind, self.view_pages)
 
     def items(self, needed: int, rows: int, kind: str) -> int:
         """The item count of a `kind` call whose rows need `needed` items (0 with block

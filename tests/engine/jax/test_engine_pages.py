@@ -125,3 +125,24 @@ def test_deterministic_mode_aborts_rather_than_recompute(tiny_model, tokenizer):
         assert "abort" in reasons and engine.stats["preemptions"] == 0
         aborted = next(c for [c] in results if c.finish_reason == "abort")
         assert "ran out" in aborted.meta["error"] and "kv_pages" in aborted.meta["error"]
+
+
+def test_a_round_attending_more_pages_than_the_pool_runs_in_calls_within_it(tiny_model,
+                                                                             tokenizer):
+    """4 samples share a prompt of 4 pages: a decode round attends 4 x 5 = 20 pages, the
+    pool holds 12. The round runs as calls of at most 12 pages (so the view a call
+    gathers never outgrows the pool), with the outputs of an engine that needs no split."""
+    prompt = [5] + list(range(40, 104))  # 64 slots to prefill: 4 full pages
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=9, n=4)
+    runs = {}
+    for pages in (12, None):
+        with JaxEngine.from_model(tiny_model, tokenizer=tokenizer,
+                                  **dict(ENGINE_KWARGS, kv_pages=pages)) as engine:
+            [group] = engine.generate_sync([GenerateRequest(prompt, sampling)])
+            runs[pages] = ([(c.output_ids, c.logprobs) for c in group],
+                           engine.stats["decode_calls"],
+                           engine._shapes.item_sizes(4, "decode")[-1])
+    (split, split_calls, split_view), (whole, whole_calls, whole_view) = runs[12], runs[None]
+    assert split == whole
+    assert split_view == 12 and whole_view == 24  # the pool: 4 rows x 6 pages
+    assert split_calls > whole_calls

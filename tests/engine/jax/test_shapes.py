@@ -69,6 +69,16 @@ def test_item_sizes_end_at_what_full_rows_need():
         shapes.items(33, 4, "prefill")
 
 
+def test_decode_item_sizes_stop_at_the_view_bound():
+    assert _shapes(max_len=1024, view_pages=100).item_sizes(16, "decode") == [
+        8, 16, 32, 64, 96, 100]
+    assert _shapes(max_len=1024, view_pages=64).item_sizes(16, "decode")[-1] == 64
+    assert _shapes(max_len=1024, view_pages=5000).item_sizes(16, "decode")[-1] == 256
+    bounded = _shapes(max_len=1024, view_pages=100)
+    assert bounded.item_sizes(16, "prefill")[-1] == 256  # prefill reads the pool in place
+    assert _shapes(view_pages=4, block_tables=True).view_pages is None
+
+
 @pytest.mark.parametrize("remaining,width", [
     (1, 16), (16, 16), (17, 16),    # 64 would be mostly padding: rounds of 16
     (48, 64), (64, 64),             # a quarter or less of 64 is padding
