@@ -10,8 +10,11 @@ attention items — and so the finite set of programs it compiles.
   decode counts, items one by one, also take the midpoints 3 x 2^k from 96 items (every
   decode step computes every item of its view, padding too, so there it pays at most
   1/3 for padding, not 1/2; below, padding costs little and each count is one more
-  program to compile). The GPU kernel (`models/paged_pallas.py`) takes block tables of a fixed
-  width instead: one program per rows and chunk width.
+  program to compile). Decode counts stop at `view_pages`, the pool's page count: a
+  decode call copies the pages it attends into a view, and the engine splits a round
+  whose rows attend more (through a shared prompt) into calls within it. The GPU kernel
+  (`models/paged_pallas.py`) takes block tables of a fixed width instead: one program
+  per rows and chunk width.
 
 Deterministic (batch-invariant) mode fixes the rows independently of what else is in
 flight: prefill always runs `deterministic_prefill_rows` rows, decode always max_slots,
