@@ -25,6 +25,8 @@ Workloads (each warmed up once — it meets every program shape it will meet —
   agent       the main job's rollout shape (configs/grpo_search.py: 64 slots, 512-token
               cap, 24-token actions, deterministic): 64 sessions x 4 turns of 24 new +
               40 observation tokens over 160-token prompts, wall seconds.
+  host        the device bench's decode shape at a smaller length (64 x 1,024-token
+              prompts, 512 new tokens each): the scheduler's host time per call.
 Seeded sampling (temperature 1) in float32: the last table counts the completions whose
 tokens equal the baseline's. Every row prints the KV bytes: the pool the engine holds (the baseline reserves
 max_slots x max_len) and the peak of pages in use (this checkout); and the host time
@@ -86,6 +88,9 @@ def run_workload(engine, name: str, rng_seed: int = 0) -> dict:
     elif name == "long_row":
         prompts = _prompts(rng, 31, 256) + _prompts(rng, 1, 4096)
         timed_generate([GenerateRequest(p, sampling(i)) for i, p in enumerate(prompts)])
+    elif name == "host":
+        timed_generate([GenerateRequest(p, sampling(i, new=512))
+                        for i, p in enumerate(_prompts(rng, 64, 1024))])
     elif name == "group":
         timed_generate([GenerateRequest(_prompts(rng, 1, 1024)[0], sampling(0, n=8))])
     elif name in ("multiturn", "agent"):
@@ -127,7 +132,7 @@ MODELS = {
 def engine_settings(name: str, max_len: int | None) -> tuple[int, int, int]:
     return {"batch": (32, max_len, 32 * 1024), "long_row": (32, 8192, 32 * 1024),
             "group": (8, 2048, 8 * 2048), "multiturn": (16, 576, 16 * 576),
-            "agent": (64, 512, 64 * 512)}[name]
+            "agent": (64, 512, 64 * 512), "host": (64, 2048, 64 * 1536)}[name]
 
 
 def worker(spec: dict) -> dict:
@@ -229,7 +234,7 @@ def main():
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--baseline", default=DEFAULT_BASELINE,
                         help="commit of the engine to compare with ('none': skip)")
-    parser.add_argument("--only", default="batch,long_row,group,multiturn,agent")
+    parser.add_argument("--only", default="batch,long_row,group,multiturn,agent,host")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--model", default="tiny", choices=sorted(MODELS),
                         help="model shape (MODELS)")
@@ -246,8 +251,8 @@ def main():
         cases += [("batch", m, d) for d in (False, True) for m in (1024, 32768)]
     if "long_row" in only:
         cases += [("batch", 8192, False), ("long_row", None, False)]
-    cases += [(w, None, d) for w in ("group", "multiturn", "agent") if w in only
-              for d in ((False,) if w == "group" else (False, True))]
+    cases += [(w, None, d) for w in ("group", "multiturn", "agent", "host") if w in only
+              for d in ((False,) if w in ("group", "host") else (False, True))]
     results = {}
     for side, checkout in sides.items():
         for workload, max_len, det in dict.fromkeys(cases):
