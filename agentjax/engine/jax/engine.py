@@ -458,9 +458,9 @@ class JaxEngine:
             try:
                 if not self._receive():
                     break
-                self._drop_cancelled()
                 progressed = False
                 while True:  # prefill first (module docstring), admitting as it goes
+                    self._drop_cancelled()  # a long prompt's caller may give up meanwhile
                     self._admit()
                     if not self._prefill_round():
                         break
