@@ -697,24 +697,22 @@ class JaxEngine:
     def _decode_round(self) -> bool:
         """One decode call over every decoding sequence that has pages for its steps.
         Returns whether any decoded."""
-        seqs, steps, copies = [], [], []
+        work, copies = [], []  # (sequence, steps)
         for seq in self._in_flight:
             if not seq.decoding:
                 continue
             budget = min(seq.sampling.max_new_tokens - len(seq.outputs),
                          self.max_len - seq.length, self.decode_steps)
             if self._writable(seq, seq.length + budget, copies):
-                seqs.append(seq)
-                steps.append(budget)
+                work.append((seq, budget))
         if copies:
             self._copy_pages(copies)
-        for batch in self._view_batches(list(zip(seqs, steps))):
-            batch_seqs, batch_steps = zip(*batch)
+        for batch in self._view_batches(work):
+            seqs, steps = zip(*batch)
             rows = self._shapes.rows(len(batch), "decode")
-            spans = [s.length + n for s, n in batch]
-            size = self._item_count(spans, rows, "decode")
-            self._run_decode(batch_seqs, batch_steps, rows, size)
-        return bool(seqs)
+            size = self._item_count([s.length + n for s, n in batch], rows, "decode")
+            self._run_decode(seqs, steps, rows, size)
+        return bool(work)
 
     def _view_batches(self, work: list[tuple[_Sequence, int]]):
         """The decode calls of a round: (sequence, steps) in order, split where a call
@@ -723,7 +721,7 @@ class JaxEngine:
         limit = self._shapes.view_pages
         batch, pages = [], 0
         for seq, n in work:
-            need = -(-(seq.length + n) // self.page_size)
+            need = self._table.pages_for(seq.length + n)
             if batch and limit is not None and pages + need > limit:
                 yield batch
                 batch, pages = [], 0
@@ -756,13 +754,14 @@ class JaxEngine:
         self._cache, tokens, logprobs, emitted = decode(
             self._weights, self._cache, lengths, last, active, write, items, keys, positions,
             budget, stop_ids, temperature, top_k, top_p, num_steps=self.decode_steps)
-        emitted = np.asarray(emitted)
-        # Python lists: the loop below reads one element per token.
+        # Python lists: the loop below reads one element per token. A row's emitted
+        # steps are a prefix, so their count says which.
         tokens, logprobs = np.asarray(tokens).tolist(), np.asarray(logprobs).tolist()
+        counts = np.asarray(emitted).sum(axis=1).tolist()
         if seqs:
-            self._count("decode", start, len(seqs), int(emitted.sum()))
+            self._count("decode", start, len(seqs), sum(counts))
         self._device_done = time.perf_counter()
-        for row, (seq, count) in enumerate(zip(seqs, emitted.sum(axis=1).tolist())):
+        for row, (seq, count) in enumerate(zip(seqs, counts)):
             self._record(seq, tokens[row][:count], logprobs[row][:count])
 
     def _resolve_starvation(self) -> None:
