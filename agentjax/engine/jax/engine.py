@@ -104,7 +104,7 @@ import queue
 import threading
 import time
 import traceback
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -114,8 +114,9 @@ from flax import nnx
 from agentjax.models.decoder import LayerwiseWeights
 from agentjax.models.paged import AttentionItems, build_items, items_needed, page_bytes
 from agentjax.models.paged_pallas import BlockTables, check_page_size, table_width
-from agentjax.engine.jax.programs import (COMPILE_COUNTS, copy_pages, decode,
-                                          engine_weights, new_cache, prefill)
+from agentjax.engine.jax.programs import (COMPILE_COUNTS, DecodeCarry, carry_sharding,
+                                          copy_pages, decode, engine_weights, new_cache,
+                                          prefill)
 from agentjax.engine.protocol import (Completion, GenerateRequest, SamplingParams,
                                      check_request, reported_distribution)
 from agentjax.engine.jax.shapes import TILES, ProgramShapes
@@ -165,6 +166,7 @@ class _Sequence:
     versions: list[int] = dataclasses.field(default_factory=list)  # weight version per output
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
     cancelled: bool = False
+    finished: bool = False
 
     @property
     def context_length(self) -> int:
@@ -182,6 +184,34 @@ class _Sequence:
     def decoding(self) -> bool:
         """Every context id but the last is cached: the next decode step feeds it."""
         return self.length == self.context_length - 1
+
+
+class _Row(NamedTuple):
+    """A decode call's row: `steps` tokens for `seq`, after the `ahead` tokens a call
+    not read yet makes for it (whose row `src` it continues; -1: none)."""
+
+    seq: _Sequence
+    steps: int
+    ahead: int = 0
+    src: int = -1
+
+    @property
+    def start(self) -> int:
+        """The slot of the row's first step."""
+        return self.seq.length + self.ahead
+
+    @property
+    def end(self) -> int:
+        return self.start + self.steps
+
+
+@dataclasses.dataclass(eq=False)
+class _DecodeCall:
+    """A dispatched decode call: its rows and its outputs on device."""
+
+    rows: list[_Row]
+    outputs: tuple  # tokens, logprobs, emitted
+    dispatched: float
 
 
 class JaxEngine:
@@ -222,12 +252,18 @@ class JaxEngine:
         "pallas_gpu" (JAX's Pallas GPU paged-attention kernel, `models/paged_pallas.py`;
         page_size a power of two >= 16; on CPU it runs in Pallas's interpreter, for
         tests) or "auto": pallas_gpu when the weights are on a GPU, else paged.
+      overlap: dispatch each decode call's successor before reading its tokens while
+        nothing else needs the scheduler, so the host's work for a call runs while the
+        device runs the next (module docstring). Outputs are the same either way in
+        deterministic mode.
 
     Attributes:
       weight_version: version of the params in use (see `update_weights`).
       deterministic: whether the engine runs in batch-invariant mode.
       stats: counters: {prefill,decode}_{calls,tokens,s}, max_{prefill,decode}_batch,
-        host_gap_s, evictions, shared_prefixes, preemptions, peak_kv_pages (and
+        host_gap_s, overlapped_decode_calls (dispatched before the previous call was
+        read), dropped_decode_tokens (sampled for a sequence that had ended at a stop
+        string after the call was dispatched), evictions, shared_prefixes, preemptions, peak_kv_pages (and
         kv_page_bytes: bytes of one page).
     """
 
@@ -252,6 +288,7 @@ class JaxEngine:
         deterministic: bool = False,
         deterministic_prefill_rows: int = 4,
         attention: str = "auto",
+        overlap: bool = True,
     ):
         if (max_slots < 1 or max_len < 2 or decode_steps < 1 or deterministic_prefill_rows < 1
                 or page_size < 1):
@@ -307,7 +344,12 @@ class JaxEngine:
         self._inbox: queue.Queue = queue.Queue()
         self._base_key = prng_key_data(seed)
         self._unseeded = itertools.count()
-        self._device_done: float | None = None  # when the last device call returned
+        self._device_done: float | None = None  # when the device last went idle
+        self.overlap = overlap
+        self._carry_sharding = carry_sharding(self._cache)
+        self._carry = jax.device_put(DecodeCarry.empty(max_slots), self._carry_sharding)
+        self._unread = 0  # decode calls dispatched, not read yet
+        self._last_read = 0.0  # when the host last read a decode call
         self.weight_version = 0
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="jax-engine", daemon=True)
@@ -535,7 +577,7 @@ class JaxEngine:
             if kind == "prefill":
                 self._run_prefill([], rows, width, items)
             else:
-                self._run_decode([], [], rows, items)
+                self._read_decode(self._dispatch_decode([], rows, items))
         self._copy_pages([])
         jax.block_until_ready(self._cache)
 
@@ -630,19 +672,21 @@ class JaxEngine:
         pages = np.asarray(seq.pages[first:-(-stop // size)], np.int64)
         return pages[slots // size - first] * size + slots % size
 
-    def _sampling_arrays(self, seqs: Sequence[_Sequence], size: int):
+    def _sampling_arrays(self, work: Sequence[_Row], size: int):
+        """Each row's key, the position its first step samples, and its sampling
+        parameters."""
         keys = np.zeros((size, 2), np.uint32)
-        steps = np.zeros(size, np.int32)
+        positions = np.zeros(size, np.int32)
         temperature = np.ones(size, np.float32)
         top_k = np.full(size, -1, np.int32)
         top_p = np.ones(size, np.float32)
-        for row, seq in enumerate(seqs):
-            keys[row] = seq.key
-            steps[row] = seq.context_length
-            temperature[row] = seq.sampling.temperature
-            top_k[row] = seq.sampling.top_k
-            top_p[row] = seq.sampling.top_p
-        return keys, steps, temperature, top_k, top_p
+        for i, row in enumerate(work):
+            keys[i] = row.seq.key
+            positions[i] = row.seq.context_length + row.ahead
+            temperature[i] = row.seq.sampling.temperature
+            top_k[i] = row.seq.sampling.top_k
+            top_p[i] = row.seq.sampling.top_p
+        return keys, positions, temperature, top_k, top_p
 
     def _prefill_round(self) -> bool:
         """One prefill call per chunk width in use (per `prefill_rows_per_call`
@@ -695,75 +739,136 @@ class JaxEngine:
                 self._table.prefilled(seq)
 
     def _decode_round(self) -> bool:
-        """One decode call over every decoding sequence that has pages for its steps.
-        Returns whether any decoded."""
-        work, copies = [], []  # (sequence, steps)
-        for seq in self._in_flight:
-            if not seq.decoding:
-                continue
-            budget = min(seq.sampling.max_new_tokens - len(seq.outputs),
-                         self.max_len - seq.length, self.decode_steps)
-            if self._writable(seq, seq.length + budget, copies):
-                work.append((seq, budget))
-        if copies:
-            self._copy_pages(copies)
-        for batch in self._view_batches(work):
-            seqs, steps = zip(*batch)
-            rows = self._shapes.rows(len(batch), "decode")
-            size = self._item_count([s.length + n for s, n in batch], rows, "decode")
-            self._run_decode(seqs, steps, rows, size)
+        """Decode calls over every decoding sequence that has pages for its steps. While
+        nothing else waits (`_overlap_open`), each call's successor over the rows that go
+        on is dispatched before the host reads the call's tokens (module docstring).
+        Returns whether any sequence decoded."""
+        work, _ = self._decode_work(_Row(seq, 0) for seq in self._in_flight if seq.decoding)
+        calls = [self._dispatch_decode(batch) for batch in self._view_batches(work)]
+        while calls:
+            following = (self._dispatch_following(calls[0])
+                         if len(calls) == 1 and self._overlap_open() else None)
+            for call in calls:
+                self._read_decode(call)
+            calls = [following] if following is not None else []
         return bool(work)
 
-    def _view_batches(self, work: list[tuple[_Sequence, int]]):
-        """The decode calls of a round: (sequence, steps) in order, split where a call
-        would attend more pages than its view may hold (rows sharing a prompt attend
-        its pages each, so a round can attend more pages than the pool has)."""
+    def _decode_work(self, candidates) -> tuple[list[_Row], bool]:
+        """The candidates' rows with their steps (a row's `steps` is replaced by its
+        budget: tokens left, room left, decode_steps), made writable; rows with no budget
+        left are dropped. Returns (rows, whether every row with a budget got pages)."""
+        work, copies, complete = [], [], True
+        for row in candidates:
+            seq = row.seq
+            steps = min(seq.sampling.max_new_tokens - len(seq.outputs) - row.ahead,
+                        self.max_len - seq.length - row.ahead, self.decode_steps)
+            if steps <= 0:
+                continue
+            if self._writable(seq, row.start + steps, copies):
+                work.append(row._replace(steps=steps))
+            else:
+                complete = False
+        if copies:
+            self._copy_pages(copies)
+        return work, complete
+
+    def _overlap_open(self) -> bool:
+        """Whether the next decode call may be dispatched before this one is read:
+        overlap is on and nothing needs the scheduler between the two (a request or a
+        control message to take in, a sequence waiting for pages, a cancellation)."""
+        return (self.overlap and not self._waiting and self._inbox.empty()
+                and not any(seq.cancelled for seq in self._in_flight))
+
+    def _dispatch_following(self, call: _DecodeCall) -> _DecodeCall | None:
+        """The call after `call` (not read yet), over its rows that go on if they emit
+        every step: a row that stops early is inactive there by the carry, or (at a stop
+        string, found on the host) its tokens are dropped. None when a row lacks pages
+        or the rows' pages outgrow one view: the round ends and the scheduler decides."""
+        work, complete = self._decode_work(
+            _Row(row.seq, 0, row.steps, src) for src, row in enumerate(call.rows)
+            if not row.seq.finished)
+        if not work or not complete:
+            return None
+        if len(list(self._view_batches(work))) > 1:
+            return None
+        self.stats["overlapped_decode_calls"] += 1
+        return self._dispatch_decode(work)
+
+    def _view_batches(self, work: list[_Row]):
+        """The decode calls of a round, rows in order, split where a call would attend
+        more pages than its view may hold (rows sharing a prompt attend its pages each,
+        so a round can attend more pages than the pool has)."""
         limit = self._shapes.view_pages
         batch, pages = [], 0
-        for seq, n in work:
-            need = self._table.pages_for(seq.length + n)
+        for row in work:
+            need = self._table.pages_for(row.end)
             if batch and limit is not None and pages + need > limit:
                 yield batch
                 batch, pages = [], 0
-            batch.append((seq, n))
+            batch.append(row)
             pages += need
         if batch:
             yield batch
 
-    def _run_decode(self, seqs: Sequence[_Sequence], steps: Sequence[int], rows: int,
-                    size: int) -> None:
-        """Up to `steps[i]` tokens for sequence i (row i)."""
+    def _dispatch_decode(self, work: list[_Row], rows: int | None = None,
+                         size: int | None = None) -> _DecodeCall:
+        """Dispatches a decode call over `work` (row i: work[i]) without waiting for it;
+        rows and attention items default to the shapes for the work."""
+        if rows is None:
+            rows = self._shapes.rows(len(work), "decode")
+            size = self._item_count([row.end for row in work], rows, "decode")
         lengths = np.zeros(rows, np.int32)
         last = np.zeros(rows, np.int32)
         active = np.zeros(rows, bool)
         budget = np.zeros(rows, np.int32)
+        src = np.full(rows, -1, np.int32)
         write = np.full((rows, self.decode_steps), -1, np.int32)
         stop_ids = np.full((rows, self.max_stop_ids), -1, np.int32)
-        for row, (seq, n) in enumerate(zip(seqs, steps)):
-            lengths[row] = seq.length
-            last[row] = seq.context(seq.length, seq.length + 1)[0]
-            active[row] = True
-            budget[row] = n
-            write[row, :n] = self._flat_slots(seq, seq.length, seq.length + n)
+        for i, row in enumerate(work):
+            seq = row.seq
+            lengths[i] = row.start
+            if row.src < 0:
+                last[i] = seq.context(seq.length, seq.length + 1)[0]
+            src[i] = row.src
+            active[i] = True
+            budget[i] = row.steps
+            write[i, :row.steps] = self._flat_slots(seq, row.start, row.end)
             ids = sorted(seq.stop_ids)
-            stop_ids[row, :len(ids)] = ids
-        items = self._items(seqs, [s.length + n for s, n in zip(seqs, steps)], rows, size,
-                            "decode")
-        keys, positions, temperature, top_k, top_p = self._sampling_arrays(seqs, rows)
-        start = self._device_call()
-        self._cache, tokens, logprobs, emitted = decode(
-            self._weights, self._cache, lengths, last, active, write, items, keys, positions,
-            budget, stop_ids, temperature, top_k, top_p, num_steps=self.decode_steps)
-        # Python lists: the loop below reads one element per token. A row's emitted
-        # steps are a prefix, so their count says which.
+            stop_ids[i, :len(ids)] = ids
+        items = self._items([row.seq for row in work], [row.end for row in work], rows,
+                            size, "decode")
+        keys, positions, temperature, top_k, top_p = self._sampling_arrays(work, rows)
+        dispatched = self._device_call()
+        self._cache, *outputs, carry = decode(
+            self._weights, self._cache, lengths, last, active, write, items, keys,
+            positions, budget, stop_ids, temperature, top_k, top_p, self._carry, src,
+            num_steps=self.decode_steps)
+        # Kept where the next call expects it (one executable whatever produced it).
+        self._carry = jax.device_put(carry, self._carry_sharding)
+        self._unread += 1
+        return _DecodeCall(work, tuple(outputs), dispatched)
+
+    def _read_decode(self, call: _DecodeCall) -> None:
+        """Waits for `call` and records its tokens for the sequences still in flight."""
+        tokens, logprobs, emitted = call.outputs
+        # Python lists: `_record` reads one element per token. A row's emitted steps
+        # are a prefix, so their count says which.
         tokens, logprobs = np.asarray(tokens).tolist(), np.asarray(logprobs).tolist()
         counts = np.asarray(emitted).sum(axis=1).tolist()
-        if seqs:
-            self._count("decode", start, len(seqs), sum(counts))
-        self._device_done = time.perf_counter()
-        for row, (seq, count) in enumerate(zip(seqs, counts)):
-            self._record(seq, tokens[row][:count], logprobs[row][:count])
-
+        # Rows of sequences that finished (at a stop string) after the call was
+        # dispatched: their tokens are dropped.
+        dropped = sum(n for row, n in zip(call.rows, counts) if row.seq.finished)
+        self.stats["dropped_decode_tokens"] += dropped
+        # The device ran this call since it was dispatched or the previous one was read.
+        busy_from = max(call.dispatched, self._last_read)
+        self._unread -= 1
+        if call.rows:
+            self._count("decode", busy_from, len(call.rows), sum(counts) - dropped)
+        self._last_read = time.perf_counter()
+        self._device_done = None if self._unread else self._last_read
+        for i, (row, count) in enumerate(zip(call.rows, counts)):
+            if not row.seq.finished:
+                self._record(row.seq, tokens[i][:count], logprobs[i][:count])
     def _resolve_starvation(self) -> None:
         """No sequence in flight could get pages for its next round: free some. Default
         mode preempts the most recent sequence (it prefills its context again when
@@ -783,10 +888,12 @@ class JaxEngine:
         self._waiting.appendleft(seq)
 
     def _device_call(self) -> float:
-        """The start of a device call; adds the host time since the previous one."""
+        """The start of a device call; adds the host time since the device went idle
+        (none when a call dispatched earlier is still unread)."""
         now = time.perf_counter()
         if self._device_done is not None:
             self.stats["host_gap_s"] += now - self._device_done
+            self._device_done = None
         return now
 
     def _count(self, program: str, start: float, batch: int, tokens: int) -> None:
@@ -828,6 +935,7 @@ class JaxEngine:
             self._finish(seq, "length", None)
 
     def _finish(self, seq: _Sequence, reason: str, matched, error: str | None = None) -> None:
+        seq.finished = True
         if seq in self._in_flight:
             self._release(seq)
         meta = dict(seq.meta, prompt_tokens=len(seq.input_ids),
@@ -842,6 +950,7 @@ class JaxEngine:
         seqs = list(self._waiting) + self._in_flight
         self._waiting.clear()
         self._in_flight = []
+        self._unread, self._device_done = 0, None
         self._table.clear()
         for seq in seqs:
             seq.pages, seq.length = [], 0
@@ -850,6 +959,8 @@ class JaxEngine:
         if details is not None:  # buffers may have been donated to the failed call
             self._cache = new_cache(self._weights, self.config, self.kv_pages, self.page_size,
                                     self._cache_dtype, self._key_layout)
+            self._carry = jax.device_put(DecodeCarry.empty(self.max_slots),
+                                         self._carry_sharding)
 
 
 def _mark_cancelled(seq: _Sequence, future: asyncio.Future) -> None:

@@ -15,6 +15,9 @@ Static shapes, so XLA compiles a bounded set of programs once:
   stop id or their token budget, so the host syncs once per `num_steps` tokens. With the
   pure-JAX attention it gathers its rows' pages once (`paged.gather_view`), the steps
   attend over that view, and the tokens they wrote are copied to the pool at the end.
+  It also returns a `DecodeCarry` (each row's last token and whether it may go on), so
+  the next call can be dispatched before the host has read this one's tokens: its rows
+  take their last token and liveness from the carry (`src`).
 
 The programs are module-level jitted functions, shared by every engine with the same
 model and shapes; their XLA compilations are counted from JAX's compile events
@@ -24,10 +27,11 @@ from __future__ import annotations
 
 import collections
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from agentjax.models.config import ModelConfig
@@ -71,17 +75,36 @@ def prefill(weights: LayerwiseWeights, cache: PagedKVCache, tokens, slots, write
     return cache
 
 
+class DecodeCarry(NamedTuple):
+    """What a decode call leaves for the next one, per row of a [max_slots] table (a
+    call's row r at index r): its last token, and `live` — it was active and did not
+    sample a stop id (so it goes on if the host gives it a budget)."""
+
+    last: jax.Array  # [max_slots] int32
+    live: jax.Array  # [max_slots] bool
+
+    @classmethod
+    def empty(cls, max_slots: int) -> "DecodeCarry":
+        return cls(np.zeros(max_slots, np.int32), np.zeros(max_slots, bool))
+
+
 @functools.partial(jax.jit, static_argnames=("num_steps",), donate_argnames=("cache",))
 def decode(weights: LayerwiseWeights, cache: PagedKVCache, lengths, last_tokens, active,
            write, items: AttentionItems, keys, steps, budget, stop_ids, temperature,
-           top_k, top_p, *, num_steps):
+           top_k, top_p, carry: DecodeCarry, src, *, num_steps):
     """`num_steps` single-token steps. An active row feeds its last token at slot
     lengths[r] (flat pool index write[r, i] at its i-th step) and samples the next; it
     stops after sampling a stop id or exhausting its budget (the host keeps budgets
-    within the pages it gave the row and its max_len).
+    within the pages it gave the row and its max_len). A row with src[r] >= 0 continues
+    row src[r] of the previous call: its last token is carry.last[src[r]] (last_tokens
+    is ignored) and it is active only if carry.live[src[r]].
 
     Returns (pool, tokens [R, num_steps], logprobs [R, num_steps], emitted [R, num_steps]
-    bool — whether the row was active and sampled at that step)."""
+    bool — whether the row was active and sampled at that step —, the DecodeCarry)."""
+    continued = src >= 0
+    from_carry = jnp.maximum(src, 0)
+    last_tokens = jnp.where(continued, carry.last[from_carry], last_tokens)
+    active = active & (budget > 0) & jnp.where(continued, carry.live[from_carry], True)
 
     # The pure-JAX attention reads the rows' pages from a view gathered once per call;
     # the steps write into the view, and the new tokens go to the pool at the end.
@@ -90,8 +113,8 @@ def decode(weights: LayerwiseWeights, cache: PagedKVCache, lengths, last_tokens,
     if on_view:
         cache, items = gather_view(pool, items), ViewItems.of(items, lengths.shape[0])
 
-    def step(carry, write_now):
-        cache, lengths, tokens, active, steps, budget = carry
+    def step(state, write_now):
+        cache, lengths, tokens, active, stopped, steps, budget = state
         slots = jnp.where(active, lengths, -1)[:, None]
         write_now = (view_index(items, slots, cache.page_size) if on_view
                      else jnp.where(active, write_now, -1)[:, None])
@@ -100,22 +123,25 @@ def decode(weights: LayerwiseWeights, cache: PagedKVCache, lengths, last_tokens,
                                top_p)
         emitted = active
         budget = budget - emitted
-        hit_stop = jnp.any(new[:, None] == stop_ids, axis=1)
+        hit_stop = emitted & jnp.any(new[:, None] == stop_ids, axis=1)
         lengths = lengths + emitted
         tokens = jnp.where(emitted, new, tokens)
         active = active & ~hit_stop & (budget > 0)
-        carry = (cache, lengths, tokens, active, steps + emitted, budget)
-        return carry, (new, logprobs, emitted)
+        state = (cache, lengths, tokens, active, stopped | hit_stop, steps + emitted, budget)
+        return state, (new, logprobs, emitted)
 
-    carry = (cache, lengths, last_tokens, active & (budget > 0), steps, budget)
-    (cache, *_), (tokens, logprobs, emitted) = jax.lax.scan(step, carry, write.T,
-                                                            length=num_steps)
+    state = (cache, lengths, last_tokens, active, jnp.zeros_like(active), steps, budget)
+    (cache, _, last, _, stopped, *_), (tokens, logprobs, emitted) = jax.lax.scan(
+        step, state, write.T, length=num_steps)
+    rows = lengths.shape[0]
+    carry = DecodeCarry(last=carry.last.at[:rows].set(last),
+                        live=jnp.zeros_like(carry.live).at[:rows].set(active & ~stopped))
     tokens, logprobs, emitted = tokens.T, logprobs.T, emitted.T
     if on_view:  # a row's emitted steps are a prefix: step i wrote slot lengths + i
         slots = jnp.where(emitted, first_lengths[:, None] + jnp.arange(num_steps)[None], -1)
         cache = copy_slots(cache, view_index(items, slots, cache.page_size), pool,
                            jnp.where(emitted, write, -1))
-    return cache, tokens, logprobs, emitted
+    return cache, tokens, logprobs, emitted, carry
 
 
 @functools.partial(jax.jit, donate_argnames=("cache",))
@@ -142,6 +168,14 @@ def new_cache(weights: LayerwiseWeights, config: ModelConfig, num_pages: int,
     from agentjax.core.parallel import tree_shardings
     axes = PagedKVCache.logical_axes(config.num_layers, key_layout)
     return jax.device_put(cache, tree_shardings(axes, cache, *placement))
+
+
+def carry_sharding(cache: PagedKVCache) -> jax.sharding.Sharding:
+    """Where a DecodeCarry lives: replicated on the pool's mesh, or on its device."""
+    sharding = jax.tree.leaves(cache)[0].sharding
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    return jax.sharding.SingleDeviceSharding(next(iter(sharding.device_set)))
 
 
 def mesh_and_rules(weights: LayerwiseWeights):

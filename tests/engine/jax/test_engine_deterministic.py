@@ -1,6 +1,7 @@
 """JaxEngine(deterministic=True): a seeded request's output ids and log-probs are bitwise
 identical whatever else is in flight and in whatever order requests arrive."""
 import asyncio
+import collections
 import dataclasses
 import random
 
@@ -183,3 +184,52 @@ def test_default_mode_guarantees_closeness_only(engine, tokenizer):
     crowded = crowd[1][0]
     assert alone.output_ids == crowded.output_ids  # no near-tie in this workload
     np.testing.assert_allclose(alone.logprobs, crowded.logprobs, atol=1e-4)
+
+
+def test_overlapped_decode_calls_change_no_output(det_engine, tiny_model, tokenizer):
+    """Overlap (each decode call dispatched before the previous one is read) gives the
+    outputs of an engine without it, bitwise: in the crowd, and alone where rows end
+    inside a call whose successor already runs — at a stop id (the carry stops the
+    row on device), at a stop string (found on the host: the successor's tokens are
+    dropped, and the session's next turn prefills over the slots they wrote) and at
+    max_new_tokens."""
+    serial = JaxEngine.from_model(tiny_model, tokenizer=tokenizer, overlap=False,
+                                  **DETERMINISTIC_KWARGS)
+    prompt = _encode(tokenizer, "Which city is the capital of France?")
+    free = SamplingParams(temperature=1.0, max_new_tokens=20, seed=21)
+    [[reference]] = serial.generate_sync([GenerateRequest(prompt, free)])
+    out = reference.output_ids
+    # Ends past the first call (decode_steps = 4): tokens 9 and 13.
+    k = next(i for i in range(9, 16) if out[i] not in out[:i]
+             and out[i] not in serial.eos_token_ids)
+    stop = tokenizer.decode(out[12:14])
+    stop_at = next(j for j in range(len(out)) if stop in tokenizer.decode(out[:j + 1]))
+    by_id = dataclasses.replace(free, stop_token_ids=(out[k],))
+    by_text = dataclasses.replace(free, stop=(stop,))
+
+    def run(engine):
+        before = collections.Counter(engine.stats)
+        alone = [engine.generate_sync([GenerateRequest(prompt, s)])[0][0]
+                 for s in (free, by_id, dataclasses.replace(free, max_new_tokens=10))]
+        turns = asyncio.run(_session(engine, tokenizer, by_text, prompt,
+                                     f"stop-text-{id(engine)}"))
+        dropped = engine.stats["dropped_decode_tokens"] - before["dropped_decode_tokens"]
+        _, crowded = _alone_then_crowded(engine, tokenizer, crowd_seed=2)
+        ends = [(c.finish_reason, c.matched_stop) for c in alone + turns]
+        overlapped = engine.stats["overlapped_decode_calls"] - before[
+            "overlapped_decode_calls"]
+        return _fingerprint(alone + turns) + crowded, ends, overlapped, dropped
+
+    try:
+        with_overlap, ends, overlapped, dropped = run(det_engine)
+        without, serial_ends, serial_overlapped, serial_dropped = run(serial)
+    finally:
+        serial.close()
+    assert with_overlap == without and ends == serial_ends
+    assert overlapped > 0 and serial_overlapped == 0
+    # The stop-string turns ran past their stop in a successor call: 4 tokens each.
+    # The first turn's stop string (token 13) ended it in the call of tokens 12-15; its
+    # successor (16-19) already ran: 4 tokens dropped.
+    assert dropped == 4 and serial_dropped == 0
+    assert ends[1] == ("stop", out[k]) and ends[3] == ("stop", stop)
+    assert with_overlap[1][0] == out[:k + 1] and with_overlap[3][0] == out[:stop_at + 1]

@@ -11,7 +11,8 @@ from agentjax.core import parallel
 from agentjax.models.config import ModelConfig
 from agentjax.models.decoder import Decoder
 from agentjax.models.paged import AttentionItems, build_items
-from agentjax.engine.jax.programs import decode, engine_weights, mesh_and_rules, new_cache
+from agentjax.engine.jax.programs import (DecodeCarry, decode, engine_weights,
+                                          mesh_and_rules, new_cache)
 
 PAGES, PAGE_SIZE = 4, 16
 # kv_heads replicated and a page's slots split instead: not what the default rules give.
@@ -88,30 +89,48 @@ def test_weights_on_a_one_device_mesh_compile_each_program_once():
         assert engine.compile_counts == compiles
 
 
+def _decode_setup():
+    model = _model()
+    graphdef, params = nnx.split(model)
+    weights = engine_weights(graphdef, params)
+    empty = new_cache(weights, model.config, PAGES, PAGE_SIZE, jnp.float32)
+    rng = np.random.default_rng(0)
+    before = jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(np.float32), empty)
+    return model, weights, before
+
+
+PAGES_OF_ROWS = [[3, 0], [2, 1]]
+
+
+def _decode(weights, pool, lengths, steps, stop_ids, *, last=(5, 6), carry=None,
+            src=(-1, -1), positions=None, temperature=0.0):
+    """`steps` decode steps of rows 0 and 1 from slots `lengths` of PAGES_OF_ROWS."""
+    lengths = np.asarray(lengths, np.int32)
+    write = np.array([[p * PAGE_SIZE + s for s in range(n, n + steps)]
+                      for p, n in zip((3, 2), lengths)], np.int32)
+    host = build_items(PAGES_OF_ROWS, [n + steps for n in lengths], 2, PAGE_SIZE, 4, tile=1)
+    items = AttentionItems(row=host.row, page=host.page, first_slot=host.first_slot)
+    cache = jax.tree.map(jnp.asarray, pool)  # a fresh copy: decode donates it
+    return decode(weights, cache, lengths, np.asarray(last, np.int32), np.ones(2, bool),
+                  write, items, np.array([[0, 1], [0, 2]], np.uint32),
+                  lengths if positions is None else np.asarray(positions, np.int32),
+                  np.full(2, steps, np.int32), stop_ids, np.full(2, temperature, np.float32),
+                  np.full(2, -1, np.int32), np.ones(2, np.float32),
+                  DecodeCarry.empty(4) if carry is None else carry,
+                  np.asarray(src, np.int32), num_steps=steps)
+
+
 def test_decode_writes_the_pool_at_the_tokens_it_emitted_only():
     """Decode steps attend over a view of the rows' pages; at the end the tokens they
     wrote are copied to the pool: every emitted step's slot, and nothing after a row
     stopped (here at a stop id, where the host had given it slots for 4 steps)."""
-    model = _model()
-    graphdef, params = nnx.split(model)
-    weights = engine_weights(graphdef, params)
-    pages = [[3, 0], [2, 1]]
+    model, weights, before = _decode_setup()
     lengths = np.array([2, 1], np.int32)
     write = np.array([[p * PAGE_SIZE + s for s in range(n, n + 4)]
                       for p, n in zip((3, 2), lengths)], np.int32)
-    host = build_items(pages, [n + 4 for n in lengths], 2, PAGE_SIZE, 4, tile=1)
-    items = AttentionItems(row=host.row, page=host.page, first_slot=host.first_slot)
-
-    empty = new_cache(weights, model.config, PAGES, PAGE_SIZE, jnp.float32)
-    rng = np.random.default_rng(0)
-    before = jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(np.float32), empty)
 
     def run(stop_ids):
-        cache = jax.tree.map(jnp.asarray, before)  # a fresh copy: decode donates it
-        return decode(weights, cache, lengths, np.array([5, 6], np.int32), np.ones(2, bool),
-                      write, items, np.zeros((2, 2), np.uint32), lengths,
-                      np.full(2, 4, np.int32), stop_ids, np.zeros(2, np.float32),
-                      np.full(2, -1, np.int32), np.ones(2, np.float32), num_steps=4)
+        return _decode(weights, before, lengths, 4, stop_ids)[:4]
 
     free, tokens, _, emitted = run(np.full((2, 1), -1, np.int32))
     assert np.asarray(emitted).all()
@@ -128,3 +147,36 @@ def test_decode_writes_the_pool_at_the_tokens_it_emitted_only():
                 # what a stopped row wrote is what it wrote running on
                 assert np.array_equal(stopped_at, ran_on if flat in written else old)
                 assert np.array_equal(ran_on, old) == (flat not in write), flat
+
+
+def test_a_call_continued_through_the_carry_equals_one_call_of_all_its_steps():
+    """The overlap scheduler's premise: 4 steps, then 4 more whose rows take their last
+    token and liveness from the first call's carry (their `last` argument is garbage),
+    sample what one call of 8 steps samples and leave the same pool; a row that sampled
+    a stop id in the first call stays inactive in the second."""
+    _, weights, before = _decode_setup()
+    no_stop = np.full((2, 1), -1, np.int32)
+    lengths, positions = np.array([2, 1]), np.array([7, 3])
+    whole = _decode(weights, before, lengths, 8, no_stop, positions=positions,
+                    temperature=1.0)
+    first = _decode(weights, before, lengths, 4, no_stop, positions=positions,
+                    temperature=1.0)
+    assert np.asarray(first[4].live).tolist() == [True, True, False, False]
+    assert np.asarray(first[4].last)[:2].tolist() == np.asarray(first[1])[:, -1].tolist()
+    second = _decode(weights, first[0], lengths + 4, 4, no_stop, last=(0, 0),
+                     carry=first[4], src=(0, 1), positions=positions + 4, temperature=1.0)
+    for i in (1, 2):  # tokens, log-probs
+        np.testing.assert_array_equal(np.concatenate([first[i], second[i]], axis=1),
+                                      whole[i])
+    for a, b in zip(jax.tree.leaves(second[0]), jax.tree.leaves(whole[0])):
+        np.testing.assert_array_equal(a, b)
+
+    # Row 1 stops at its second token in the first call: the carry ends it.
+    stop = np.array([[-1], [int(whole[1][1, 1])]], np.int32)
+    first = _decode(weights, before, lengths, 4, stop, positions=positions, temperature=1.0)
+    assert np.asarray(first[3]).tolist() == [[True] * 4, [True, True, False, False]]
+    assert np.asarray(first[4].live)[:2].tolist() == [True, False]
+    second = _decode(weights, first[0], lengths + 4, 4, stop, last=(0, 0), carry=first[4],
+                     src=(0, 1), positions=positions + 4, temperature=1.0)
+    assert np.asarray(second[3]).tolist() == [[True] * 4, [False] * 4]
+    np.testing.assert_array_equal(second[1][0], whole[1][0, 4:])
