@@ -36,7 +36,9 @@ this order (the training step first, so the process's peak memory is its own):
    bandwidth; baseline: the roofline (those bytes at peak, and at the read probe's
    rate). Prefill utilization = the prefill's model FLOPs / the engine's prefill
    seconds / peak FLOP/s; baseline: a plain jitted forward of the same [batch, prompt]
-   tokens. The host gap between the engine's device calls (HOST_GAP).
+   tokens. The host gap between the engine's device calls (HOST_GAP), and the same
+   generate with the engine's overlap off (its baseline: each decode call read before
+   the next is dispatched) in the same interleaved runs.
 5. goals (issue 27, for an H200): decode MBU >= 50% at 3B, batch 64; train-step MFU
    >= 40% at 0.5B; each beside the measured value: met, not met, or why not comparable.
 
@@ -60,7 +62,7 @@ from flax import nnx
 from model import jax_side  # scripts/bench/model.py: plain jitted fwd + bwd
 from qwen25 import QWEN25, model_config, parameter_count  # scripts/bench/qwen25.py
 from rollout import compilations, compile_line, table  # scripts/bench/rollout.py
-from timing import Runs, measure, percent, timed  # scripts/bench/timing.py
+from timing import Ratio, Runs, measure, percent, timed  # scripts/bench/timing.py
 from trace_summary import summary  # scripts/bench/trace_summary.py
 
 from agentjax.config.choices import REMAT_POLICIES
@@ -118,8 +120,10 @@ HOST_GAP = (
     "host gap per call = (wall seconds of generate_sync - seconds inside the engine's "
     "prefill and decode program calls, stats prefill_s + decode_s) / program calls: the "
     "scheduler's work between calls (building inputs, appending tokens, stop checks, "
-    "admission) plus request intake and delivery, during which the device idles (each "
-    "call waits for its outputs)")
+    "admission) plus request intake and delivery, while the device idles. With overlap "
+    "a decode call is dispatched before the previous one is read (its seconds count "
+    "from that read), so the work between two decode calls runs while the device "
+    "computes and leaves this figure")
 
 # Hidden, intermediate, layers, heads, kv heads, vocab, tied (as QWEN25): the --tiny model.
 SHAPES = {**QWEN25, "tiny": (32, 64, 1, 2, 1, 256, True)}
@@ -488,13 +492,16 @@ class EngineRun:
         return (self.wall - inside) / max(self.calls, 1)
 
 
-def engine_run(engine: JaxEngine, prompts: np.ndarray, new_tokens: int) -> EngineRun:
+def engine_run(engine: JaxEngine, prompts: np.ndarray, new_tokens: int,
+               overlap: bool = True) -> EngineRun:
     requests = [GenerateRequest(p.tolist(), SamplingParams(
         temperature=1.0, max_new_tokens=new_tokens, seed=i)) for i, p in enumerate(prompts)]
     before = dict(engine.stats)
+    engine.overlap = overlap  # read by the scheduler between decode calls; it is idle now
     start = time.perf_counter()
     completions = engine.generate_sync(requests)
     wall = time.perf_counter() - start
+    engine.overlap = True
     added = {key: value - before.get(key, 0) for key, value in engine.stats.items()}
     return EngineRun(wall, added, sum(len(c[0].output_ids) for c in completions))
 
@@ -539,6 +546,8 @@ def bench_engine(name: str, args, peak: Peak | None, probes: Probes) -> Measured
         results = measure({
             "prefill": functools.partial(engine_run, engine, prompts, 1),
             "generate": functools.partial(engine_run, engine, prompts, args.new_tokens),
+            "generate, no overlap": functools.partial(engine_run, engine, prompts,
+                                                      args.new_tokens, overlap=False),
             "forward": plain_forward(model, prompts)}, args.repeats, compilations=compilations)
         if args.profile:
             trace_dir = os.path.join(args.profile, name)
@@ -546,7 +555,7 @@ def bench_engine(name: str, args, peak: Peak | None, probes: Probes) -> Measured
                 engine_run(engine, prompts, 2 * args.decode_steps)
     finally:
         engine.close()
-    compiled = compile_line(before, 3 * args.repeats)
+    compiled = compile_line(before, 4 * args.repeats)
 
     # Prefill caches the prompt but its last token; every new token is sampled by a
     # decode step (the first one feeds the prompt's last token).
@@ -560,9 +569,10 @@ def bench_engine(name: str, args, peak: Peak | None, probes: Probes) -> Measured
     forward_s = best(results["forward"])
     prefill_flops = costs.forward_flops(args.batch * args.prompt, args.prompt, args.batch)
     wall = best(run.wall for run in generate)
-    slowest_gap = max(generate, key=lambda run: run.host_gap)
-    fastest_gap = min(generate, key=lambda run: run.host_gap)
-    reported = {k: v for k, v in generate[0].stats.items() if "host" in k or "gap" in k}
+    serial = results["generate, no overlap"]
+    serial_wall = best(run.wall for run in serial)
+    reported = {k: v for k, v in generate[0].stats.items() if "host" in k or "gap" in k
+                or "overlap" in k}
 
     print(f"\n## JaxEngine at the {name} shape ({costs.params:,} params, bf16): "
           f"{args.batch} requests x {args.prompt} prompt tokens -> {args.new_tokens} new, "
@@ -592,11 +602,16 @@ def bench_engine(name: str, args, peak: Peak | None, probes: Probes) -> Measured
          f"{scaled(prefill_flops / forward_s.best, 'FLOP/s')} "
          f"({utilization(prefill_flops / forward_s.best, peak and peak.flops)})"],
         ["generate_sync end to end", f"{wall.best:.3f}", wall.spread_text(),
-         f"{generate[0].output_tokens / wall.best:.0f} new tok/s", "", ""]])
-    print(f"host gap: {fastest_gap.host_gap * 1e3:.2f}-{slowest_gap.host_gap * 1e3:.2f} ms "
-          f"per program call over the generate runs ({fastest_gap.calls} calls, "
-          f"{percent(fastest_gap.host_gap * fastest_gap.calls / fastest_gap.wall)} of the "
-          f"wall time); engine-reported: {reported or 'none'}. {HOST_GAP}")
+         f"{generate[0].output_tokens / wall.best:.0f} new tok/s",
+         f"{Ratio.of(wall, serial_wall).text()} of overlap off",
+         f"overlap off: {serial_wall.best:.3f} s, spread {serial_wall.spread_text()}"]])
+    for label, runs in (("host gap", generate), ("host gap, overlap off", serial)):
+        slowest, fastest = (f(runs, key=lambda run: run.host_gap) for f in (max, min))
+        print(f"{label}: {fastest.host_gap * 1e3:.2f}-{slowest.host_gap * 1e3:.2f} ms per "
+              f"program call over the runs ({fastest.calls} calls, "
+              f"{percent(max(fastest.host_gap, 0.0) * fastest.calls / fastest.wall)} of the "
+              f"wall time)")
+    print(f"engine-reported (one overlapped generate): {reported or 'none'}. {HOST_GAP}")
     if args.profile:
         print(f"\nprofile of one generate of {2 * args.decode_steps} new tokens per request "
               f"(prefill included; {trace_dir}):")

@@ -65,9 +65,22 @@ Design:
 - Sharding: params may live on a mesh (e.g. `parallel.shard_model`); the pool is then
   placed on it by `PagedKVCache.logical_axes` and the rules the model was sharded with
   (`programs.new_cache`), and jit propagates the rest.
-- Host time: `stats["host_gap_s"]` sums the scheduler's time between the end of one
-  device call and the start of the next while it has work (`scripts/bench/engine.py`
-  prints it per decode round).
+- Overlap (`overlap=True`, SGLang's overlap scheduler): while nothing else needs the
+  scheduler (its inbox is empty, no sequence waits for pages, none was cancelled), the
+  next decode call over the rows that go on is dispatched before the host reads the
+  current one, so the host's work between calls (recording tokens, stop strings, the
+  next call's arrays) runs while the device computes. The host gives each row the
+  slots and pages it needs if it emits every step; its last token, and whether it
+  sampled a stop id, reach the next call on device (`programs.DecodeCarry`). A row that
+  ended at a stop string, which only the host sees, ran one call too far: those tokens
+  are dropped (`stats["dropped_decode_tokens"]`), their slots lie past its length.
+  Anything else (a request, a weight swap, a cancellation) waits until the call in
+  flight is read: the scheduler then runs as without overlap. Deterministic mode keeps
+  its guarantee (every decode call runs max_slots rows either way); in default mode a
+  row that stopped in the call before may still count toward the next call's rows.
+- Host time: `stats["host_gap_s"]` sums the time the device sat idle between two calls
+  while the scheduler had work (from reading one call to dispatching the next;
+  overlapped calls add none). `scripts/bench/engine.py` prints it per decode call.
 
 Batch invariance (`deterministic=True`). Same noise is not same tokens: XLA:CPU's matmul
 result for a row depends on the program's row count (a row of `x[:k] @ w` differs from
@@ -262,9 +275,11 @@ class JaxEngine:
       deterministic: whether the engine runs in batch-invariant mode.
       stats: counters: {prefill,decode}_{calls,tokens,s}, max_{prefill,decode}_batch,
         host_gap_s, overlapped_decode_calls (dispatched before the previous call was
-        read), dropped_decode_tokens (sampled for a sequence that had ended at a stop
-        string after the call was dispatched), evictions, shared_prefixes, preemptions, peak_kv_pages (and
-        kv_page_bytes: bytes of one page).
+        read), host_bound_decode_calls (overlapped, but the previous call had finished:
+        the device waited for the host), dropped_decode_tokens (sampled for a sequence
+        that had ended at a stop string after the call was dispatched), evictions,
+        shared_prefixes, preemptions, peak_kv_pages (and kv_page_bytes: bytes of one
+        page).
     """
 
     def __init__(
@@ -747,7 +762,7 @@ class JaxEngine:
         calls = [self._dispatch_decode(batch) for batch in self._view_batches(work)]
         while calls:
             following = (self._dispatch_following(calls[0])
-                         if len(calls) == 1 and self._overlap_open() else None)
+                         if len(calls) == 1 and self._overlap_open(calls[0]) else None)
             for call in calls:
                 self._read_decode(call)
             calls = [following] if following is not None else []
@@ -772,11 +787,12 @@ class JaxEngine:
             self._copy_pages(copies)
         return work, complete
 
-    def _overlap_open(self) -> bool:
-        """Whether the next decode call may be dispatched before this one is read:
-        overlap is on and nothing needs the scheduler between the two (a request or a
-        control message to take in, a sequence waiting for pages, a cancellation)."""
+    def _overlap_open(self, call: _DecodeCall) -> bool:
+        """Whether `call`'s successor may be dispatched before it is read: overlap is on
+        and nothing needs the scheduler between the two (a request or a control message
+        to take in, a sequence waiting for pages or left out of `call`, a cancellation)."""
         return (self.overlap and not self._waiting and self._inbox.empty()
+                and sum(not row.seq.finished for row in call.rows) == len(self._in_flight)
                 and not any(seq.cancelled for seq in self._in_flight))
 
     def _dispatch_following(self, call: _DecodeCall) -> _DecodeCall | None:
@@ -792,6 +808,8 @@ class JaxEngine:
         if len(list(self._view_batches(work))) > 1:
             return None
         self.stats["overlapped_decode_calls"] += 1
+        # Done already: the device waited for the host (its work outlasts a call).
+        self.stats["host_bound_decode_calls"] += call.outputs[0].is_ready()
         return self._dispatch_decode(work)
 
     def _view_batches(self, work: list[_Row]):
@@ -869,6 +887,7 @@ class JaxEngine:
         for i, (row, count) in enumerate(zip(call.rows, counts)):
             if not row.seq.finished:
                 self._record(row.seq, tokens[i][:count], logprobs[i][:count])
+
     def _resolve_starvation(self) -> None:
         """No sequence in flight could get pages for its next round: free some. Default
         mode preempts the most recent sequence (it prefills its context again when

@@ -146,3 +146,24 @@ def test_a_round_attending_more_pages_than_the_pool_runs_in_calls_within_it(tiny
     assert split == whole
     assert split_view == 12 and whole_view == 24  # the pool: 4 rows x 6 pages
     assert split_calls > whole_calls
+
+
+def test_a_sequence_left_out_of_a_call_for_pages_joins_the_next_one_with_overlap(
+        tiny_model, tokenizer):
+    """A full pool (4 rows x 2 pages): the first decode call must copy the shared last
+    prompt page of a row and finds no free page, so one row sits it out. With overlap
+    the engine reads that call before the next (no chain runs past a waiting row): the
+    row joins the second call, as without overlap, with the same outputs."""
+    prompts = [[5 + i] + list(range(40, 55)) for i in range(4)]  # 15 slots: 1 page
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=16, seed=3)
+    runs = {}
+    for overlap in (True, False):
+        with JaxEngine.from_model(tiny_model, tokenizer=tokenizer, overlap=overlap,
+                                  **dict(ENGINE_KWARGS, kv_pages=8)) as engine:
+            results = engine.generate_sync([GenerateRequest(p, sampling) for p in prompts])
+            runs[overlap] = ([(c.output_ids, c.logprobs) for [c] in results],
+                             engine.stats["decode_calls"],
+                             engine.stats["overlapped_decode_calls"])
+    (outputs, calls, overlapped), (serial, serial_calls, _) = runs[True], runs[False]
+    assert outputs == serial and overlapped > 0
+    assert calls == serial_calls == 1 + 16 // ENGINE_KWARGS["decode_steps"]
