@@ -77,12 +77,15 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_serve_answers_then_stops_on_sigterm(model_path):
-    proc = subprocess.Popen(serve_command(model_path), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    # Overlap off in the server, on in the in-process engine: the same tokens.
+    proc = subprocess.Popen(serve_command(model_path, "--disable-overlap-schedule"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = Output(proc.stdout)
     try:
         url = output.wait_for(READY).group(1)
         assert httpx.get(url + "/health", timeout=30).status_code == 200
+        info = httpx.get(url + "/get_server_info", timeout=30).json()
+        assert info["disable_overlap_schedule"] is True
         answer = httpx.post(url + "/generate", timeout=60, json={
             "input_ids": [5, 6, 7], "return_logprob": True,
             "sampling_params": {"max_new_tokens": 6, "sampling_seed": 1}}).json()

@@ -131,6 +131,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--enable-deterministic-inference", action="store_true",
                         help="batch-invariant engine: a seeded request's output does not "
                              "depend on what else runs")
+    parser.add_argument("--disable-overlap-schedule", action="store_true",
+                        help="read each decode call before dispatching the next (the "
+                             "engine's overlap off)")
     parser.add_argument("--weight-version", default="default",
                         help="weight version reported until an update sets another")
     parser.add_argument("--skip-server-warmup", action="store_true",
@@ -228,7 +231,8 @@ def main(argv=None) -> None:
         max_slots=args.max_running_requests, max_len=context_length,
         prefill_chunks=args.prefill_chunks, decode_steps=args.decode_steps,
         page_size=args.page_size, kv_pages=kv_pages_per_lane(args, context_length),
-        deterministic=args.enable_deterministic_inference, seed=args.random_seed)
+        deterministic=args.enable_deterministic_inference, seed=args.random_seed,
+        overlap=not args.disable_overlap_schedule)
     if not args.skip_server_warmup:
         programs = engine.warmup()
         logging.info("compiled %d engine programs in %.1fs", programs,
