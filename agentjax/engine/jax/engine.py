@@ -78,6 +78,8 @@ Design:
   flight is read: the scheduler then runs as without overlap. Deterministic mode keeps
   its guarantee (every decode call runs max_slots rows either way); in default mode a
   row that stopped in the call before may still count toward the next call's rows.
+  The prefill calls of a round are dispatched back to back and waited for once (their
+  outputs are the pool alone), whether overlap is on or off.
 - Host time: `stats["host_gap_s"]` sums the time the device sat idle between two calls
   while the scheduler had work (from reading one call to dispatching the next;
   overlapped calls add none). `scripts/bench/engine.py` prints it per decode call.
@@ -705,7 +707,9 @@ class JaxEngine:
 
     def _prefill_round(self) -> bool:
         """One prefill call per chunk width in use (per `prefill_rows_per_call`
-        sequences). Returns whether any sequence prefilled."""
+        sequences), dispatched one after the other and waited for once: the host builds
+        a call while the device runs the one before. Returns whether any sequence
+        prefilled."""
         shapes, by_width, copies = self._shapes, collections.defaultdict(list), []
         for seq in self._in_flight:
             if not seq.decoding:
@@ -715,7 +719,7 @@ class JaxEngine:
                     by_width[width].append(seq)
         if copies:
             self._copy_pages(copies)
-        per_call = shapes.prefill_rows_per_call
+        per_call, calls = shapes.prefill_rows_per_call, []
         for width, seqs in sorted(by_width.items()):
             for start in range(0, len(seqs), per_call):
                 batch = seqs[start:start + per_call]
@@ -723,12 +727,18 @@ class JaxEngine:
                 spans = [s.length + min(width, s.context_length - 1 - s.length)
                          for s in batch]
                 size = self._item_count(spans, rows, "prefill")
-                self._run_prefill(batch, rows, width, size)
+                calls.append((self._run_prefill(batch, rows, width, size), len(batch)))
+        if calls:
+            jax.block_until_ready(self._cache)
+            self._count("prefill", calls[0][0][0], max(n for _, n in calls),
+                        sum(tokens for (_, tokens), _ in calls), calls=len(calls))
+            self._device_done = time.perf_counter()
         return bool(by_width)
 
     def _run_prefill(self, seqs: Sequence[_Sequence], rows: int, width: int,
-                     size: int) -> None:
-        """Prefills the next (up to) `width` context ids of each sequence (row i)."""
+                     size: int) -> tuple[float, int]:
+        """Dispatches the prefill of the next (up to) `width` context ids of each sequence
+        (row i), without waiting for it. Returns (its dispatch time, its tokens)."""
         tokens = np.zeros((rows, width), np.int32)
         slots = np.full((rows, width), -1, np.int32)
         write = np.full((rows, width), -1, np.int32)
@@ -742,16 +752,13 @@ class JaxEngine:
             counts.append(len(chunk))
         items = self._items(seqs, [s.length + n for s, n in zip(seqs, counts)], rows, size,
                             "prefill")
-        start = self._device_call()
+        dispatched = self._device_call()
         self._cache = prefill(self._weights, self._cache, tokens, slots, write, items)
-        jax.block_until_ready(self._cache)
-        if seqs:
-            self._count("prefill", start, len(seqs), sum(counts))
-        self._device_done = time.perf_counter()
         for seq, count in zip(seqs, counts):
             seq.length += count
             if seq.decoding:
                 self._table.prefilled(seq)
+        return dispatched, sum(counts)
 
     def _decode_round(self) -> bool:
         """Decode calls over every decoding sequence that has pages for its steps. While
@@ -915,10 +922,12 @@ class JaxEngine:
             self._device_done = None
         return now
 
-    def _count(self, program: str, start: float, batch: int, tokens: int) -> None:
-        """Accumulates per-program statistics (calls, seconds, tokens, largest batch)."""
+    def _count(self, program: str, start: float, batch: int, tokens: int,
+               calls: int = 1) -> None:
+        """Accumulates per-program statistics (calls, seconds since `start`, tokens,
+        largest batch)."""
         self.stats[f"{program}_s"] += time.perf_counter() - start
-        self.stats[f"{program}_calls"] += 1
+        self.stats[f"{program}_calls"] += calls
         self.stats[f"{program}_tokens"] += tokens
         self.stats[f"max_{program}_batch"] = max(self.stats[f"max_{program}_batch"], batch)
         self.stats["peak_kv_pages"] = self._table.peak_in_use

@@ -5,6 +5,7 @@ import collections
 import dataclasses
 import random
 
+import jax
 import numpy as np
 import pytest
 
@@ -233,3 +234,17 @@ def test_overlapped_decode_calls_change_no_output(det_engine, tiny_model, tokeni
     assert dropped == 4 and serial_dropped == 0
     assert ends[1] == ("stop", out[k]) and ends[3] == ("stop", stop)
     assert with_overlap[1][0] == out[:k + 1] and with_overlap[3][0] == out[:stop_at + 1]
+
+
+def test_a_prefill_round_is_waited_for_once(det_engine, monkeypatch):
+    """4 prompts of 8 ids to prefill, 2 rows a prefill call: one round of 2 calls,
+    dispatched back to back (the host builds the second while the device runs the
+    first) and waited for once."""
+    waits = []
+    block = jax.block_until_ready
+    monkeypatch.setattr(jax, "block_until_ready", lambda x: waits.append(1) or block(x))
+    before = det_engine.stats["prefill_calls"]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=2, seed=4)
+    det_engine.generate_sync([GenerateRequest([7 + i] * 9, sampling) for i in range(4)])
+    assert det_engine.stats["prefill_calls"] - before == 2
+    assert len(waits) == 1
