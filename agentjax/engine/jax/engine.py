@@ -719,7 +719,7 @@ class JaxEngine:
                     by_width[width].append(seq)
         if copies:
             self._copy_pages(copies)
-        per_call, calls = shapes.prefill_rows_per_call, []
+        per_call, dispatched, tokens, largest = shapes.prefill_rows_per_call, [], 0, 0
         for width, seqs in sorted(by_width.items()):
             for start in range(0, len(seqs), per_call):
                 batch = seqs[start:start + per_call]
@@ -727,11 +727,12 @@ class JaxEngine:
                 spans = [s.length + min(width, s.context_length - 1 - s.length)
                          for s in batch]
                 size = self._item_count(spans, rows, "prefill")
-                calls.append((self._run_prefill(batch, rows, width, size), len(batch)))
-        if calls:
+                when, count = self._run_prefill(batch, rows, width, size)
+                dispatched.append(when)
+                tokens, largest = tokens + count, max(largest, len(batch))
+        if dispatched:
             jax.block_until_ready(self._cache)
-            self._count("prefill", calls[0][0][0], max(n for _, n in calls),
-                        sum(tokens for (_, tokens), _ in calls), calls=len(calls))
+            self._count("prefill", dispatched[0], largest, tokens, calls=len(dispatched))
             self._device_done = time.perf_counter()
         return bool(by_width)
 
