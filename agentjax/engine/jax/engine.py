@@ -66,8 +66,8 @@ Design:
   placed on it by `PagedKVCache.logical_axes` and the rules the model was sharded with
   (`programs.new_cache`), and jit propagates the rest.
 - Overlap (`overlap=True`, SGLang's overlap scheduler): while nothing else needs the
-  scheduler (its inbox is empty, no sequence waits for pages, none was cancelled), the
-  next decode call over the rows that go on is dispatched before the host reads the
+  scheduler (its inbox is empty, no sequence waits for pages or sat out the call for
+  lack of them, none was cancelled), the next decode call over the rows that go on is dispatched before the host reads the
   current one, so the host's work between calls (recording tokens, stop strings, the
   next call's arrays) runs while the device computes. The host gives each row the
   slots and pages it needs if it emits every step; its last token, and whether it
