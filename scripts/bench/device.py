@@ -603,13 +603,13 @@ def bench_engine(name: str, args, peak: Peak | None, probes: Probes) -> Measured
          f"({utilization(prefill_flops / forward_s.best, peak and peak.flops)})"],
         ["generate_sync end to end", f"{wall.best:.3f}", wall.spread_text(),
          f"{generate[0].output_tokens / wall.best:.0f} new tok/s",
-         f"{Ratio.of(wall, serial_wall).text()} of overlap off",
+         f"overlap on / off: {Ratio.of(wall, serial_wall).text()}",
          f"overlap off: {serial_wall.best:.3f} s, spread {serial_wall.spread_text()}"]])
     for label, runs in (("host gap", generate), ("host gap, overlap off", serial)):
         slowest, fastest = (f(runs, key=lambda run: run.host_gap) for f in (max, min))
         print(f"{label}: {fastest.host_gap * 1e3:.2f}-{slowest.host_gap * 1e3:.2f} ms per "
               f"program call over the runs ({fastest.calls} calls, "
-              f"{percent(max(fastest.host_gap, 0.0) * fastest.calls / fastest.wall)} of the "
+              f"{percent(fastest.host_gap * fastest.calls / fastest.wall)} of the "
               f"wall time)")
     print(f"engine-reported (one overlapped generate): {reported or 'none'}. {HOST_GAP}")
     if args.profile:
