@@ -66,8 +66,8 @@ Design:
   placed on it by `PagedKVCache.logical_axes` and the rules the model was sharded with
   (`programs.new_cache`), and jit propagates the rest.
 - Overlap (`overlap=True`, SGLang's overlap scheduler): while nothing else needs the
-  scheduler (its inbox is empty, no sequence waits for pages or sat out the call for
-  lack of them, none was cancelled), the next decode call over the rows that go on is dispatched before the host reads the
+  scheduler (its inbox is empty, no waiting sequence could take a free row, none sat
+  out the call for lack of pages, none was cancelled), the next decode call over the rows that go on is dispatched before the host reads the
   current one, so the host's work between calls (recording tokens, stop strings, the
   next call's arrays) runs while the device computes. The host gives each row the
   slots and pages it needs if it emits every step; its last token, and whether it
@@ -798,8 +798,10 @@ class JaxEngine:
     def _overlap_open(self, call: _DecodeCall) -> bool:
         """Whether `call`'s successor may be dispatched before it is read: overlap is on
         and nothing needs the scheduler between the two (a request or a control message
-        to take in, a sequence waiting for pages or left out of `call`, a cancellation)."""
-        return (self.overlap and not self._waiting and self._inbox.empty()
+        to take in, a waiting sequence a free row could admit, a sequence left out of
+        `call`, a cancellation). With every row busy, waiting sequences wait either way."""
+        admissible = self._waiting and len(self._in_flight) < self.max_slots
+        return (self.overlap and not admissible and self._inbox.empty()
                 and sum(not row.seq.finished for row in call.rows) == len(self._in_flight)
                 and not any(seq.cancelled for seq in self._in_flight))
 

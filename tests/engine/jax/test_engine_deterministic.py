@@ -248,3 +248,28 @@ def test_a_prefill_round_is_waited_for_once(det_engine, monkeypatch):
     det_engine.generate_sync([GenerateRequest([7 + i] * 9, sampling) for i in range(4)])
     assert det_engine.stats["prefill_calls"] - before == 2
     assert len(waits) == 1
+
+
+def test_overlap_runs_while_requests_wait_for_a_row(tiny_model, tokenizer):
+    """6 requests for 4 rows: while every row is busy the 2 waiting ones cannot be
+    admitted, so decode calls go on overlapped; each joins when a row frees, with the
+    outputs of an engine without overlap."""
+    prompt = _encode(tokenizer, "Which city is the capital of France?")
+    requests = [GenerateRequest(prompt[:8 + i], SamplingParams(
+        temperature=1.0, max_new_tokens=6 + 4 * i, seed=30 + i)) for i in range(6)]
+    runs = {}
+    for overlap in (True, False):
+        with JaxEngine.from_model(tiny_model, tokenizer=tokenizer, overlap=overlap,
+                                  eos_token_ids=(), **DETERMINISTIC_KWARGS) as engine:
+            waiting = []  # sequences waiting at each overlapped dispatch
+            follow = engine._dispatch_following
+
+            def spy(call, engine=engine, follow=follow):
+                waiting.append(len(engine._waiting))
+                return follow(call)
+
+            engine._dispatch_following = spy
+            results = engine.generate_sync(requests)
+            runs[overlap] = (_fingerprint([c for [c] in results]), waiting)
+    assert runs[True][0] == runs[False][0]
+    assert 2 in runs[True][1] and runs[False][1] == []
