@@ -723,11 +723,8 @@ class JaxEngine:
         for width, seqs in sorted(by_width.items()):
             for start in range(0, len(seqs), per_call):
                 batch = seqs[start:start + per_call]
-                rows = shapes.rows(len(batch), "prefill")
-                spans = [s.length + min(width, s.context_length - 1 - s.length)
-                         for s in batch]
-                size = self._item_count(spans, rows, "prefill")
-                when, count = self._run_prefill(batch, rows, width, size)
+                when, count = self._run_prefill(batch, shapes.rows(len(batch), "prefill"),
+                                                width)
                 dispatched.append(when)
                 tokens, largest = tokens + count, max(largest, len(batch))
         if dispatched:
@@ -737,9 +734,10 @@ class JaxEngine:
         return bool(by_width)
 
     def _run_prefill(self, seqs: Sequence[_Sequence], rows: int, width: int,
-                     size: int) -> tuple[float, int]:
+                     size: int | None = None) -> tuple[float, int]:
         """Dispatches the prefill of the next (up to) `width` context ids of each sequence
-        (row i), without waiting for it. Returns (its dispatch time, its tokens)."""
+        (row i), without waiting for it; attention items default to the shape for the
+        rows' spans. Returns (its dispatch time, its tokens)."""
         tokens = np.zeros((rows, width), np.int32)
         slots = np.full((rows, width), -1, np.int32)
         write = np.full((rows, width), -1, np.int32)
@@ -751,8 +749,10 @@ class JaxEngine:
             slots[row, :len(chunk)] = np.arange(seq.length, end)
             write[row, :len(chunk)] = self._flat_slots(seq, seq.length, end)
             counts.append(len(chunk))
-        items = self._items(seqs, [s.length + n for s, n in zip(seqs, counts)], rows, size,
-                            "prefill")
+        spans = [s.length + n for s, n in zip(seqs, counts)]
+        if size is None:
+            size = self._item_count(spans, rows, "prefill")
+        items = self._items(seqs, spans, rows, size, "prefill")
         dispatched = self._device_call()
         self._cache = prefill(self._weights, self._cache, tokens, slots, write, items)
         for seq, count in zip(seqs, counts):
