@@ -8,7 +8,7 @@ The scheduler is one thread's state machine (intake, admission, prefill and deco
 rounds, finishing). What it drives lives beside it: the device programs and the page
 pool in `engine/jax/programs.py` (attention in `models/paged.py`, on GPU the Pallas
 kernel of `models/paged_pallas.py`), the shape of each
-call in `engine/jax/shapes.py`, the pages, sessions and shared prompts in
+call in `engine/jax/shapes.py`, the pages, sessions and shared contexts in
 `engine/jax/pages.py`.
 
 Design:
@@ -16,7 +16,7 @@ Design:
   and freed when a sequence ends; max_len caps a request, it reserves nothing. Every
   call attends only the pages its rows hold (a work list of (row, page) items), so cost
   follows the tokens in flight, not max_len nor the longest row. When pages run out,
-  shared prompts and then (unless deterministic) parked sessions are dropped, then
+  shared contexts and then (unless deterministic) parked sessions are dropped, then
   requests wait; a request that can never fit is aborted with the reason.
 - Prefill: each admitted sequence's context but its last token goes into right-padded
   [R, C] chunks, C picked per sequence from its own remaining tokens; the sequences of a
@@ -28,9 +28,10 @@ Design:
   call batches every row in flight. Interleaved, the short rows of a batch would finish
   while a long prompt still prefilled, and its row then decode alone in as many calls
   again; a GRPO group would decode one call out of phase with its first sample.
-- Shared prompts: a fresh sequence whose ids equal another's prefills nothing: it
-  shares that sequence's pages (copy-on-write), so a GRPO group's prompt is prefilled
-  once (`engine/jax/pages.py`).
+- Shared contexts: a sequence whose context another prefilled (the same ids, and its
+  cached slots computed the same way) prefills nothing: it shares that sequence's pages
+  (copy-on-write), so a GRPO group's prompt is prefilled once, and so is each later
+  turn's context that several of its samples reach alike (`engine/jax/pages.py`).
 - Decode: one program call runs `decode_steps` tokens over the decoding rows. With the
   pure-JAX attention the call copies the pages its rows attend into a view
   (`paged.gather_view`); rows that share a prompt attend its pages each, so a round is
@@ -58,7 +59,7 @@ Design:
   (`config.dtype`: float32 master weights become a bfloat16 copy), so nothing
   recompiles and the trainer may donate its own buffers afterwards. The swap happens
   between rounds, also while sequences are in flight; every page written by the old
-  weights is dropped then: parked sessions and shared prompts end, and a sequence in
+  weights is dropped then: parked sessions and shared contexts end, and a sequence in
   flight prefills its context so far again with the new weights before it samples on
   (`meta["recomputed"]`), so no old-policy key is ever attended after a swap. Each
   output token's weight version is reported (`meta["token_versions"]`).
@@ -176,6 +177,7 @@ class _Sequence:
     loop: asyncio.AbstractEventLoop
     pages: list[int] = dataclasses.field(default_factory=list)
     length: int = 0  # slots of `pages` filled: the context ids but the last
+    segments: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # prefilled
     outputs: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)  # weight version per output
@@ -354,8 +356,9 @@ class JaxEngine:
                                 self._cache_dtype, self._key_layout)
         self.stats = collections.Counter()
         self.stats["kv_page_bytes"] = page_bytes(self.config, page_size, self._cache_dtype)
+        # Shared contexts serve the sequences around the same turn: two per row.
         self._table = PageTable(self.kv_pages, page_size, evict_parked=not deterministic,
-                                stats=self.stats)
+                                stats=self.stats, max_contexts=2 * max_slots)
         self._in_flight: list[_Sequence] = []
         self._waiting: collections.deque[_Sequence] = collections.deque()
         self._inbox: queue.Queue = queue.Queue()
@@ -579,13 +582,13 @@ class JaxEngine:
 
     def _drop_old_pages(self) -> None:
         """After a weight swap: no page written by the old weights is attended again.
-        Parked sessions and shared prompts end; sequences in flight prefill their
+        Parked sessions and shared contexts end; sequences in flight prefill their
         context again."""
         self._table.drop_cached()
         for seq in self._in_flight:
             if seq.length:
                 seq.meta["recomputed"] = seq.meta.get("recomputed", 0) + 1
-            self._table.truncate(seq, 0)
+            self._table.recompute(seq)
 
     def _warmup(self) -> None:
         """Runs every program once on inert rows (all padding / inactive: no page

@@ -1,5 +1,5 @@
 """The JaxEngine's host-side page table: which KV pages each sequence, parked session and
-shared prompt holds, with reference counts and copy-on-write.
+shared context holds, with reference counts and copy-on-write.
 
 A sequence's cache is a list of pages (slot s at page s // page_size); `length` slots
 are filled. Pages are allocated as tokens arrive and released when a sequence ends, so
@@ -8,16 +8,21 @@ the pool in use follows the tokens held; max_len is only a cap per request.
 - Sessions (`GenerateRequest.session_id`): after a turn the session keeps its pages
   (not a batch row); its next request is checked token by token against the ids cached
   there and prefills only past the common prefix (`meta["cached_tokens"]`).
-- Shared prompts: a sequence that prefilled its context from scratch registers it (all
-  ids but the last, which its first decode step feeds); a later fresh sequence with the
-  same ids shares those pages and prefills nothing (`meta["shared_prefix"]`). The G
-  samples of a GRPO group thus prefill their prompt once; a sibling that arrives while
-  the first is still prefilling waits for it. The shared pages hold exactly what the
-  sibling would have computed (the same ids, prefilled from slot 0 in the same chunks),
-  so sharing never changes a result, in deterministic mode too.
+- Shared contexts: every sequence that prefills registers its context (all ids but the
+  last, which its first decode step feeds) with how its slots were computed; a later
+  sequence whose context and computation match shares those pages and prefills nothing
+  (`meta["shared_prefix"]`). The G samples of a GRPO group thus prefill their prompt
+  once, and at a later turn the samples that took the same actions and saw the same
+  observations prefill that observation once; a sibling that arrives while the first
+  is still prefilling waits for it.
+- Provenance: a context is keyed by its ids and its prefill segments (start, end), the
+  slots outside them having been written by decode steps. Chunk boundaries follow from
+  a segment alone (`ProgramShapes.chunk_width`), so a shared page holds bitwise what the
+  sequence would have computed itself in deterministic mode; the same ids reached
+  through another split between decoded and prefilled slots are not shared.
 - Copy-on-write: a page referenced twice is copied before a sequence writes into it
   (`prepare_writes` returns the copies for the engine to run on device).
-- Reclaiming: when pages run out, shared prompts (least recently used first) are
+- Reclaiming: when pages run out, shared contexts (least recently used first) are
   dropped, then (when eviction is allowed) parked sessions; an evicted session that
   returns is prefilled from scratch (`meta["reprefilled"]`).
 
@@ -41,12 +46,14 @@ class Occupant(Protocol):
     session_id: str | None
     pages: list[int]
     length: int
+    segments: list[tuple[int, int]]
     meta: dict[str, Any]
 
 
 @dataclasses.dataclass(eq=False)
 class Session:
-    """A multi-turn session: its pages and the ids cached in them.
+    """A multi-turn session: its pages, the ids cached in them and the prefill segments
+    that wrote them (the rest was decoded).
 
     busy: a request of the session is in flight; ended: `end_session` arrived while busy;
     last_used: when it was last parked (release order), for eviction.
@@ -55,8 +62,18 @@ class Session:
     pages: list[int]
     cached_ids: list[int]
     last_used: int
+    segments: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     busy: bool = False
     ended: bool = False
+
+
+Key = tuple[tuple[int, ...], tuple[tuple[int, int], ...]]  # (context ids, prefill segments)
+
+
+def written_before(segments: Sequence[tuple[int, int]], length: int) -> list[tuple[int, int]]:
+    """The segments that wrote slots below `length` (a segment cut by it is kept whole:
+    its slots below `length` were computed in its chunks)."""
+    return [s for s in segments if s[0] < length]
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -69,30 +86,29 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class PageTable:
-    """Pages, their reference counts, sessions and shared prompts (module docstring).
+    """Pages, their reference counts, sessions and shared contexts (module docstring).
 
     Args:
       num_pages: pages in the device pool.
       page_size: slots per page.
       evict_parked: whether a parked session's pages may be reclaimed.
       stats: a counter that records "evictions", "shared_prefixes".
-      max_shared_prompts: shared prompts kept at most.
+      max_contexts: shared contexts kept at most (the least recently used go first).
     """
 
     def __init__(self, num_pages: int, page_size: int, *, evict_parked: bool,
-                 stats: collections.Counter, max_shared_prompts: int = 64):
+                 stats: collections.Counter, max_contexts: int = 64):
         self.page_size = page_size
         self.evict_parked = evict_parked
         self.stats = stats
-        self.max_shared_prompts = max_shared_prompts
+        self.max_contexts = max_contexts
         self.refs = np.zeros(num_pages, np.int32)
         self._free = list(range(num_pages - 1, -1, -1))  # a stack: lowest ids first
         self.peak_in_use = 0
         self.sessions: dict[str, Session] = {}
-        # Shared prompt ids -> its pages (held by the table), most recently used last.
-        self.prompts: collections.OrderedDict[tuple[int, ...], list[int]] = (
-            collections.OrderedDict())
-        self.prefilling: dict[tuple[int, ...], Occupant] = {}  # prompts being prefilled
+        # A shared context's key -> its pages (held by the table), most recently used last.
+        self.contexts: collections.OrderedDict[Key, list[int]] = collections.OrderedDict()
+        self.prefilling: dict[Key, Occupant] = {}  # contexts being prefilled
         self._release_order = itertools.count(1)
 
     # ------------------------------------------------------------------ pages
@@ -158,10 +174,10 @@ class PageTable:
         seq.length = length
 
     def reclaim(self, needed: int) -> bool:
-        """Frees pages until `needed` are free: shared prompts first (least recently used),
+        """Frees pages until `needed` are free: shared contexts first (least recently used),
         then parked sessions when eviction is allowed. False if it cannot."""
-        while self.free < needed and self.prompts:
-            _, pages = self.prompts.popitem(last=False)
+        while self.free < needed and self.contexts:
+            _, pages = self.contexts.popitem(last=False)
             self._release(pages)
         if self.free < needed and self.evict_parked:
             parked = sorted((s.last_used, sid) for sid, s in self.sessions.items()
@@ -171,7 +187,7 @@ class PageTable:
                     break
                 session = self.sessions[sid]
                 self._release(session.pages)
-                session.pages, session.cached_ids = [], []
+                session.pages, session.cached_ids, session.segments = [], [], []
                 self.stats["evictions"] += 1
         return self.free >= needed
 
@@ -179,34 +195,44 @@ class PageTable:
 
     def admit(self, seq: Occupant, decode_steps: int) -> bool:
         """Gives a waiting sequence its cached prefix (its session's pages, or a shared
-        prompt) and the pages to prefill the rest and run one decode round. False (and
-        nothing changed) if its session is busy, its prompt is being prefilled by another
-        sequence, or the pool cannot hold it."""
+        context) and the pages to prefill the rest and run one decode round. False (and
+        nothing changed) if its session is busy, its context is being prefilled by
+        another sequence, or the pool cannot hold it."""
         session = self.sessions.get(seq.session_id) if seq.session_id else None
         if session is not None and session.busy:
             return False  # one request per session at a time
         # A preempted sequence comes back with outputs: its context is input + outputs.
         ids = tuple(seq.input_ids) + tuple(seq.outputs)
         context = len(ids) - 1  # slots prefill fills; the last id is decoded
-        key = ids[:-1]
         cached = session is not None and bool(session.pages)
-        if cached:
-            reuse = min(common_prefix(session.cached_ids, ids), context)
-            seq.meta["prefix_mismatch"] = reuse < len(session.cached_ids)
+        reuse = min(common_prefix(session.cached_ids, ids), context) if cached else 0
+        mismatch = cached and reuse < len(session.cached_ids)
+        segments = written_before(session.segments, reuse) if cached else []
+        if reuse < context:
+            segments.append((reuse, context))
+        key = (ids[:context], tuple(segments))
+        shared = None
+        if reuse < context:
+            if key in self.prefilling:
+                return False  # a sibling prefills it: share its pages once it is done
+            shared = self.contexts.get(key)
+        if shared is not None:
+            self.contexts.move_to_end(key)
+            seq.pages = list(shared)
+            self._retain(seq.pages)
+            length = context
+        elif cached:
             # The session's references pass to the sequence (so reclaiming cannot take them).
             seq.pages, session.pages = session.pages, []
-        elif key in self.prefilling:
-            return False  # a sibling prefills it: share its pages once it is done
-        elif key in self.prompts:
-            self.prompts.move_to_end(key)
-            reuse, seq.pages = context, list(self.prompts[key])
-            self._retain(seq.pages)
+            length = reuse
         else:
-            reuse, seq.pages = 0, []
-        self.truncate(seq, reuse)
+            seq.pages, length = [], 0
+        self.truncate(seq, length)
         if not self.reclaim(self.writes_need(seq, context + decode_steps)):
-            if cached:  # the session keeps what it shares with this request
-                session.pages, session.cached_ids = seq.pages, session.cached_ids[:reuse]
+            if shared is None and cached:  # the session keeps what it shares with this request
+                session.pages = seq.pages
+                session.cached_ids = session.cached_ids[:reuse]
+                session.segments = written_before(session.segments, reuse)
             else:
                 self._release(seq.pages)
             seq.pages, seq.length = [], 0
@@ -214,7 +240,10 @@ class PageTable:
         # Reserve the pages (copies of shared ones are made when first written).
         while len(seq.pages) < self.pages_for(context + decode_steps):
             seq.pages.append(self._allocate())
-        if not cached and reuse:
+        if cached:
+            seq.meta["prefix_mismatch"] = mismatch
+            self._release(session.pages)  # what a shared context replaced
+        if shared is not None:
             seq.meta["shared_prefix"] = True
             self.stats["shared_prefixes"] += 1
         if session is not None and not cached:
@@ -222,23 +251,32 @@ class PageTable:
         if seq.session_id is not None:
             self.sessions[seq.session_id] = Session(pages=[], cached_ids=[], last_used=0,
                                                     busy=True)
-        seq.meta["cached_tokens"] = reuse
-        if reuse == 0 and context > 0:
-            self.prefilling.setdefault(key, seq)
+        seq.meta["cached_tokens"] = length
+        seq.segments = segments
+        if length < context:
+            self.prefilling[key] = seq
         return True
 
     def prefilled(self, seq: Occupant) -> None:
         """Called when a sequence has prefilled its whole context: shares it if it
-        registered it (the shared prompt holds its own references)."""
+        registered it (the shared context holds its own references)."""
         key = self._registered(seq)
         if key is None:
             return
         del self.prefilling[key]
-        pages = seq.pages[:self.pages_for(len(key))]
+        pages = seq.pages[:self.pages_for(len(key[0]))]
         self._retain(pages)
-        self.prompts[key] = pages
-        while len(self.prompts) > self.max_shared_prompts:
-            self._release(self.prompts.popitem(last=False)[1])
+        self.contexts[key] = pages
+        while len(self.contexts) > self.max_contexts:
+            self._release(self.contexts.popitem(last=False)[1])
+
+    def recompute(self, seq: Occupant) -> None:
+        """Drops every slot of a sequence in flight, which prefills its context again."""
+        key = self._registered(seq)
+        if key is not None:
+            del self.prefilling[key]
+        self.truncate(seq, 0)
+        seq.segments = [(0, len(seq.input_ids) + len(seq.outputs) - 1)]
 
     def release(self, seq: Occupant, *, park: bool = True) -> None:
         """Frees the sequence's pages, or parks them in its session (which then caches
@@ -255,11 +293,12 @@ class PageTable:
             self.truncate(seq, seq.length)
             session.pages, session.busy = list(seq.pages), False
             session.cached_ids = list((seq.input_ids + tuple(seq.outputs))[:seq.length])
+            session.segments = written_before(seq.segments, seq.length)
             session.last_used = next(self._release_order)
         seq.pages, seq.length = [], 0
 
-    def _registered(self, seq: Occupant) -> tuple[int, ...] | None:
-        """The prompt `seq` prefills for sharing, if any."""
+    def _registered(self, seq: Occupant) -> Key | None:
+        """The context `seq` prefills for sharing, if any."""
         return next((k for k, v in self.prefilling.items() if v is seq), None)
 
     def end_session(self, session_id: str) -> None:
@@ -275,18 +314,18 @@ class PageTable:
         self._release(session.pages)
 
     def drop_cached(self) -> None:
-        """Ends every idle session and drops every shared prompt (their pages hold keys
+        """Ends every idle session and drops every shared context (their pages hold keys
         of old weights)."""
         for session_id in [k for k, v in self.sessions.items() if not v.busy]:
             self.end_session(session_id)
-        while self.prompts:
-            self._release(self.prompts.popitem()[1])
+        while self.contexts:
+            self._release(self.contexts.popitem()[1])
         self.prefilling.clear()
 
     def clear(self) -> None:
         """Forgets everything: every page is free."""
         self.sessions.clear()
-        self.prompts.clear()
+        self.contexts.clear()
         self.prefilling.clear()
         self.refs[:] = 0
         self._free = list(range(len(self.refs) - 1, -1, -1))

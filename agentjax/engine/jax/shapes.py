@@ -12,7 +12,7 @@ attention items — and so the finite set of programs it compiles.
   1/3 for padding, not 1/2; below, padding costs little and each count is one more
   program to compile). Decode counts stop at `view_pages`, the pool's page count: a
   decode call copies the pages it attends into a view, and the engine splits a round
-  whose rows attend more (through a shared prompt) into calls within it. The GPU kernel
+  whose rows attend more (through a shared context) into calls within it. The GPU kernel
   (`models/paged_pallas.py`) takes block tables of a fixed width instead: one program
   per rows and chunk width.
 

@@ -8,6 +8,7 @@ import random
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from agentjax.engine.protocol import GenerateRequest, SamplingParams
 from agentjax.engine.jax.engine import JaxEngine
@@ -126,9 +127,16 @@ def test_outputs_are_bitwise_identical_alone_and_in_any_crowd(det_engine, tiny_m
         np.testing.assert_allclose(logprobs[i], ref[token], atol=1e-4)
 
 
-def test_prefilled_with_another_session_equals_prefilled_alone(det_engine, tokenizer):
+def _drop_shared_contexts(engine, model):
+    """Swaps the same weights in: every shared context and parked session is dropped."""
+    engine.update_weights(nnx.split(model)[1])
+
+
+def test_prefilled_with_another_session_equals_prefilled_alone(det_engine, tiny_model,
+                                                               tokenizer):
     """Two sessions admitted in one round share each prefill call (same chunk width,
-    2 rows per call); each matches its run alone, turn after turn."""
+    2 rows per call); each matches its run alone, turn after turn. (Each run starts
+    with no shared context, or the second would prefill nothing.)"""
     _, session, fox, _ = _workload(tokenizer)
     other = dataclasses.replace(session, seed=15)
 
@@ -141,13 +149,79 @@ def test_prefilled_with_another_session_equals_prefilled_alone(det_engine, token
         return [await _session(det_engine, tokenizer, session, fox, "apart-a"),
                 await _session(det_engine, tokenizer, other, fox, "apart-b")]
 
+    _drop_shared_contexts(det_engine, tiny_model)
     calls = det_engine.stats["prefill_calls"]
     joint = asyncio.run(together())
     joint_calls = det_engine.stats["prefill_calls"] - calls
+    _drop_shared_contexts(det_engine, tiny_model)
     separate = asyncio.run(apart())
     assert joint_calls < det_engine.stats["prefill_calls"] - calls - joint_calls
     for a, b in zip(joint, separate):
         assert _fingerprint(a) == _fingerprint(b)
+
+
+def test_twin_sessions_share_each_turn_and_equal_a_session_alone(det_engine, tiny_model,
+                                                                 tokenizer):
+    """Two sessions with the same seed reach the same context at every turn: the second
+    to arrive shares the first's pages each turn (the prompt, then each action and
+    observation) and prefills nothing, and both equal the session run alone, bitwise."""
+    _, session, fox, _ = _workload(tokenizer)
+
+    def run(*names):
+        _drop_shared_contexts(det_engine, tiny_model)
+        before = collections.Counter(det_engine.stats)
+
+        async def together():
+            return await asyncio.gather(*(
+                _session(det_engine, tokenizer, session, fox, name) for name in names))
+
+        runs = asyncio.run(together())
+        delta = collections.Counter(det_engine.stats)
+        delta.subtract(before)
+        return [_fingerprint(turns) for turns in runs], delta
+
+    [alone], alone_stats = run("twin-alone")
+    twins, twin_stats = run("twin-a", "twin-b")
+    assert twins == [alone, alone]
+    assert twin_stats["prefill_tokens"] == alone_stats["prefill_tokens"]
+    assert twin_stats["shared_prefixes"] - alone_stats["shared_prefixes"] == 3
+
+
+def test_the_same_context_computed_another_way_is_not_shared(det_engine, tiny_model,
+                                                             tokenizer):
+    """Session a decodes its first 2 action tokens, c prefills them with its prompt; both
+    then send the same next turn. Their cached keys came from other programs (a decode
+    step's row count against a prefill call's), so c does not share a's context: it
+    prefills its observation itself, and its turn equals its turn alone, bitwise. (At
+    this tiny shape XLA:CPU happens to give both programs the same bits; the engine
+    may not assume that of a real model's matmuls.)"""
+    _, _, fox, _ = _workload(tokenizer)
+    observation = _encode(tokenizer, OBSERVATION)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    [[probe]] = det_engine.generate_sync([GenerateRequest(fox, greedy)])
+    action = probe.output_ids
+    following = SamplingParams(temperature=1.0, max_new_tokens=8, seed=3)
+
+    def second_turn(names):
+        _drop_shared_contexts(det_engine, tiny_model)
+        out = []
+        for name in names:
+            first_ids, steps = (fox, 6) if name.startswith("a") else (fox + action[:2], 4)
+            [[first]] = det_engine.generate_sync([GenerateRequest(
+                first_ids, dataclasses.replace(greedy, max_new_tokens=steps),
+                session_id=name)])
+            assert first_ids + first.output_ids == fox + action
+            [[second]] = det_engine.generate_sync([GenerateRequest(
+                fox + action + observation, following, session_id=name)])
+            det_engine.end_session(name)
+            out.append(second)
+        return out
+
+    [alone] = second_turn(["c-alone"])
+    a, c = second_turn(["a-first", "c-after"])
+    assert "shared_prefix" not in c.meta and c.meta["cached_tokens"] == len(fox) + 5
+    assert _fingerprint([c]) == _fingerprint([alone])
+    assert a.output_ids == c.output_ids
 
 
 def test_parked_sessions_are_never_evicted(det_engine, tokenizer):

@@ -21,6 +21,7 @@ class Seq:
     outputs: list[int] = dataclasses.field(default_factory=list)
     pages: list[int] = dataclasses.field(default_factory=list)
     length: int = 0
+    segments: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -133,7 +134,7 @@ def test_a_shared_prompt_is_prefilled_once_and_copied_on_write():
         table.release(seq)
     assert table.in_use == 2  # the shared prompt's two pages
     table.drop_cached()
-    assert table.in_use == 0 and not table.prompts
+    assert table.in_use == 0 and not table.contexts
 
 
 def test_a_cancelled_leader_lets_its_sibling_prefill_alone():
@@ -152,10 +153,10 @@ def test_reclaiming_drops_shared_prompts_then_the_least_recently_parked_session(
         assert table.admit(seq, 1)
         _prefill(table, seq)
         _finish(table, seq, [11, 12, 13, 14])  # 8 slots: 2 pages each
-    assert table.in_use == 4 and len(table.prompts) == 2  # the prompts share their pages
+    assert table.in_use == 4 and len(table.contexts) == 2  # the prompts share their pages
     stranger = Seq(tuple(range(20, 29)))  # 8 slots + 1 step: 3 pages
     assert table.admit(stranger, 1)
-    assert not table.prompts and table.stats["evictions"] == 1
+    assert not table.contexts and table.stats["evictions"] == 1
     assert table.sessions["old"].pages == [] and table.sessions["new"].pages
     table.release(stranger)
     back = Seq((1, 2, 3, 4, 5, 11), session_id="old")
@@ -167,7 +168,7 @@ def test_without_eviction_parked_sessions_keep_their_pages():
     seq = Seq((1, 2, 3, 4, 5, 6), session_id="s")
     assert table.admit(seq, 1)
     _finish(table, seq, [7, 8, 9])  # 8 slots: 2 pages
-    table.prompts.clear()
+    table.contexts.clear()
     stranger = Seq(tuple(range(20, 29)))
     assert not table.admit(stranger, 1)
     assert table.stats["evictions"] == 0 and len(table.sessions["s"].pages) == 2
@@ -192,3 +193,86 @@ def test_clear_frees_everything():
     assert table.admit(seq, 4)
     table.clear()
     assert table.in_use == 0 and table.free == 8 and not table.sessions
+
+
+def _first_turn(table, session_id, prompt, outputs):
+    seq = Seq(tuple(prompt), session_id=session_id)
+    assert table.admit(seq, 1)
+    if not seq.meta.get("shared_prefix"):
+        _prefill(table, seq)
+    _finish(table, seq, outputs)
+    return seq
+
+
+def test_a_later_turn_reached_alike_is_prefilled_once():
+    """Two sessions that sampled the same action and saw the same observation: the
+    second shares the first's whole context (its own pages of the first turn go back
+    to the pool) and prefills nothing."""
+    table = _table(num_pages=16)
+    prompt, action, observation = (1, 2, 3, 4, 5, 6), [7, 8], (9, 10, 11)
+    for name in ("a", "b"):
+        _first_turn(table, name, prompt, action)  # cached: 7 slots, prefilled [0, 5)
+    ids = prompt + tuple(action) + observation  # 10 slots: 7 cached, [7, 10) prefilled
+    a, b = Seq(ids, session_id="a"), Seq(ids, session_id="b")
+    assert table.admit(a, 1) and a.length == 7 and a.segments == [(0, 5), (7, 10)]
+    assert not table.admit(b, 1)  # a prefills it: b waits, its session parked as it was
+    assert table.sessions["b"].pages and not table.sessions["b"].busy
+    _prefill(table, a)
+    in_use = table.in_use
+    assert table.admit(b, 1)
+    assert b.meta["shared_prefix"] and b.meta["cached_tokens"] == 10 and b.length == 10
+    assert b.pages[:3] == a.pages[:3] and b.segments == a.segments
+    # b's first turn held the prompt's first page and its own copy of the second: the
+    # copy is freed. Its decode step (slot 10) lands in the shared third page, which it
+    # copies when it writes there.
+    assert table.in_use == in_use - 1 and table.writes_need(b, 11) == 1
+    assert table.stats["shared_prefixes"] == 2  # the first turn's prompt, this context
+    _finish(table, a, [12])
+    _finish(table, b, [12])
+    assert table.sessions["b"].segments == [(0, 5), (7, 10)]
+
+
+def test_the_same_ids_computed_another_way_are_not_shared():
+    """c prefilled the first action token with its prompt; a decoded it. Their next
+    contexts have the same ids, but their cached slots came from other programs, which
+    deterministic mode tells apart: c prefills its own."""
+    table = _table(num_pages=16)
+    _first_turn(table, "a", (1, 2, 3, 4, 5, 6), [7, 8])       # prefilled [0, 5)
+    _first_turn(table, "c", (1, 2, 3, 4, 5, 6, 7), [8])       # prefilled [0, 6)
+    assert table.sessions["a"].cached_ids == table.sessions["c"].cached_ids
+    ids = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+    a, c, fresh = Seq(ids, session_id="a"), Seq(ids, session_id="c"), Seq(ids)
+    assert table.admit(a, 1)
+    _prefill(table, a)
+    assert table.admit(c, 1) and "shared_prefix" not in c.meta and c.length == 7
+    assert c.segments == [(0, 6), (7, 10)]
+    _prefill(table, c)
+    assert table.admit(fresh, 1) and fresh.length == 0 and fresh.segments == [(0, 10)]
+    _prefill(table, fresh)
+    again = Seq(ids)
+    assert table.admit(again, 1) and again.meta["shared_prefix"]
+    assert again.pages[:3] == fresh.pages[:3]
+
+
+def test_a_session_keeps_its_pages_when_a_shared_context_does_not_fit():
+    table = _table(num_pages=6, evict_parked=False)
+    _first_turn(table, "a", (1, 2, 3, 4, 5, 6), [7, 8])
+    _first_turn(table, "b", (1, 2, 3, 4, 5, 6), [7, 8])
+    ids = (1, 2, 3, 4, 5, 6, 7) + tuple(range(20, 28))  # 14 slots + 4 steps: 5 pages
+    a = Seq(ids, session_id="a")
+    assert table.admit(a, 4)
+    _prefill(table, a)
+    b = Seq(ids, session_id="b")
+    held = list(table.sessions["b"].pages)
+    assert not table.admit(b, 4) and b.pages == [] and b.length == 0
+    assert table.sessions["b"].pages == held and not table.sessions["b"].busy
+
+
+def test_recompute_prefills_the_context_so_far_from_slot_zero():
+    table = _table()
+    seq = Seq((1, 2, 3, 4, 5), session_id="s")
+    assert table.admit(seq, 1)
+    assert seq.segments == [(0, 4)] and table.prefilling
+    seq.outputs = [6, 7]
+    table.recompute(seq)
+    assert seq.length == 0 and seq.segments == [(0, 6)] and not table.prefilling
