@@ -169,7 +169,8 @@ async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
                     weight_version=completion.meta.get("weight_version"),
                     logprob_distribution=completion.meta.get("logprob_distribution",
                                                              "sampling"),
-                    versions=sampled_versions(completion))
+                    versions=sampled_versions(completion),
+                    cached_tokens=completion.meta.get("cached_tokens"))
         traj.turns.append(turn)
         context.extend(turn.action_ids)
         result = await _env_call(loop, executor, env.step, action_text(tokenizer, turn.action_ids))

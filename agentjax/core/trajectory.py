@@ -63,6 +63,9 @@ class Turn:
         the Engine protocol's original contract).
       versions: the weight version that sampled each action token (an asynchronous run
         may swap weights mid-turn); empty when the engine reports none.
+      cached_tokens: how many of the turn's context ids the engine took from its cache
+        (a session's pages, a shared context) rather than computing them; None when the
+        engine does not say.
     """
 
     action_ids: list[int]
@@ -75,6 +78,7 @@ class Turn:
     weight_version: int | str | None = None
     logprob_distribution: str = "sampling"
     versions: list[int] = dataclasses.field(default_factory=list)
+    cached_tokens: int | None = None
 
     def __post_init__(self):
         for name in ("logprobs",) + (("versions",) if self.versions else ()):

@@ -1,7 +1,8 @@
 """The debug checklist computed every RL step, and the warnings drawn from it.
 
 `rollout_metrics(groups, batch)` summarizes what the policy did (rewards and their
-components, lengths, truncation, tool calls, mask coverage, zero-variance groups);
+components, lengths, truncation, tool calls, mask coverage, zero-variance groups, the
+share of context ids the engine took from its cache);
 `failure_warnings(metrics, max_action_tokens=...)` turns the numbers into the warnings a
 researcher would want printed before a run silently collapses (entropy collapse, KL
 blow-up, no learning signal, length explosion, broken masks, rounded-away updates).
@@ -19,6 +20,20 @@ from agentjax.core.trajectory import Trajectory
 def _consecutive_duplicates(log) -> int:
     calls = [(t.tool_name, repr(t.tool_args)) for t in log.turns if t.tool_name]
     return sum(a == b for a, b in zip(calls, calls[1:]))
+
+
+def cached_token_frac(episodes: Sequence[Trajectory]) -> float | None:
+    """Of the context ids the engine was sent, turn after turn, the fraction it took from
+    its cache rather than computing them (SGLang's cache hit rate); None when no turn
+    reports `cached_tokens`."""
+    cached = sent = 0
+    for t in episodes:
+        context = len(t.prompt_ids)
+        for turn in t.turns:
+            if turn.cached_tokens is not None:
+                cached, sent = cached + turn.cached_tokens, sent + context
+            context += len(turn.action_ids) + len(turn.observation_ids)
+    return cached / sent if sent else None
 
 
 def rollout_metrics(groups: Sequence[Sequence[Trajectory]], batch: dict) -> dict[str, float]:
@@ -56,6 +71,9 @@ def rollout_metrics(groups: Sequence[Sequence[Trajectory]], batch: dict) -> dict
     if versions:
         m["rollout/weight_version_min"] = min(versions)
         m["rollout/weight_version_max"] = max(versions)
+    cached = cached_token_frac(episodes)
+    if cached is not None:
+        m["rollout/cached_token_frac"] = cached
     m["truncated/collate_frac"] = float(np.mean(batch["truncated"][:len(episodes)]))
     m["truncated/turn_length_frac"] = np.mean([
         any(turn.finish_reason == "length" for turn in t.turns) for t in episodes])

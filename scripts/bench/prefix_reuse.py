@@ -6,11 +6,12 @@
 Runs the config (train/run.py, in a fresh workdir) with every JaxEngine request recorded
 at the engine's boundary (ids, session, samples, outputs, the prefix the engine reused,
 the weight version), then replays them in arrival order against three policies:
-  engine         what the engine prefilled: a session's next turn reuses its own pages
-                 (`meta["cached_tokens"]`), a GRPO group's prompt is prefilled once;
-  whole context  also: a request whose whole context (ids but the last) an earlier
-                 request prefilled or generated shares it (the engine's shared prompts,
-                 extended from first turns to every turn and session);
+  engine         what the engine prefilled (`meta["cached_tokens"]`): a session's next
+                 turn reuses its own pages, and a context (ids but the last) that
+                 another sequence prefilled the same way is shared, among the 2 x
+                 max_slots most recently used;
+  whole context  a request whose whole context an earlier request prefilled or
+                 generated shares it, whatever the way it was computed, unbounded;
   radix          a radix tree over everything prefilled or generated (SGLang's
                  RadixAttention), unbounded: the most any prefix cache can save.
 A weight swap drops every page (no key of old weights is attended), so each policy

@@ -233,6 +233,12 @@ def test_episode_on_the_jax_engine_is_exact(engine, tiny_model, tokenizer, role)
     expected = [reference_logp(logits[p - 1], 1.0, -1, 1.0)[ids[p]] for p in positions]
     np.testing.assert_allclose(traj.behavior_logp[positions], expected, atol=1e-4)
     assert all(t.versions == [engine.weight_version] * len(t.action_ids) for t in traj.turns)
+    # Each later turn reuses its session's cache: every context id but the observation
+    # just appended and the previous turn's last sampled token (never fed back).
+    context = len(traj.prompt_ids)
+    for previous, turn in zip(traj.turns, traj.turns[1:]):
+        context += len(previous.action_ids) + len(previous.observation_ids)
+        assert turn.cached_tokens == context - len(previous.observation_ids) - 1
     # Re-prefilling every turn from scratch gives the same episode.
     again = _run(_WithoutSessions(engine), ToyEnv(observation_role=role), limits, sampling,
                  tokenizer)

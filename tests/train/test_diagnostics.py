@@ -2,7 +2,8 @@
 import pytest
 
 from agentjax.config import presets
-from agentjax.train.diagnostics import failure_warnings
+from agentjax.core.trajectory import Trajectory, Turn
+from agentjax.train.diagnostics import cached_token_frac, failure_warnings
 from agentjax.train.stages.rl import episode_action_budget
 
 HEALTHY = {"entropy": 1.0, "approx_kl": 0.01, "groups/zero_variance_frac": 0.5,
@@ -42,3 +43,14 @@ def test_healthy_metrics_warn_of_nothing_and_each_failure_is_named():
     for name, change in cases.items():
         warnings = failure_warnings({**HEALTHY, **change}, max_action_tokens=100)
         assert len(warnings) == 1 and warnings[0].startswith(name), (name, warnings)
+
+
+def test_cached_token_frac_counts_the_context_sent_each_turn():
+    # Sent: 10 ids (turn 1, none cached), then 10 + 3 + 4 = 17 (12 cached); the episode
+    # whose engine reports nothing is left out.
+    reported = Trajectory([0] * 10, [
+        Turn([1, 2, 3], [0.0] * 3, "stop", observation_ids=[4] * 4, cached_tokens=0),
+        Turn([5, 6], [0.0] * 2, "stop", cached_tokens=12)])
+    silent = Trajectory([0] * 5, [Turn([1], [0.0], "stop")])
+    assert cached_token_frac([reported, silent]) == 12 / 27
+    assert cached_token_frac([silent]) is None
