@@ -25,6 +25,10 @@ Workloads (each warmed up once — it meets every program shape it will meet —
   agent       the main job's rollout shape (configs/grpo_search.py: 64 slots, 512-token
               cap, 24-token actions, deterministic): 64 sessions x 4 turns of 24 new +
               40 observation tokens over 160-token prompts, wall seconds.
+  agreeing    agent as 8 GRPO groups of 8 whose samples agree: a group's 8 sessions share
+              a prompt and a seed, so they take the same actions and see the same
+              observations at every turn (the main job's trained policy, at ~0.1 nat a
+              token, often does): tokens prefilled and wall seconds.
   host        the device bench's decode shape at a smaller length (64 x 1,024-token
               prompts, 512 new tokens each): the scheduler's host time per call.
 Seeded sampling (temperature 1) in float32: the last table counts the completions whose
@@ -93,14 +97,16 @@ def run_workload(engine, name: str, rng_seed: int = 0) -> dict:
                         for i, p in enumerate(_prompts(rng, 64, 1024))])
     elif name == "group":
         timed_generate([GenerateRequest(_prompts(rng, 1, 1024)[0], sampling(0, n=8))])
-    elif name in ("multiturn", "agent"):
+    elif name in ("multiturn", "agent", "agreeing"):
         sessions, turns, new, observed, prompt = ((16, 8, 32, 32, 64) if name == "multiturn"
                                                   else (64, 4, 24, 40, 160))
-        contexts = _prompts(rng, sessions, prompt)
+        group = 8 if name == "agreeing" else 1  # sessions sharing a prompt and a seed
+        contexts = [list(p) for p in _prompts(rng, sessions // group, prompt)
+                    for _ in range(group)]
         observation = _prompts(rng, 1, observed)[0]
         tag = f"{name}-{time.perf_counter_ns()}"
         for _ in range(turns):
-            out = timed_generate([GenerateRequest(ctx, sampling(i, new=new),
+            out = timed_generate([GenerateRequest(ctx, sampling(i // group, new=new),
                                                   session_id=f"{tag}-{i}")
                                   for i, ctx in enumerate(contexts)])
             for ctx, [c] in zip(contexts, out):
@@ -132,7 +138,8 @@ MODELS = {
 def engine_settings(name: str, max_len: int | None) -> tuple[int, int, int]:
     return {"batch": (32, max_len, 32 * 1024), "long_row": (32, 8192, 32 * 1024),
             "group": (8, 2048, 8 * 2048), "multiturn": (16, 576, 16 * 576),
-            "agent": (64, 512, 64 * 512), "host": (64, 2048, 64 * 1536)}[name]
+            "agent": (64, 512, 64 * 512), "agreeing": (64, 512, 64 * 512),
+            "host": (64, 2048, 64 * 1536)}[name]
 
 
 def worker(spec: dict) -> dict:
@@ -234,7 +241,8 @@ def main():
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--baseline", default=DEFAULT_BASELINE,
                         help="commit of the engine to compare with ('none': skip)")
-    parser.add_argument("--only", default="batch,long_row,group,multiturn,agent,host")
+    parser.add_argument("--only",
+                        default="batch,long_row,group,multiturn,agent,agreeing,host")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--model", default="tiny", choices=sorted(MODELS),
                         help="model shape (MODELS)")
@@ -251,7 +259,8 @@ def main():
         cases += [("batch", m, d) for d in (False, True) for m in (1024, 32768)]
     if "long_row" in only:
         cases += [("batch", 8192, False), ("long_row", None, False)]
-    cases += [(w, None, d) for w in ("group", "multiturn", "agent", "host") if w in only
+    cases += [(w, None, d) for w in ("group", "multiturn", "agent", "agreeing", "host")
+              if w in only
               for d in ((False,) if w in ("group", "host") else (False, True))]
     results = {}
     for side, checkout in sides.items():

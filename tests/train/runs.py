@@ -29,8 +29,10 @@ from agentjax.train.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "scripts", "train.py")
-# Wall-clock keys differ between runs; everything else must be identical.
-TIMING = ("time/", "rollout/tokens_per_s")
+# Wall-clock and scheduling keys differ between runs (which sequence reaches a shared
+# context first, what one engine lane or server caches); everything else must be
+# identical.
+TIMING = ("time/", "rollout/tokens_per_s", "rollout/cached_token_frac")
 # RL from the initial model: no pretraining, no SFT (shorter runs).
 RL_ONLY = ("--config.pretrain.steps=0", "--config.sft.steps=0")
 
