@@ -8,7 +8,7 @@ at the engine's boundary (ids, session, samples, outputs, the prefix the engine 
 the weight version), then replays them in arrival order against three policies:
   engine         what the engine prefilled (`meta["cached_tokens"]`): a session's next
                  turn reuses its own pages, and a context (ids but the last) that
-                 another sequence prefilled the same way is shared, among the 2 x
+                 another sequence prefilled the same way is shared, among the 8 x
                  max_slots most recently used;
   whole context  a request whose whole context an earlier request prefilled or
                  generated shares it, whatever the way it was computed, unbounded;

@@ -356,9 +356,11 @@ class JaxEngine:
                                 self._cache_dtype, self._key_layout)
         self.stats = collections.Counter()
         self.stats["kv_page_bytes"] = page_bytes(self.config, page_size, self._cache_dtype)
-        # Shared contexts serve the sequences around the same turn: two per row.
+        # Shared contexts are reclaimed when pages run out; the count bound only caps the
+        # host memory of their keys. A GRPO group's siblings may start a turn apart (as
+        # rows free up), so a sync RL step's contexts (episodes x turns) should all fit.
         self._table = PageTable(self.kv_pages, page_size, evict_parked=not deterministic,
-                                stats=self.stats, max_contexts=2 * max_slots)
+                                stats=self.stats, max_contexts=8 * max_slots)
         self._in_flight: list[_Sequence] = []
         self._waiting: collections.deque[_Sequence] = collections.deque()
         self._inbox: queue.Queue = queue.Queue()
