@@ -142,6 +142,10 @@ def engine_settings(name: str, max_len: int | None) -> tuple[int, int, int]:
             "host": (64, 2048, 64 * 1536)}[name]
 
 
+# The workloads at their own max_len (the batch ones run at several), in print order.
+OWN_LENGTH = ("group", "multiturn", "agent", "agreeing", "host")
+
+
 def worker(spec: dict) -> dict:
     """One (checkout, workload, mode) measurement, in this process (the parent put the
     checkout first on sys.path)."""
@@ -241,8 +245,7 @@ def main():
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--baseline", default=DEFAULT_BASELINE,
                         help="commit of the engine to compare with ('none': skip)")
-    parser.add_argument("--only",
-                        default="batch,long_row,group,multiturn,agent,agreeing,host")
+    parser.add_argument("--only", default=",".join(("batch", "long_row") + OWN_LENGTH))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--model", default="tiny", choices=sorted(MODELS),
                         help="model shape (MODELS)")
@@ -259,8 +262,7 @@ def main():
         cases += [("batch", m, d) for d in (False, True) for m in (1024, 32768)]
     if "long_row" in only:
         cases += [("batch", 8192, False), ("long_row", None, False)]
-    cases += [(w, None, d) for w in ("group", "multiturn", "agent", "agreeing", "host")
-              if w in only
+    cases += [(w, None, d) for w in OWN_LENGTH if w in only
               for d in ((False,) if w in ("group", "host") else (False, True))]
     results = {}
     for side, checkout in sides.items():

@@ -68,9 +68,10 @@ Design:
   (`programs.new_cache`), and jit propagates the rest.
 - Overlap (`overlap=True`, SGLang's overlap scheduler): while nothing else needs the
   scheduler (its inbox is empty, no waiting sequence could take a free row, none sat
-  out the call for lack of pages, none was cancelled), the next decode call over the rows that go on is dispatched before the host reads the
-  current one, so the host's work between calls (recording tokens, stop strings, the
-  next call's arrays) runs while the device computes. The host gives each row the
+  out the call for lack of pages, none was cancelled), the next decode call over the
+  rows that go on is dispatched before the host reads the current one, so the host's
+  work between calls (recording tokens, stop strings, the next call's arrays) runs
+  while the device computes. The host gives each row the
   slots and pages it needs if it emits every step; its last token, and whether it
   sampled a stop id, reach the next call on device (`programs.DecodeCarry`). A row that
   ended at a stop string, which only the host sees, ran one call too far: those tokens
