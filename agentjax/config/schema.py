@@ -409,7 +409,7 @@ ROLLOUT = Section(
     Key("decode_steps", 8, POSITIVE, "tokens per device round trip of the JaxEngine"),
     Key("page_size", 64, POSITIVE, "slots per page of the JaxEngine's paged KV cache"),
     Key("engine_attention", "auto", Choice(ENGINE_ATTENTION), "the JaxEngine's attention: "
-        "'paged' (pure JAX, a loop over each row's pages), 'pallas_gpu' (JAX's Pallas "
+        "'paged' (pure JAX, a loop over each row's pages), 'pallas_gpu' (a Pallas GPU "
         "paged-attention kernel; page_size a power of two >= 16) or 'auto' (pallas_gpu "
         "on a GPU, else paged)"),
     Key("kv_tokens", 0, Integer(1, special=((0, "engine_slots x max_tokens: no request "

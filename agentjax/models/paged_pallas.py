@@ -1,29 +1,40 @@
-"""Paged attention on GPU: JAX's Pallas (Triton) paged-attention kernel reading the pool
-in place.
+"""Paged attention on GPU: a Pallas kernel that reads the pool in place, a block of one
+row's queries per program.
 
-    tables = BlockTables(table=...)                       # [R, table_width(pages)] int32
+    plan = split_plan(pages_per_row, page_size)             # (k_splits, block_pages, width)
+    tables = BlockTables(table=..., k_splits=plan[0], block_pages=plan[1])  # [R, width]
     out = paged_attention_pallas(q, k_pool, v_pool, slots, tables)
 
 The pure-JAX paths of `models/paged.py` copy pages: a prefill walks each row's pages in a
 sequential loop of small products (on a GPU a few tiny kernel launches per step of that
-loop), a decode call gathers its rows' pages into a view. Here the pool is read in place:
-every query token is one program of `jax.experimental.pallas.ops.gpu.
-paged_attention.paged_attention_kernel` (split-KV flash decoding over the row's block
-table): a query at slot s attends the slots [0, s] of its row, which is causal attention
-for a prefill chunk as well as for a decode step. So prefill and decode share one kernel
-and a call costs the sum of its queries' contexts. (A prefill chunk reads its row's keys
-once per query; a kernel that tiles queries, like tpu-inference's ragged paged attention,
-would read them once per chunk.)
+loop), a decode call gathers its rows' pages into a view. Here the pool is read in place.
 
-Batch invariance (the engine's deterministic mode): a query's result depends only on its
-own row's block table, its slot and the pool, never on the other queries. The table
-width is fixed by the engine's max_len (`table_width`), so the split of a row's pages
-into `k_splits` partitions, each partition's order of pages, and the merge of the
-partitions (in order, element-wise) are the same whatever else is in flight. The kernel
-needs keys laid out as the values are (`key_layout="page_hd"`).
+One program takes one row, one kv head, one block of that row's query rows and one
+partition of the row's pages. A row's query rows are its new tokens times the query
+heads that share the kv head, token-major ([T * G, hd]), cut into blocks of at least 16
+(a GPU matmul's smallest tile). A decode step (T = 1) is one block of its G heads; a
+prefill chunk of 256 tokens is a few dozen blocks, and each block reads the row's keys
+once for all its tokens (one program per query would read them once per token). The
+program walks its partition's pages in compute blocks of `block_pages` pages up to the
+last slot any of its queries attends, in table order, with an online softmax (Flash-
+Attention), masking each query row to the slots <= its own.
 
-On CPU the same kernel runs in Pallas's interpret mode (slow; the tests use it to check
-this path against `paged.paged_attention` and a float64 reference).
+Partitions (split-KV flash decoding) give a decode step with few rows enough programs to
+fill the device. Each writes a float32 partial softmax; the partials are merged outside,
+in order, element-wise.
+
+Batch invariance (the engine's deterministic mode): a query row's bits depend only on
+its own row. Its block holds only its row's tokens, and the block size follows from the
+call's chunk width and the head counts, which deterministic mode fixes per sequence. A
+compute block past the row's own last slot (reached for another query of its block) is
+fully masked for it: its max stays, its probabilities are exactly 0, so it changes no
+bit. The split plan is fixed by the engine's max_len, not by the batch. A partition the
+query does not reach gives the empty partial (max MASKED, sum 0), computed or skipped.
+
+The kernel uses Pallas's generic primitives only (loads, `pl.dot`, a loop), which the
+Triton lowering compiles on GPU and Pallas's interpreter runs on CPU: the tests check
+this path there against `paged.paged_attention` and a float64 reference. It needs keys
+laid out as the values are (`key_layout="page_hd"`).
 """
 from __future__ import annotations
 
@@ -34,87 +45,120 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from agentjax.models.attention import MASKED
 from agentjax.models.paged import merge_partials
 
-# Query heads per program: Triton's dot needs blocks of at least 16 rows.
-_BLOCK_H = 16
-_MAX_SPLITS = 16
-_MAX_PAGES_PER_BLOCK = 8
+# Keys a program scores at once (a compute block of pages): a [query block x 128] score
+# tile stays in registers at head_dim 128.
+BLOCK_KEYS = 128
+# Keys a partition holds at least, and the most partitions of a row. At batch 64 and
+# 2 kv heads a 2k-token row in 4 partitions of 512 makes 512 programs a decode step;
+# each partition adds a float32 partial ([query block, hd]) written and read back.
+SPLIT_KEYS = 512
+MAX_SPLITS = 16
+# Query rows of a program: at least a GPU matmul tile (16), at most 64 (a prefill block
+# of 64 rows x 128 keys of float32 scores).
+MIN_QUERY_BLOCK = 16
+MAX_QUERY_BLOCK = 64
 
 
 @struct.dataclass
 class BlockTables:
-    """The work list of a `paged_attention_pallas` call: table [R, width] int32, row r's
-    pages in slot order (entries past its context: any page, they are masked)."""
+    """The work list of a `paged_attention_pallas` call.
+
+    table: [R, width] int32, row r's pages in slot order (entries past its context: any
+      page, they are masked).
+    k_splits, block_pages: the split plan (`split_plan`); width is a multiple of
+      k_splits * block_pages.
+    """
 
     table: jax.Array
+    k_splits: int = struct.field(pytree_node=False, default=1)
+    block_pages: int = struct.field(pytree_node=False, default=1)
 
 
-def split_plan(pages_per_row: int) -> tuple[int, int, int]:
+def split_plan(pages_per_row: int, page_size: int) -> tuple[int, int, int]:
     """(k_splits, pages per compute block, table width) for rows of at most
-    `pages_per_row` pages: up to 16 partitions of whole compute blocks of a power of two
-    pages (at most 8), the table width a multiple of both."""
+    `pages_per_row` pages of `page_size` slots: compute blocks of BLOCK_KEYS keys (one
+    page if pages are bigger), partitions of at least SPLIT_KEYS keys and whole compute
+    blocks, at most MAX_SPLITS of them."""
     if pages_per_row < 1:
         raise ValueError(f"pages_per_row must be >= 1, got {pages_per_row}")
-    k_splits = min(_MAX_SPLITS, pages_per_row)
+    check_page_size(page_size)
+    block = max(1, BLOCK_KEYS // page_size)
+    least = max(block, SPLIT_KEYS // page_size)
+    k_splits = max(1, min(MAX_SPLITS, pages_per_row // least))
     per_split = -(-pages_per_row // k_splits)
-    block = min(_MAX_PAGES_PER_BLOCK, 1 << (per_split.bit_length() - 1))
     per_split = -(-per_split // block) * block
     return k_splits, block, k_splits * per_split
 
 
-def table_width(pages_per_row: int) -> int:
-    """Columns of the block tables for rows of at most `pages_per_row` pages."""
-    return split_plan(pages_per_row)[2]
-
-
 def check_page_size(page_size: int) -> None:
-    """Triton's blocks are powers of two of at least 16 slots."""
+    """A GPU matmul tile needs at least 16 keys, and Triton's blocks powers of two."""
     if page_size < 16 or page_size & (page_size - 1):
         raise ValueError(f"the Pallas GPU attention needs a page_size that is a power of two "
                          f">= 16, got {page_size}")
 
 
-def _partitions(q, k_pool, v_pool, table, length, *, k_splits, block, interpret):
-    """One query's per-partition (out [S, K, Gp, hd] f32, sum [S, K, Gp], max [S, K, Gp])
-    over its row's pages; q [K, Gp, hd], table [width], length [1]."""
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-    from jax.experimental.pallas.ops.gpu import paged_attention as gpu_paged
+def query_block(query_rows: int, most: int = MAX_QUERY_BLOCK) -> int:
+    """Query rows of a program for a row of `query_rows` (tokens x grouped heads): the
+    power of two holding them, within [MIN_QUERY_BLOCK, most]."""
+    return min(most, max(MIN_QUERY_BLOCK, 1 << max(query_rows - 1, 0).bit_length()))
 
-    kh, heads, hd = q.shape
-    num_pages, _, page_size, _ = v_pool.shape
-    per_split = table.shape[0] // k_splits
-    kernel = functools.partial(gpu_paged.paged_attention_kernel, num_heads=heads,
-                               pages_per_compute_block=block,
-                               mask_value=gpu_paged.DEFAULT_MASK_VALUE,
-                               attn_logits_soft_cap=None)
-    # The pool stays where it is: a program sees one kv head's pages [P, page, hd].
-    pool_spec = pl.BlockSpec((num_pages, None, page_size, hd), lambda h, i, s: (0, h, 0, 0))
-    return pl.pallas_call(
-        kernel,
-        grid=(kh, heads // _BLOCK_H, k_splits),
-        in_specs=[pl.BlockSpec((None, _BLOCK_H, hd), lambda h, i, s: (h, i, 0)),
-                  pool_spec, None, pool_spec, None,
-                  pl.BlockSpec((None, per_split), lambda h, i, s: (s, 0)),
-                  pl.BlockSpec((1,), lambda h, i, s: (0,))],
-        out_specs=[pl.BlockSpec((None, None, _BLOCK_H, hd), lambda h, i, s: (s, h, i, 0)),
-                   pl.BlockSpec((None, None, _BLOCK_H), lambda h, i, s: (s, h, i)),
-                   pl.BlockSpec((None, None, _BLOCK_H), lambda h, i, s: (s, h, i))],
-        out_shape=[jax.ShapeDtypeStruct((k_splits, kh, heads, hd), jnp.float32),
-                   jax.ShapeDtypeStruct((k_splits, kh, heads), jnp.float32),
-                   jax.ShapeDtypeStruct((k_splits, kh, heads), jnp.float32)],
-        interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
-        name="agentjax_paged_attention",
-    )(q, k_pool, None, v_pool, None, table.reshape(k_splits, per_split), length)
+
+def _kernel(q_ref, slot_ref, table_ref, k_ref, v_ref, o_ref, sum_ref, max_ref, *,
+            page_size: int, block_pages: int):
+    """One (row, kv head, query block, partition) program (module docstring).
+
+    q_ref [B, hd] (scaled), slot_ref [B] (-1: padding), table_ref [per_split] the
+    partition's pages; k_ref / v_ref [P, page, hd] one kv head's pool; outputs the
+    partial softmax: o_ref [B, hd] float32, sum_ref and max_ref [B]."""
+    from jax.experimental import pallas as pl
+
+    per_split = table_ref.shape[0]
+    block_keys = block_pages * page_size
+    first_page = pl.program_id(3) * per_split
+    q = q_ref[...]
+    slots = slot_ref[...]
+    # Pages this partition holds up to the block's last attended slot (-1: none).
+    pages = jnp.minimum(per_split, jnp.max(slots) // page_size + 1 - first_page)
+    trips = (jnp.maximum(pages, 0) + block_pages - 1) // block_pages
+    precision = (jax.lax.Precision.HIGHEST if q.dtype == jnp.float32
+                 else jax.lax.Precision.DEFAULT)
+    offsets = jax.lax.broadcasted_iota(jnp.int32, (1, block_keys), 1)
+
+    def body(i, carry):
+        acc_max, acc_sum, acc_out = carry
+        held = table_ref[pl.ds(i * block_pages, block_pages)]
+        keys = k_ref[held].reshape(block_keys, -1)
+        values = v_ref[held].reshape(block_keys, -1)
+        scores = jax.lax.dot_general(q, keys.astype(q.dtype), (((1,), (1,)), ((), ())),
+                                     precision=precision, preferred_element_type=jnp.float32)
+        positions = (first_page + i * block_pages) * page_size + offsets
+        visible = positions <= slots[:, None]
+        scores = jnp.where(visible, scores, MASKED)
+        new = jnp.maximum(acc_max, jnp.max(scores, axis=1))
+        keep = jnp.exp(acc_max - new)
+        probs = jnp.where(visible, jnp.exp(scores - new[:, None]), 0.0)
+        out = jnp.dot(probs.astype(q.dtype), values.astype(q.dtype), precision=precision,
+                      preferred_element_type=jnp.float32)
+        return new, acc_sum * keep + jnp.sum(probs, axis=1), acc_out * keep[:, None] + out
+
+    rows, hd = q.shape
+    init = (jnp.full((rows,), MASKED, jnp.float32), jnp.zeros((rows,), jnp.float32),
+            jnp.zeros((rows, hd), jnp.float32))
+    top, total, out = jax.lax.fori_loop(0, trips, body, init)
+    o_ref[...] = out
+    sum_ref[...] = total
+    max_ref[...] = top
 
 
 def paged_attention_pallas(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
                            slots: jax.Array, tables: BlockTables, *,
+                           max_query_block: int = MAX_QUERY_BLOCK,
                            interpret: bool | None = None) -> jax.Array:
-    """Grouped-query causal attention of new queries over their rows' pages, one kernel
-    program per query (module docstring).
+    """Grouped-query causal attention of new queries over their rows' pages (module
+    docstring).
 
     Args:
       q: [R, T, H, hd] queries of the new tokens.
@@ -122,37 +166,65 @@ def paged_attention_pallas(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
         already written).
       v_pool: [P, K, page, hd] values.
       slots: [R, T] int32 position of each query in its row (-1: padding query).
-      tables: [R, width] block tables, width from `table_width`.
+      tables: [R, width] block tables and their split plan (`split_plan`).
+      max_query_block: the most query rows a program takes (`query_block`).
       interpret: run the kernel in Pallas's interpreter (default: on CPU).
 
     Returns:
       [R, T, H, hd] in q's dtype (zeros for padding queries); softmax in float32.
     """
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
     chex.assert_rank([q, k_pool, v_pool, slots, tables.table], [4, 4, 4, 2, 2])
     chex.assert_equal_shape([k_pool, v_pool])
     r, t, h, hd = q.shape
-    kh = v_pool.shape[1]
-    width = tables.table.shape[1]
-    k_splits, block, planned = split_plan(width)
-    if planned != width:
-        raise ValueError(f"block tables {width} wide: not a table_width ({planned})")
+    num_pages, kh, page_size, _ = v_pool.shape
+    width, k_splits = tables.table.shape[1], tables.k_splits
+    if width % (k_splits * tables.block_pages):
+        raise ValueError(f"block tables {width} wide: not a multiple of k_splits "
+                         f"({k_splits}) x block_pages ({tables.block_pages})")
     if interpret is None:
         interpret = jax.default_backend() == "cpu"
     groups = h // kh
-    padded = -(-groups // _BLOCK_H) * _BLOCK_H
-    queries = (q * jnp.asarray(hd ** -0.5, q.dtype)).reshape(r * t, kh, groups, hd)
-    queries = jnp.pad(queries, ((0, 0), (0, 0), (0, padded - groups), (0, 0)))
-    lengths = (jnp.maximum(slots, -1) + 1).reshape(r * t, 1).astype(jnp.int32)
-    table = jnp.repeat(tables.table, t, axis=0)                            # [R*T, width]
-    run = functools.partial(_partitions, k_splits=k_splits, block=block, interpret=interpret)
-    out, total, top = jax.vmap(run, in_axes=(0, None, None, 0, 0))(
-        queries, k_pool, v_pool, table, lengths)
+    block = query_block(t * groups, max_query_block)
+    padded = -(-(t * groups) // block) * block
+    # Query rows per (row, kv head), token-major: [R, K, T * G] padded to whole blocks.
+    queries = (q * jnp.asarray(hd ** -0.5, q.dtype)).reshape(r, t, kh, groups, hd)
+    queries = queries.transpose(0, 2, 1, 3, 4).reshape(r, kh, t * groups, hd)
+    queries = jnp.pad(queries, ((0, 0), (0, 0), (0, padded - t * groups), (0, 0)))
+    query_slots = jnp.repeat(jnp.maximum(slots, -1), groups, axis=1)
+    query_slots = jnp.pad(query_slots, ((0, 0), (0, padded - t * groups)), constant_values=-1)
+    per_split = width // k_splits
+    table = tables.table.reshape(r, k_splits, per_split)
+    pool_spec = pl.BlockSpec((num_pages, None, page_size, hd),
+                             lambda i, k, b, s: (0, k, 0, 0))
+    partial_shape = (k_splits, r, kh, padded)
+    out, total, top = pl.pallas_call(
+        functools.partial(_kernel, page_size=page_size, block_pages=tables.block_pages),
+        grid=(r, kh, padded // block, k_splits),
+        in_specs=[pl.BlockSpec((None, None, block, hd), lambda i, k, b, s: (i, k, b, 0)),
+                  pl.BlockSpec((None, block), lambda i, k, b, s: (i, b)),
+                  pl.BlockSpec((None, None, per_split), lambda i, k, b, s: (i, s, 0)),
+                  pool_spec, pool_spec],
+        out_specs=[pl.BlockSpec((None, None, None, block, hd),
+                                lambda i, k, b, s: (s, i, k, b, 0)),
+                   pl.BlockSpec((None, None, None, block), lambda i, k, b, s: (s, i, k, b)),
+                   pl.BlockSpec((None, None, None, block), lambda i, k, b, s: (s, i, k, b))],
+        out_shape=[jax.ShapeDtypeStruct(partial_shape + (hd,), jnp.float32),
+                   jax.ShapeDtypeStruct(partial_shape, jnp.float32),
+                   jax.ShapeDtypeStruct(partial_shape, jnp.float32)],
+        interpret=interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=4 if block <= 16 else 8,
+                                             num_stages=2),
+        name="agentjax_paged_attention",
+    )(queries, query_slots, table, k_pool, v_pool)
     # Partitions merged one by one, in order: element-wise, so no reduction whose order
-    # could follow the batch shape. An empty partition has max = the mask value and
-    # sum 0: it scales by 0 and adds 0.
-    merged = (top[:, 0], total[:, 0], out[:, 0])
+    # could follow the batch shape. The empty partial scales by 0 and adds 0.
+    merged = (top[0], total[0], out[0])
     for s in range(1, k_splits):
-        merged = merge_partials(merged, (top[:, s], total[:, s], out[:, s]))
+        merged = merge_partials(merged, (top[s], total[s], out[s]))
     _, row_sum, row_out = merged
     row_out = row_out / jnp.where(row_sum > 0, row_sum, 1.0)[..., None]
-    return row_out[:, :, :groups].reshape(r, t, h, hd).astype(q.dtype)
+    row_out = row_out[:, :, :t * groups].reshape(r, kh, t, groups, hd)
+    return row_out.transpose(0, 2, 1, 3, 4).reshape(r, t, h, hd).astype(q.dtype)

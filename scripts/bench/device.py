@@ -39,6 +39,9 @@ this order (the training step first, so the process's peak memory is its own):
    tokens. The host gap between the engine's device calls (HOST_GAP), and the same
    generate with the engine's overlap off (its baseline: each decode call read before
    the next is dispatched) in the same interleaved runs.
+   Before each engine, its attention kernel alone against JAX's own (scripts/bench/
+   kernel.py: a decode step and a prefill chunk of one layer at the engine's shape;
+   interpreted on CPU).
 5. goals (issue 27, for an H200): decode MBU >= 50% at 3B, batch 64; train-step MFU
    >= 40% at 0.5B; each beside the measured value: met, not met, or why not comparable.
 
@@ -59,6 +62,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from kernel import bench_model as bench_kernel  # scripts/bench/kernel.py
 from model import jax_side  # scripts/bench/model.py: plain jitted fwd + bwd
 from qwen25 import QWEN25, model_config, parameter_count  # scripts/bench/qwen25.py
 from rollout import compilations, compile_line, table  # scripts/bench/rollout.py
@@ -669,6 +673,8 @@ def main(argv=None) -> None:
     probes = probe_device(args, peak)
     engines = []
     for name in args.models:
+        bench_kernel(name, batch=args.batch, prompt=args.prompt, new_tokens=args.new_tokens,
+                     repeats=max(args.repeats, 3), tiny=args.tiny)
         engines.append(bench_engine(name, args, peak, probes))
         print(f"[{time.perf_counter() - start:.0f} s]")
 

@@ -1,30 +1,34 @@
 """The GPU paged-attention kernel (Pallas interpret mode on CPU) against a float64
 reference and the pure-JAX paged attention."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from agentjax.models.paged import AttentionItems, build_items, paged_attention, write_pages
-from agentjax.models.paged_pallas import (BlockTables, check_page_size,
-                                          paged_attention_pallas, split_plan, table_width)
+from agentjax.models.paged_pallas import (MAX_SPLITS, BlockTables, check_page_size,
+                                          paged_attention_pallas, query_block, split_plan)
 from tests.models.test_paged import make_scene, reference
 
 PAGE = 16
 
 
-def _tables(scene, pages_per_row):
-    width = table_width(pages_per_row)
+def _tables(scene, plan):
+    """Block tables of the scene's rows for a split plan (k_splits, block_pages, width)."""
+    k_splits, block_pages, width = plan
     table = np.zeros((len(scene["held"]), width), np.int32)
     for row, held in enumerate(scene["held"]):
         table[row, :len(held)] = held
-    return BlockTables(table=jnp.asarray(table))
+    return BlockTables(table=jnp.asarray(table), k_splits=k_splits, block_pages=block_pages)
 
 
-@jax.jit
-def _kernel(q, k_pool, v_pool, new_k, new_v, slots, write, tables):
+@functools.partial(jax.jit, static_argnames="max_query_block")
+def _kernel(q, k_pool, v_pool, new_k, new_v, slots, write, tables, max_query_block=64):
     k_pool, v_pool = write_pages(k_pool, v_pool, new_k, new_v, write, "page_hd")
-    return paged_attention_pallas(q, k_pool, v_pool, slots, tables)
+    return paged_attention_pallas(q, k_pool, v_pool, slots, tables,
+                                  max_query_block=max_query_block)
 
 
 def _args(scene):
@@ -34,25 +38,43 @@ def _args(scene):
 
 
 def test_split_plan_by_hand():
-    # (k_splits, pages per compute block, width): up to 16 splits of power-of-two blocks.
-    assert split_plan(1) == (1, 1, 1)
-    assert split_plan(9) == (9, 1, 9)
-    assert split_plan(16) == (16, 1, 16)
-    assert split_plan(33) == (16, 2, 64)      # 3 pages a split -> blocks of 2 -> 4
-    assert split_plan(100) == (16, 4, 128)    # 7 -> blocks of 4 -> 8
-    assert split_plan(512) == (16, 8, 512)    # 32k tokens of 64-slot pages
-    for pages in range(1, 300):
-        k_splits, block, width = split_plan(pages)
-        assert width >= pages and width % (k_splits * block) == 0
-        assert block & (block - 1) == 0 and block <= 8
+    # (k_splits, pages per compute block, width): blocks of 128 keys, partitions of at
+    # least 512 keys, at most 16 of them.
+    assert split_plan(32, 64) == (4, 2, 32)       # the device bench: 2k tokens of 64
+    assert split_plan(1, 64) == (1, 2, 2)         # one page still fills a block
+    assert split_plan(512, 64) == (16, 2, 512)    # 32k tokens: 16 partitions of 2k
+    assert split_plan(16, 16) == (1, 8, 16)       # 256 tokens: one partition
+    assert split_plan(100, 16) == (3, 8, 120)     # 3 partitions of 34 -> 40 pages
+    assert split_plan(4, 256) == (2, 1, 4)        # pages bigger than a block
+    for page in (16, 64, 256):
+        for pages in range(1, 300):
+            k_splits, block, width = split_plan(pages, page)
+            assert width >= pages and width % (k_splits * block) == 0
+            assert block * page >= 128 and 1 <= k_splits <= MAX_SPLITS
+            assert k_splits == 1 or width // k_splits * page >= 512
 
 
-@pytest.mark.parametrize("pages_per_row", [4, 40])  # one page a split; blocks of 2 pages
-def test_prefill_and_decode_match_the_float64_reference(pages_per_row):
+def test_query_block_by_hand():
+    # A decode step's heads (one token) fill one block of 16; prefill blocks grow to 64.
+    assert [query_block(n) for n in (1, 7, 16, 17, 40, 64, 65, 2048)] == [
+        16, 16, 16, 32, 64, 64, 64, 64]
+    assert query_block(2048, most=16) == 16
+
+
+# Split plans at 16-slot pages: one partition of one page a block; 2 of 2-page blocks;
+# 4 of one page (pages past a row's end: masked table padding).
+PLANS = [(1, 1, 4), (2, 2, 8), (4, 1, 16)]
+
+
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("max_query_block", [16, 64])
+def test_prefill_and_decode_match_the_float64_reference(plan, max_query_block):
     for lengths, new in [([0, 21, 40], [9, 5, 1]),        # prefill from empty and append
+                         ([0, 3], [40, 20]),              # prefill over several pages
                          ([3, 47, 0, 16], [1, 1, 1, 1])]:  # decode, one row at a page edge
         scene = make_scene(0, lengths, new, "page_hd", page_size=PAGE)
-        out = np.asarray(_kernel(*_args(scene), _tables(scene, pages_per_row)))
+        out = np.asarray(_kernel(*_args(scene), _tables(scene, plan),
+                                 max_query_block=max_query_block))
         expected = reference(scene["q"], scene["keys"], scene["values"], lengths,
                              scene["slots"])
         np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-6)
@@ -69,36 +91,40 @@ def test_matches_the_pure_jax_paged_attention():
         k_pool, v_pool = write_pages(k_pool, v_pool, new_k, new_v, write, "page_hd")
         return paged_attention(q, k_pool, v_pool, slots, items, "page_hd")
 
-    out = _kernel(*_args(scene), _tables(scene, 4))
+    out = _kernel(*_args(scene), _tables(scene, (2, 1, 4)))
     np.testing.assert_allclose(np.asarray(out), np.asarray(pure(*_args(scene))),
                                rtol=1e-5, atol=1e-6)
 
 
-def test_a_row_is_bitwise_independent_of_the_other_rows():
+@pytest.mark.parametrize("new", [[1, 1, 1], [6, 9, 3]])  # decode; prefill chunks
+def test_a_row_is_bitwise_independent_of_the_other_rows(new):
     """Deterministic mode's property: row 1 alone (the others padding), among other rows,
     and in a bigger batch at another position give the same bits."""
-    scene = make_scene(2, [5, 37, 2], [1, 1, 1], "page_hd", page_size=PAGE)
-    crowd = np.asarray(_kernel(*_args(scene), _tables(scene, 40)))
+    scene = make_scene(2, [5, 37, 2], new, "page_hd", page_size=PAGE)
+    plan = (2, 2, 8)
+    crowd = np.asarray(_kernel(*_args(scene), _tables(scene, plan)))
     alone = dict(scene)
     for name in ("slots", "write"):
         alone[name] = np.where(np.arange(3)[:, None] == 1, scene[name], -1)
     alone_out = np.asarray(_kernel(*_args(alone), _tables(
-        dict(scene, held=[[], scene["held"][1], []]), 40)))
+        dict(scene, held=[[], scene["held"][1], []]), plan)))
     assert np.array_equal(crowd[1], alone_out[1])
     bigger = {name: np.concatenate([scene[name][1:], scene[name]]) for name in
               ("q", "new_k", "new_v", "slots", "write")}
     bigger = dict(scene, **bigger, held=scene["held"][1:] + scene["held"])
-    out = np.asarray(_kernel(*_args(bigger), _tables(bigger, 40)))
+    out = np.asarray(_kernel(*_args(bigger), _tables(bigger, plan)))
     assert np.array_equal(out[0], crowd[1]) and np.array_equal(out[3], crowd[1])
 
 
 def test_bad_shapes_are_refused():
     scene = make_scene(3, [4], [1], "page_hd", page_size=PAGE)
-    with pytest.raises(ValueError, match="not a table_width"):
-        _kernel(*_args(scene), BlockTables(table=jnp.zeros((1, 17), jnp.int32)))
+    with pytest.raises(ValueError, match="not a multiple of k_splits"):
+        _kernel(*_args(scene), BlockTables(table=jnp.zeros((1, 6), jnp.int32), k_splits=4))
     for bad in (8, 48):
         with pytest.raises(ValueError, match="power of two >= 16"):
             check_page_size(bad)
     check_page_size(64)
     with pytest.raises(ValueError, match=">= 1"):
-        split_plan(0)
+        split_plan(0, 64)
+    with pytest.raises(ValueError, match="power of two >= 16"):
+        split_plan(4, 8)

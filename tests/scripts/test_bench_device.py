@@ -33,8 +33,8 @@ def test_tiny_mode_runs_every_phase_with_a_given_peak(tmp_path):
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     assert "peak: 50 GB/s HBM, 200 GFLOP/s dense bf16 (--peak-tbps/--peak-tflops)" in out
-    for section in ("## Train step at the tiny shape", "## JaxEngine at the tiny shape",
-                    "## Goals (issue 27)"):
+    for section in ("## Train step at the tiny shape", "## Attention kernel at the tiny shape",
+                    "## JaxEngine at the tiny shape", "## Goals (issue 27)"):
         assert section in out
     # One train step per remat policy, the goal at the best of them.
     assert "remat full, bfloat16" in out and "remat none, bfloat16" in out
@@ -44,6 +44,9 @@ def test_tiny_mode_runs_every_phase_with_a_given_peak(tmp_path):
     assert "| op | count | total ms | mean us | share |" in out
     # The timed runs were checked for compilations (timing.measure raises otherwise).
     assert out.count("timed runs: none (checked after each)") == 3
+    # The kernel against JAX's, both interpreted: a decode step and a prefill chunk.
+    assert " decode: 4 x 1 queries at 24 slots |" in out
+    assert "| prefill chunk: 4 x 16 queries at 24 slots |" in out
     assert "measured peak: n/a (the device reports no memory stats, as on CPU)" in out
     assert "MBU n/a" not in out and "host gap:" in out and "WARNING" not in out
     assert out.count("not the goal's conditions") == 2

@@ -130,7 +130,7 @@ from flax import nnx
 
 from agentjax.models.decoder import LayerwiseWeights
 from agentjax.models.paged import AttentionItems, build_items, items_needed, page_bytes
-from agentjax.models.paged_pallas import BlockTables, check_page_size, table_width
+from agentjax.models.paged_pallas import BlockTables, check_page_size, split_plan
 from agentjax.engine.jax.programs import (COMPILE_COUNTS, DecodeCarry, carry_sharding,
                                           copy_pages, decode, engine_weights, new_cache,
                                           prefill)
@@ -267,7 +267,7 @@ class JaxEngine:
         sessions comes back with finish_reason "abort".
       deterministic_prefill_rows: rows of every prefill call in deterministic mode.
       attention: "paged" (the pure-JAX loop over each row's pages, `models/paged.py`),
-        "pallas_gpu" (JAX's Pallas GPU paged-attention kernel, `models/paged_pallas.py`;
+        "pallas_gpu" (a Pallas GPU paged-attention kernel, `models/paged_pallas.py`;
         page_size a power of two >= 16; on CPU it runs in Pallas's interpreter, for
         tests) or "auto": pallas_gpu when the weights are on a GPU, else paged.
       overlap: dispatch each decode call's successor before reading its tokens while
@@ -346,7 +346,8 @@ class JaxEngine:
             batch_buckets=batch_buckets, deterministic=deterministic,
             deterministic_prefill_rows=deterministic_prefill_rows,
             block_tables=self.attention == "pallas_gpu", view_pages=self.kv_pages)
-        self._table_width = table_width(self._shapes.pages_per_row)
+        self._split_plan = (split_plan(self._shapes.pages_per_row, page_size)
+                            if self.attention == "pallas_gpu" else None)
         self.batch_wait_s = batch_wait_s
         self.max_stop_ids = max_stop_ids
         if eos_token_ids is None:
@@ -678,10 +679,11 @@ class JaxEngine:
     def _items(self, seqs: Sequence[_Sequence], spans: Sequence[int], rows: int,
                size: int, kind: str) -> AttentionItems | BlockTables:
         if self.attention == "pallas_gpu":
-            table = np.zeros((rows, self._table_width), np.int32)
+            k_splits, block_pages, width = self._split_plan
+            table = np.zeros((rows, width), np.int32)
             for row, seq in enumerate(seqs):
                 table[row, :len(seq.pages)] = seq.pages
-            return BlockTables(table=table)
+            return BlockTables(table=table, k_splits=k_splits, block_pages=block_pages)
         pages = [s.pages for s in seqs] + [[]] * (rows - len(seqs))
         spans = list(spans) + [0] * (rows - len(seqs))
         host = build_items(pages, spans, rows, self.page_size, size, TILES[kind])
