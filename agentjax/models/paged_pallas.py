@@ -80,17 +80,17 @@ class BlockTables:
 def split_plan(pages_per_row: int, page_size: int) -> tuple[int, int, int]:
     """(k_splits, pages per compute block, table width) for rows of at most
     `pages_per_row` pages of `page_size` slots: compute blocks of BLOCK_KEYS keys (one
-    page if pages are bigger), partitions of at least SPLIT_KEYS keys and whole compute
-    blocks, at most MAX_SPLITS of them."""
+    page if pages are bigger), partitions of at least SPLIT_KEYS keys, at most
+    MAX_SPLITS of them. Every count is a power of two, as Triton's blocks must be: the
+    width is pages_per_row rounded up to one (the loops stop at each row's last page)."""
     if pages_per_row < 1:
         raise ValueError(f"pages_per_row must be >= 1, got {pages_per_row}")
     check_page_size(page_size)
     block = max(1, BLOCK_KEYS // page_size)
+    width = max(block, 1 << (pages_per_row - 1).bit_length())
     least = max(block, SPLIT_KEYS // page_size)
-    k_splits = max(1, min(MAX_SPLITS, pages_per_row // least))
-    per_split = -(-pages_per_row // k_splits)
-    per_split = -(-per_split // block) * block
-    return k_splits, block, k_splits * per_split
+    k_splits = max(1, min(MAX_SPLITS, width // least))
+    return k_splits, block, width
 
 
 def check_page_size(page_size: int) -> None:
@@ -119,23 +119,24 @@ def _kernel(q_ref, slot_ref, table_ref, k_ref, v_ref, o_ref, sum_ref, max_ref, *
     block_keys = block_pages * page_size
     first_page = pl.program_id(3) * per_split
     q = q_ref[...]
+    rows, hd = q.shape
     slots = slot_ref[...]
     # Pages this partition holds up to the block's last attended slot (-1: none).
     pages = jnp.minimum(per_split, jnp.max(slots) // page_size + 1 - first_page)
     trips = (jnp.maximum(pages, 0) + block_pages - 1) // block_pages
     precision = (jax.lax.Precision.HIGHEST if q.dtype == jnp.float32
                  else jax.lax.Precision.DEFAULT)
-    offsets = jax.lax.broadcasted_iota(jnp.int32, (1, block_keys), 1)
+    offsets = jnp.arange(block_keys, dtype=jnp.int32)
 
     def body(i, carry):
         acc_max, acc_sum, acc_out = carry
         held = table_ref[pl.ds(i * block_pages, block_pages)]
-        keys = k_ref[held].reshape(block_keys, -1)
-        values = v_ref[held].reshape(block_keys, -1)
+        keys = k_ref[held].reshape(block_keys, hd)
+        values = v_ref[held].reshape(block_keys, hd)
         scores = jax.lax.dot_general(q, keys.astype(q.dtype), (((1,), (1,)), ((), ())),
                                      precision=precision, preferred_element_type=jnp.float32)
         positions = (first_page + i * block_pages) * page_size + offsets
-        visible = positions <= slots[:, None]
+        visible = positions[None, :] <= slots[:, None]
         scores = jnp.where(visible, scores, MASKED)
         new = jnp.maximum(acc_max, jnp.max(scores, axis=1))
         keep = jnp.exp(acc_max - new)
@@ -144,7 +145,6 @@ def _kernel(q_ref, slot_ref, table_ref, k_ref, v_ref, o_ref, sum_ref, max_ref, *
                       preferred_element_type=jnp.float32)
         return new, acc_sum * keep + jnp.sum(probs, axis=1), acc_out * keep[:, None] + out
 
-    rows, hd = q.shape
     init = (jnp.full((rows,), MASKED, jnp.float32), jnp.zeros((rows,), jnp.float32),
             jnp.zeros((rows, hd), jnp.float32))
     top, total, out = jax.lax.fori_loop(0, trips, body, init)

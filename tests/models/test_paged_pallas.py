@@ -39,18 +39,21 @@ def _args(scene):
 
 def test_split_plan_by_hand():
     # (k_splits, pages per compute block, width): blocks of 128 keys, partitions of at
-    # least 512 keys, at most 16 of them.
+    # least 512 keys, at most 16 of them, every count a power of two.
     assert split_plan(32, 64) == (4, 2, 32)       # the device bench: 2k tokens of 64
     assert split_plan(1, 64) == (1, 2, 2)         # one page still fills a block
     assert split_plan(512, 64) == (16, 2, 512)    # 32k tokens: 16 partitions of 2k
     assert split_plan(16, 16) == (1, 8, 16)       # 256 tokens: one partition
-    assert split_plan(100, 16) == (3, 8, 120)     # 3 partitions of 34 -> 40 pages
-    assert split_plan(4, 256) == (2, 1, 4)        # pages bigger than a block
+    assert split_plan(100, 16) == (4, 8, 128)     # 4 partitions of 32 pages
+    assert split_plan(5, 256) == (4, 1, 8)        # pages bigger than a block
+    power_of_two = lambda n: n & (n - 1) == 0
     for page in (16, 64, 256):
-        for pages in range(1, 300):
+        for pages in range(1, 1100):
             k_splits, block, width = split_plan(pages, page)
-            assert width >= pages and width % (k_splits * block) == 0
+            assert pages <= width < 2 * max(pages, block)
+            assert all(map(power_of_two, (k_splits, block, width)))
             assert block * page >= 128 and 1 <= k_splits <= MAX_SPLITS
+            assert width % (k_splits * block) == 0
             assert k_splits == 1 or width // k_splits * page >= 512
 
 
