@@ -131,3 +131,32 @@ def test_bad_shapes_are_refused():
         split_plan(0, 64)
     with pytest.raises(ValueError, match="power of two >= 16"):
         split_plan(4, 8)
+
+
+@pytest.mark.parametrize("shape", [
+    # rows, tokens, heads, kv heads, head_dim, page, max_len, dtype
+    (64, 1, 16, 2, 128, 64, 2048, jnp.bfloat16),     # Qwen2.5-3B decode (device bench)
+    (8, 256, 16, 2, 128, 64, 2048, jnp.bfloat16),    # its prefill chunk
+    (64, 1, 14, 2, 64, 64, 2048, jnp.bfloat16),      # Qwen2.5-0.5B decode
+    (4, 256, 28, 4, 128, 64, 32768, jnp.bfloat16),   # Qwen2.5-7B, a 32k row
+    (2, 1, 16, 2, 128, 256, 1000, jnp.float32),      # pages bigger than a compute block
+])
+def test_the_kernel_lowers_to_triton_for_cuda(shape):
+    """No GPU needed: the Triton lowering of the kernel (what a GPU compiles), so a
+    primitive or block shape Triton cannot take fails here, not on the first lent GPU."""
+    from jax.experimental.pallas import triton  # noqa: F401  (registers the lowering)
+
+    rows, tokens, heads, kv_heads, hd, page, max_len, dtype = shape
+    pages_per_row = -(-max_len // page)
+    k_splits, block, width = split_plan(pages_per_row, page)
+    pool = jax.ShapeDtypeStruct((rows * pages_per_row, kv_heads, page, hd), dtype)
+    args = (jax.ShapeDtypeStruct((rows, tokens, heads, hd), dtype), pool, pool,
+            jax.ShapeDtypeStruct((rows, tokens), jnp.int32),
+            jax.ShapeDtypeStruct((rows, width), jnp.int32))
+
+    def attend(q, k_pool, v_pool, slots, table):
+        return paged_attention_pallas(q, k_pool, v_pool, slots,
+                                      BlockTables(table, k_splits, block), interpret=False)
+
+    text = jax.jit(attend).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("xla.gpu.triton") == 1 and "agentjax_paged_attention" in text
