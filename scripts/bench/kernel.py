@@ -155,11 +155,15 @@ SHAPES = {**QWEN25, "tiny": (32, 64, 1, 2, 1, 256, True)}
 def bench_model(name: str, *, batch: int, prompt: int, new_tokens: int, repeats: int,
                 tiny: bool) -> None:
     """The kernel bench at the device bench's engine shape (device.py calls this)."""
+    backend = jax.default_backend()
+    if backend not in ("gpu", "cpu"):
+        print(f"\n## Attention kernel at the {name} shape: skipped, a GPU kernel ({backend})")
+        return
     config = model_config(*SHAPES[name], param_dtype="bfloat16", dtype="bfloat16")
     bench(name, config, batch=batch, context=prompt + new_tokens // 2,
           max_len=prompt + new_tokens, prefill_rows=min(batch, 8),
           chunk=min(256, prompt), page=TINY_PAGE if tiny else PAGE, repeats=repeats,
-          interpret=jax.default_backend() == "cpu")
+          interpret=backend == "cpu")
 
 
 def main(argv=None) -> None:
