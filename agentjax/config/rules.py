@@ -165,6 +165,26 @@ def _hop_fractions(text: str) -> bool:
                                  for hops, value in entries)
 
 
+def chunk_widths(text: str) -> tuple[int, ...]:
+    """"16,64,256" -> (16, 64, 256): prefill chunk widths; ValueError unless every entry
+    is an integer >= 1."""
+    try:
+        widths = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"{text!r}: give comma-separated widths like 16,64,256") from None
+    if min(widths) < 1:
+        raise ValueError(f"{text!r}: widths must be >= 1")
+    return widths
+
+
+def _chunk_widths(text: str) -> bool:
+    try:
+        chunk_widths(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _json_object(text: str) -> bool:
     if text == "":
         return True
@@ -216,6 +236,7 @@ FOLDER_TO_CREATE = Text("'' or a folder path (created if missing)",
                         lambda text: "\0" not in text)
 LORA_TARGET_LIST = Text("comma-separated projections, each once, among q, k, v, o, gate, "
                         "up, down, e.g. 'q,k,v,o,gate,up,down'", _lora_targets)
+CHUNK_WIDTHS = Text("comma-separated widths >= 1, e.g. '16,64,256'", _chunk_widths)
 ONE_LINE = Text("one line of text", lambda text: "\n" not in text)
 NAME = Text("a name: no whitespace, '/', '\\', '#', '?', '%' or ':'",
             lambda text: re.fullmatch(r"[^\s/\\#?%:]+", text) is not None)

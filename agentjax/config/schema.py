@@ -46,6 +46,7 @@ from agentjax.config.choices import (
 )
 from agentjax.config.rules import (
     ANY_REAL,
+    CHUNK_WIDTHS,
     COUNT,
     FIXED,
     FREE,
@@ -407,6 +408,15 @@ ROLLOUT = Section(
         "engine_slots split over this many engines run from their own threads; one per "
         "CPU core uses the cores XLA:CPU's single decode program leaves idle"),
     Key("decode_steps", 8, POSITIVE, "tokens per device round trip of the JaxEngine"),
+    Key("prefill_chunks", "16,64,256", CHUNK_WIDTHS, "the JaxEngine's prefill chunk widths: "
+        "a sequence's tokens are prefilled in chunks of these, one program each (small "
+        "chunks suit a CPU; a GPU fills with wider ones, e.g. '256,1024,4096')"),
+    Key("deterministic_prefill_rows", 4, POSITIVE, "rows of every JaxEngine prefill call "
+        "when rollout.deterministic (each row is a sequence; more rows fill a large "
+        "device, fewer waste less on padding)"),
+    Key("engine_overlap", True, Flag(), "the JaxEngine dispatches each decode call before "
+        "reading the one before (SGLang's overlap scheduler); outputs are the same either "
+        "way when rollout.deterministic"),
     Key("page_size", 64, POSITIVE, "slots per page of the JaxEngine's paged KV cache"),
     Key("engine_attention", "auto", Choice(ENGINE_ATTENTION), "the JaxEngine's attention: "
         "'paged' (pure JAX, a loop over each row's pages), 'pallas_gpu' (a Pallas GPU "

@@ -35,6 +35,7 @@ from agentjax.engine.jax.lanes import LanedEngine
 from agentjax.sglang.launch import LocalServers
 from agentjax.sglang.client import SGLangEngine
 from agentjax.config import sglang_logprob_distribution
+from agentjax.config.rules import chunk_widths
 
 WEIGHTS_DIR = "weights"  # in the workdir, unless rollout.sglang.weights_dir
 
@@ -49,7 +50,8 @@ def server_flags(config, lora=None) -> list[str]:
     r = config.rollout
     flags = ["--max-running-requests", str(r.engine_slots), "--lanes", str(r.engine_lanes),
              "--decode-steps", str(r.decode_steps), "--context-length", str(r.max_tokens + 1),
-             "--page-size", str(r.page_size),
+             "--page-size", str(r.page_size), "--prefill-chunks", r.prefill_chunks,
+             "--deterministic-prefill-rows", str(r.deterministic_prefill_rows),
              "--dtype", config.model.dtype, "--random-seed", str(config.seed),
              "--log-level", "warning"]
     if r.kv_tokens:
@@ -57,6 +59,8 @@ def server_flags(config, lora=None) -> list[str]:
     if lora is not None and r.sglang.lora == "adapter":
         flags += ["--enable-lora", "--max-lora-rank", str(lora.rank),
                   "--lora-target-modules", *lora.projections]
+    if not r.engine_overlap:
+        flags.append("--disable-overlap-schedule")
     return flags + (["--enable-deterministic-inference"] if r.deterministic else [])
 
 
@@ -82,7 +86,10 @@ def build_engine(config, *, graphdef: nnx.GraphDef, params: Any, model_config, t
             graphdef, params, lanes=r.engine_lanes, tokenizer=tokenizer,
             max_slots=r.engine_slots, max_len=r.max_tokens, decode_steps=r.decode_steps,
             page_size=r.page_size, kv_pages=kv_pages(r) // r.engine_lanes,
-            deterministic=r.deterministic, seed=config.seed, attention=r.engine_attention)
+            prefill_chunks=chunk_widths(r.prefill_chunks),
+            deterministic=r.deterministic,
+            deterministic_prefill_rows=r.deterministic_prefill_rows,
+            seed=config.seed, attention=r.engine_attention, overlap=r.engine_overlap)
         return engine, engine.close
 
     s = r.sglang

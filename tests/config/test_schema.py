@@ -30,6 +30,7 @@ BAD_TEXT = {
     rules.SERVED_MODEL: ["judge 7b", " "],
     rules.FOLDER_TO_CREATE: ["runs/\0weights"],
     rules.ONE_LINE: ["two\nlines"],
+    rules.CHUNK_WIDTHS: ["", "16,", "16;64", "0,16", "-16", "1.5", "x"],
     rules.NAME: ["", "my project", "team/project", "a:b"],
     rules.NAME_OR_DEFAULT: ["my team", "a/b"],
     rules.TITLE: ["", "  ", "two\nlines"],

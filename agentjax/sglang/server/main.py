@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import uvicorn
 from flax import nnx
 
+from agentjax.config.rules import chunk_widths
 from agentjax.models.hf import load_hf
 from agentjax.models.lora import TARGETS, add_adapters, fold_adapters
 from agentjax.models.peft import load_peft, read_peft_config
@@ -131,6 +132,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--enable-deterministic-inference", action="store_true",
                         help="batch-invariant engine: a seeded request's output does not "
                              "depend on what else runs")
+    parser.add_argument("--deterministic-prefill-rows", type=int, default=4,
+                        help="rows of every prefill call with "
+                             "--enable-deterministic-inference")
     parser.add_argument("--disable-overlap-schedule", action="store_true",
                         help="read each decode call before dispatching the next (the "
                              "engine's overlap off)")
@@ -163,11 +167,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.max_total_tokens is not None and args.max_total_tokens < 1:
         parser.error("--max-total-tokens must be >= 1")
     try:
-        args.prefill_chunks = tuple(int(c) for c in args.prefill_chunks.split(","))
-    except ValueError:
-        parser.error(f"--prefill-chunks {args.prefill_chunks!r}: give widths like 16,64,256")
-    if min(args.prefill_chunks) < 1:
-        parser.error("--prefill-chunks widths must be >= 1")
+        args.prefill_chunks = chunk_widths(args.prefill_chunks)
+    except ValueError as error:
+        parser.error(f"--prefill-chunks {error}")
+    if args.deterministic_prefill_rows < 1:
+        parser.error("--deterministic-prefill-rows must be >= 1")
     if args.parent_pid is not None and args.parent_pid != os.getppid():
         parser.error(f"--parent-pid {args.parent_pid} is not this process's parent "
                      f"({os.getppid()})")
@@ -231,7 +235,8 @@ def main(argv=None) -> None:
         max_slots=args.max_running_requests, max_len=context_length,
         prefill_chunks=args.prefill_chunks, decode_steps=args.decode_steps,
         page_size=args.page_size, kv_pages=kv_pages_per_lane(args, context_length),
-        deterministic=args.enable_deterministic_inference, seed=args.random_seed,
+        deterministic=args.enable_deterministic_inference,
+        deterministic_prefill_rows=args.deterministic_prefill_rows, seed=args.random_seed,
         overlap=not args.disable_overlap_schedule)
     if not args.skip_server_warmup:
         programs = engine.warmup()
