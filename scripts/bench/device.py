@@ -5,6 +5,8 @@ in the same run.
     python scripts/bench/device.py            # Qwen2.5-0.5B and 3B shapes (< 10 min, H200)
     python scripts/bench/device.py --tiny     # a tiny shape on CPU in seconds (CI)
     python scripts/bench/device.py --models 3B --skip-train --deterministic
+    python scripts/bench/device.py --skip-train --deterministic --prefill-rows 16 \
+        --prefill-chunks 256,1024            # the rollout config's prefill knobs
     python scripts/bench/device.py --remat full dots_no_batch --profile /tmp/prof
 
 On an H200 (2026-12-04) the default run took ~3 minutes with --repeats 1; the figures
@@ -70,6 +72,7 @@ from timing import Ratio, Runs, measure, percent, timed  # scripts/bench/timing.
 from trace_summary import summary  # scripts/bench/trace_summary.py
 
 from agentjax.config.choices import REMAT_POLICIES
+from agentjax.config.rules import chunk_widths
 from agentjax.config.presets import search_config
 from agentjax.core import parallel
 from agentjax.core.trajectory import Trajectory, Turn, collate
@@ -167,6 +170,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, help="timed runs per candidate (2)")
     parser.add_argument("--deterministic", action="store_true",
                         help="the engine in batch-invariant mode (the trainer's default)")
+    parser.add_argument("--prefill-rows", type=int, default=4,
+                        help="rows of every prefill call with --deterministic "
+                             "(rollout.deterministic_prefill_rows)")
+    parser.add_argument("--prefill-chunks", default="16,64,256",
+                        help="the engine's prefill chunk widths (rollout.prefill_chunks)")
     parser.add_argument("--attention", default="auto", choices=("auto", "paged", "pallas_gpu"),
                         help="JaxEngine attention (auto: the Pallas kernel on a GPU)")
     parser.add_argument("--skip-train", action="store_true", help="engines only")
@@ -190,6 +198,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--train-rows must be a positive multiple of {GROUP_SIZE}")
     if args.micro_rows < 1 or args.train_rows % args.micro_rows:
         parser.error("--micro-rows must divide --train-rows")
+    try:
+        args.prefill_chunks = chunk_widths(args.prefill_chunks)
+    except ValueError as error:
+        parser.error(f"--prefill-chunks {error}")
+    if args.prefill_rows < 1:
+        parser.error("--prefill-rows must be >= 1")
     if (args.peak_tbps is None) != (args.peak_tflops is None):
         parser.error("give both --peak-tbps and --peak-tflops, or neither")
     return args
@@ -543,7 +557,10 @@ def bench_engine(name: str, args, peak: Peak | None, probes: Probes) -> Measured
     prompts = rng.integers(0, config.vocab_size, (args.batch, args.prompt))
     engine = JaxEngine.from_model(model, max_slots=args.batch, max_len=max_len,
                                   decode_steps=args.decode_steps,
-                                  deterministic=args.deterministic, attention=args.attention)
+                                  prefill_chunks=args.prefill_chunks,
+                                  deterministic=args.deterministic,
+                                  deterministic_prefill_rows=args.prefill_rows,
+                                  attention=args.attention)
     attention = engine.attention
     before = compilations()
     try:
@@ -580,9 +597,10 @@ def bench_engine(name: str, args, peak: Peak | None, probes: Probes) -> Measured
 
     print(f"\n## JaxEngine at the {name} shape ({costs.params:,} params, bf16): "
           f"{args.batch} requests x {args.prompt} prompt tokens -> {args.new_tokens} new, "
-          f"max_slots {args.batch}, decode_steps {args.decode_steps}, deterministic "
-          f"{args.deterministic}, attention {attention}; best of {args.repeats} interleaved "
-          f"runs")
+          f"max_slots {args.batch}, decode_steps {args.decode_steps}, prefill chunks "
+          f"{args.prefill_chunks}, deterministic {args.deterministic}"
+          f"{f' ({args.prefill_rows} prefill rows)' if args.deterministic else ''}, attention "
+          f"{attention}; best of {args.repeats} interleaved runs")
     print(compiled)
     print(f"weights read per decode step {scaled(costs.weight_bytes, 'B')}; KV cache "
           f"{scaled(costs.kv_bytes_per_token, 'B')} per token; {steps} decode steps read "
