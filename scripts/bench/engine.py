@@ -33,8 +33,10 @@ Workloads (each warmed up once — it meets every program shape it will meet —
               prompts, 512 new tokens each): the scheduler's host time per call.
 Seeded sampling (temperature 1) in float32: the last table counts the completions whose
 tokens equal the baseline's. Every row prints the KV bytes: the pool the engine holds (the baseline reserves
-max_slots x max_len) and the peak of pages in use (this checkout); and the host time
-between device calls per decode call (this checkout).
+max_slots x max_len), the peak of pages in use, and the peak of those a sequence or a
+parked session holds ("held": in use less the shared contexts only the engine's cache
+references; this checkout); and the host time between device calls per decode call
+(this checkout).
 
 The ratio against HF `generate` is scripts/bench/rollout.py's (`--only generate`).
 """
@@ -177,9 +179,11 @@ def worker(spec: dict) -> dict:
     if paged:
         pool = engine.kv_pages * engine.stats["kv_page_bytes"]
         peak = engine.stats["peak_kv_pages"] * engine.stats["kv_page_bytes"]
+        held = engine.stats.get("peak_kv_pages_held")  # absent before 2026-12-05
+        held = None if held is None else held * engine.stats["kv_page_bytes"]
     else:
-        pool, peak = slots * max_len * token_bytes, None
-    return dict(runs=runs, pool_bytes=pool, peak_bytes=peak,
+        pool, peak, held = slots * max_len * token_bytes, None, None
+    return dict(runs=runs, pool_bytes=pool, peak_bytes=peak, held_bytes=held,
                 compiled_while_timed=dict(engine.compile_counts) != compiles,
                 devices=str(jax.devices()[0].device_kind))
 
@@ -287,9 +291,9 @@ def main():
                      _best(r, "prefill_s"), _best(r, "decode_s"),
                      f"{_runs(r, 'wall').best:.3f}", _runs(r, "wall").spread_text(),
                      int(r["runs"][0].get("prefill_tokens", 0)), _mb(r["pool_bytes"]),
-                     _mb(r["peak_bytes"]), _host_gap(r)])
+                     _mb(r["peak_bytes"]), _mb(r.get("held_bytes")), _host_gap(r)])
     table(["engine", "workload", "max_len", "mode", "prefill s", "decode s", "wall s",
-           "spread", "prefilled tokens", "KV pool MiB", "KV peak MiB",
+           "spread", "prefilled tokens", "KV pool MiB", "KV peak MiB", "held MiB",
            "host ms / call"], rows)
 
     print("\n## Ratios (goal in brackets)\n")

@@ -283,8 +283,10 @@ class JaxEngine:
         read), host_bound_decode_calls (overlapped, but the previous call had finished:
         the device waited for the host), dropped_decode_tokens (sampled for a sequence
         that had ended at a stop string after the call was dispatched), evictions,
-        shared_prefixes, preemptions, peak_kv_pages (and kv_page_bytes: bytes of one
-        page).
+        shared_prefixes, preemptions, peak_kv_pages (pages in use, shared contexts
+        included: a cache reclaimed when pages run out), peak_kv_pages_held (those a
+        sequence or a parked session holds, sampled after each program call) and
+        kv_page_bytes (bytes of one page).
     """
 
     def __init__(
@@ -942,6 +944,8 @@ class JaxEngine:
         self.stats[f"{program}_tokens"] += tokens
         self.stats[f"max_{program}_batch"] = max(self.stats[f"max_{program}_batch"], batch)
         self.stats["peak_kv_pages"] = self._table.peak_in_use
+        self.stats["peak_kv_pages_held"] = max(self.stats["peak_kv_pages_held"],
+                                               self._table.held)
 
     def _record(self, seq: _Sequence, tokens: list[int], logprobs: list[float]) -> None:
         """Records the tokens a decode call sampled for `seq` (in order) up to the first

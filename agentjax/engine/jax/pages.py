@@ -103,6 +103,8 @@ class PageTable:
         self.stats = stats
         self.max_contexts = max_contexts
         self.refs = np.zeros(num_pages, np.int32)
+        # References the shared contexts hold (a page only they reference is reclaimable).
+        self.context_refs = np.zeros(num_pages, np.int32)
         self._free = list(range(num_pages - 1, -1, -1))  # a stack: lowest ids first
         self.peak_in_use = 0
         self.sessions: dict[str, Session] = {}
@@ -120,6 +122,12 @@ class PageTable:
     @property
     def free(self) -> int:
         return len(self._free)
+
+    @property
+    def held(self) -> int:
+        """Pages a sequence or a parked session holds: in use, less those only shared
+        contexts reference (a cache, reclaimed when pages run out)."""
+        return int(np.count_nonzero(self.refs > self.context_refs))
 
     def pages_for(self, slots: int) -> int:
         return -(-slots // self.page_size)
@@ -177,8 +185,7 @@ class PageTable:
         """Frees pages until `needed` are free: shared contexts first (least recently used),
         then parked sessions when eviction is allowed. False if it cannot."""
         while self.free < needed and self.contexts:
-            _, pages = self.contexts.popitem(last=False)
-            self._release(pages)
+            self._drop_context(self.contexts.popitem(last=False)[1])
         if self.free < needed and self.evict_parked:
             parked = sorted((s.last_used, sid) for sid, s in self.sessions.items()
                             if not s.busy and s.pages)
@@ -266,9 +273,14 @@ class PageTable:
         del self.prefilling[key]
         pages = seq.pages[:self.pages_for(len(key[0]))]
         self._retain(pages)
+        self.context_refs[pages] += 1
         self.contexts[key] = pages
         while len(self.contexts) > self.max_contexts:
-            self._release(self.contexts.popitem(last=False)[1])
+            self._drop_context(self.contexts.popitem(last=False)[1])
+
+    def _drop_context(self, pages: list[int]) -> None:
+        self.context_refs[pages] -= 1
+        self._release(pages)
 
     def recompute(self, seq: Occupant) -> None:
         """Drops every slot of a sequence in flight, which prefills its context again."""
@@ -319,7 +331,7 @@ class PageTable:
         for session_id in [k for k, v in self.sessions.items() if not v.busy]:
             self.end_session(session_id)
         while self.contexts:
-            self._release(self.contexts.popitem()[1])
+            self._drop_context(self.contexts.popitem()[1])
         self.prefilling.clear()
 
     def clear(self) -> None:
@@ -328,4 +340,5 @@ class PageTable:
         self.contexts.clear()
         self.prefilling.clear()
         self.refs[:] = 0
+        self.context_refs[:] = 0
         self._free = list(range(len(self.refs) - 1, -1, -1))

@@ -130,11 +130,13 @@ def test_a_shared_prompt_is_prefilled_once_and_copied_on_write():
     assert leader.pages[0] == sibling.pages[0] == shared[0]
     assert len({leader.pages[1], sibling.pages[1], shared[1]}) == 3
     assert table.refs[shared[0]] == 3 and table.refs[shared[1]] == 1
+    # The original half page only the shared prompt references: in use, not held.
+    assert table.in_use == 4 and table.held == 3
     for seq in (leader, sibling):
         table.release(seq)
-    assert table.in_use == 2  # the shared prompt's two pages
+    assert table.in_use == 2 and table.held == 0  # the shared prompt's two pages, a cache
     table.drop_cached()
-    assert table.in_use == 0 and not table.contexts
+    assert table.in_use == 0 and not table.contexts and not table.context_refs.any()
 
 
 def test_a_cancelled_leader_lets_its_sibling_prefill_alone():
@@ -154,9 +156,11 @@ def test_reclaiming_drops_shared_prompts_then_the_least_recently_parked_session(
         _prefill(table, seq)
         _finish(table, seq, [11, 12, 13, 14])  # 8 slots: 2 pages each
     assert table.in_use == 4 and len(table.contexts) == 2  # the prompts share their pages
+    assert table.held == 4  # the parked sessions hold them too
     stranger = Seq(tuple(range(20, 29)))  # 8 slots + 1 step: 3 pages
     assert table.admit(stranger, 1)
     assert not table.contexts and table.stats["evictions"] == 1
+    assert table.held == table.in_use == 5 and not table.context_refs.any()
     assert table.sessions["old"].pages == [] and table.sessions["new"].pages
     table.release(stranger)
     back = Seq((1, 2, 3, 4, 5, 11), session_id="old")
