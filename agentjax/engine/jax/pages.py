@@ -183,9 +183,20 @@ class PageTable:
 
     def reclaim(self, needed: int) -> bool:
         """Frees pages until `needed` are free: shared contexts first (least recently used),
-        then parked sessions when eviction is allowed. False if it cannot."""
+        then parked sessions when eviction is allowed. False if it cannot.
+
+        A context whose every page a sequence, a session or another context still holds
+        frees nothing when dropped (a group's prompt while its samples run), so the
+        contexts that free a page go first."""
+        for key in list(self.contexts):
+            if self.free >= needed:
+                break
+            if (self.refs[self.contexts[key]] == 1).any():
+                self._drop_context(self.contexts.pop(key))
+                self.stats["contexts_reclaimed"] += 1
         while self.free < needed and self.contexts:
             self._drop_context(self.contexts.popitem(last=False)[1])
+            self.stats["contexts_reclaimed"] += 1
         if self.free < needed and self.evict_parked:
             parked = sorted((s.last_used, sid) for sid, s in self.sessions.items()
                             if not s.busy and s.pages)

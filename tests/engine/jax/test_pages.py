@@ -167,6 +167,30 @@ def test_reclaiming_drops_shared_prompts_then_the_least_recently_parked_session(
     assert table.admit(back, 1) and back.meta["reprefilled"] and back.length == 0
 
 
+def test_reclaiming_keeps_a_context_whose_pages_are_still_held():
+    """A group's prompt, registered first (least recently used), while a sample still
+    holds its pages: dropping it frees nothing, so a newer context that frees its pages
+    goes instead, and a late sibling still shares the prompt."""
+    table = _table(num_pages=7)
+    prompt = (1, 2, 3, 4, 5)  # 4 slots prefilled: one page, plus one for the decode step
+    sample = Seq(prompt)
+    assert table.admit(sample, 1)
+    _prefill(table, sample)
+    other = Seq((6, 7, 8, 9, 10))
+    assert table.admit(other, 1)
+    _prefill(table, other)
+    table.release(other)  # its context's page: only the cache holds it now
+    assert list(table.contexts) == [(prompt[:4], ((0, 4),)), ((6, 7, 8, 9), ((0, 4),))]
+    assert table.free == 4 and table.held == 2
+    stranger = Seq(tuple(range(20, 40)))  # 19 slots + 1 step: 5 pages
+    assert table.admit(stranger, 1)
+    assert list(table.contexts) == [(prompt[:4], ((0, 4),))]
+    assert table.stats["contexts_reclaimed"] == 1
+    sibling = Seq(prompt)
+    table.release(stranger)
+    assert table.admit(sibling, 1) and sibling.meta["shared_prefix"]
+
+
 def test_without_eviction_parked_sessions_keep_their_pages():
     table = _table(num_pages=4, evict_parked=False)
     seq = Seq((1, 2, 3, 4, 5, 6), session_id="s")
