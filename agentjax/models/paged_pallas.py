@@ -39,6 +39,7 @@ laid out as the values are (`key_layout="page_hd"`).
 from __future__ import annotations
 
 import functools
+import importlib
 
 import chex
 import jax
@@ -91,6 +92,16 @@ def split_plan(pages_per_row: int, page_size: int) -> tuple[int, int, int]:
     least = max(block, SPLIT_KEYS // page_size)
     k_splits = max(1, min(MAX_SPLITS, width // least))
     return k_splits, block, width
+
+
+def missing_backend() -> str | None:
+    """Why this jax cannot run the kernel (its Pallas Triton backend, deprecated for
+    Mosaic GPU, is gone), or None."""
+    try:
+        importlib.import_module("jax.experimental.pallas.triton")
+    except ImportError as error:
+        return f"this jax has no Pallas Triton backend ({error})"
+    return None
 
 
 def check_page_size(page_size: int) -> None:

@@ -121,6 +121,7 @@ import queue
 import threading
 import time
 import traceback
+import warnings
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -130,7 +131,8 @@ from flax import nnx
 
 from agentjax.models.decoder import LayerwiseWeights
 from agentjax.models.paged import AttentionItems, build_items, items_needed, page_bytes
-from agentjax.models.paged_pallas import BlockTables, check_page_size, split_plan
+from agentjax.models.paged_pallas import (BlockTables, check_page_size, missing_backend,
+                                          split_plan)
 from agentjax.engine.jax.programs import (COMPILE_COUNTS, DecodeCarry, carry_sharding,
                                           copy_pages, decode, engine_weights, new_cache,
                                           prefill)
@@ -1023,11 +1025,20 @@ def _resolve(seq: _Sequence, completion: Completion) -> None:
 
 def resolve_attention(attention: str, platform: str) -> str:
     """The attention path of an engine whose weights are on `platform` ("cpu", "gpu",
-    "tpu"): "auto" is the Pallas kernel on a GPU, else the pure-JAX paged attention."""
-    if attention == "auto":
-        return "pallas_gpu" if platform == "gpu" else "paged"
-    if attention not in ("paged", "pallas_gpu"):
+    "tpu"): "auto" is the Pallas kernel on a GPU (the pure-JAX path, with a warning,
+    where this jax cannot compile it), else the pure-JAX paged attention."""
+    if attention not in ("auto", "paged", "pallas_gpu"):
         raise ValueError(f"attention must be 'auto', 'paged' or 'pallas_gpu', got {attention!r}")
+    missing = missing_backend() if attention != "paged" else None
+    if attention == "pallas_gpu" and missing:
+        raise ValueError(f"attention 'pallas_gpu': {missing}; use 'paged'")
+    if attention == "auto":
+        if platform != "gpu":
+            return "paged"
+        if missing:
+            warnings.warn(f"JaxEngine: {missing}; the pure-JAX paged attention runs instead")
+            return "paged"
+        return "pallas_gpu"
     return attention
 
 

@@ -1,11 +1,13 @@
 """JaxEngine(attention="pallas_gpu"): the GPU kernel path (Pallas interpret mode on CPU)
 gives the full forwards' tokens and log-probs, keeps deterministic mode's bitwise batch
 invariance, and bad settings are refused."""
+import sys
+
 import jax
 import pytest
 
 from agentjax.engine.protocol import GenerateRequest, SamplingParams
-from agentjax.engine.jax.engine import JaxEngine
+from agentjax.engine.jax.engine import JaxEngine, resolve_attention
 from tests.engine.jax.test_engine import _check_against_full_forward, _prompts
 from tests.engine_fixtures import ENGINE_KWARGS
 from tests.engine.jax.test_engine_deterministic import (DETERMINISTIC_KWARGS,
@@ -64,3 +66,16 @@ def test_bad_settings_are_refused(tiny_model, tokenizer):
     auto = JaxEngine.from_model(tiny_model, tokenizer=tokenizer, **ENGINE_KWARGS)
     assert auto.attention == ("pallas_gpu" if jax.default_backend() == "gpu" else "paged")
     auto.close()
+
+
+def test_a_jax_without_the_triton_backend_falls_back_or_says_why(monkeypatch):
+    """The Pallas Triton backend is deprecated: once a jax drops it, "auto" on a GPU runs
+    the pure-JAX path with a warning, and asking for the kernel names the reason."""
+    monkeypatch.setitem(sys.modules, "jax.experimental.pallas.triton", None)  # import fails
+    with pytest.warns(UserWarning, match="no Pallas Triton backend"):
+        assert resolve_attention("auto", "gpu") == "paged"
+    with pytest.raises(ValueError, match="'pallas_gpu': this jax has no Pallas Triton"):
+        resolve_attention("pallas_gpu", "gpu")
+    assert resolve_attention("auto", "tpu") == resolve_attention("paged", "gpu") == "paged"
+    monkeypatch.undo()
+    assert resolve_attention("auto", "gpu") == "pallas_gpu"
