@@ -173,7 +173,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prefill-rows", type=int, default=4,
                         help="rows of every prefill call with --deterministic "
                              "(rollout.deterministic_prefill_rows)")
-    parser.add_argument("--prefill-chunks", default="16,64,256",
+    parser.add_argument("--prefill-chunks", default="16,64,256", type=chunk_widths,
                         help="the engine's prefill chunk widths (rollout.prefill_chunks)")
     parser.add_argument("--attention", default="auto", choices=("auto", "paged", "pallas_gpu"),
                         help="JaxEngine attention (auto: the Pallas kernel on a GPU)")
@@ -198,10 +198,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--train-rows must be a positive multiple of {GROUP_SIZE}")
     if args.micro_rows < 1 or args.train_rows % args.micro_rows:
         parser.error("--micro-rows must divide --train-rows")
-    try:
-        args.prefill_chunks = chunk_widths(args.prefill_chunks)
-    except ValueError as error:
-        parser.error(f"--prefill-chunks {error}")
     if args.prefill_rows < 1:
         parser.error("--prefill-rows must be >= 1")
     if (args.peak_tbps is None) != (args.peak_tflops is None):

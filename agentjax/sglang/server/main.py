@@ -127,7 +127,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="JaxEngines sharing the rows, one scheduler thread each")
     parser.add_argument("--decode-steps", type=int, default=8,
                         help="tokens per decode program call")
-    parser.add_argument("--prefill-chunks", default="16,64,256",
+    parser.add_argument("--prefill-chunks", default="16,64,256", type=chunk_widths,
                         help="comma-separated prefill chunk widths")
     parser.add_argument("--enable-deterministic-inference", action="store_true",
                         help="batch-invariant engine: a seeded request's output does not "
@@ -166,10 +166,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                      ">= 0")
     if args.max_total_tokens is not None and args.max_total_tokens < 1:
         parser.error("--max-total-tokens must be >= 1")
-    try:
-        args.prefill_chunks = chunk_widths(args.prefill_chunks)
-    except ValueError as error:
-        parser.error(f"--prefill-chunks {error}")
     if args.deterministic_prefill_rows < 1:
         parser.error("--deterministic-prefill-rows must be >= 1")
     if args.parent_pid is not None and args.parent_pid != os.getppid():
