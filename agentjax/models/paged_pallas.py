@@ -31,7 +31,7 @@ fully masked for it: its max stays, its probabilities are exactly 0, so it chang
 bit. The split plan is fixed by the engine's max_len, not by the batch. A partition the
 query does not reach gives the empty partial (max MASKED, sum 0), computed or skipped.
 
-The kernel uses Pallas's generic primitives only (loads, `pl.dot`, a loop), which the
+The kernel uses Pallas's generic primitives only (loads, dots, a loop), which the
 Triton lowering compiles on GPU and Pallas's interpreter runs on CPU: the tests check
 this path there against `paged.paged_attention` and a float64 reference. It needs keys
 laid out as the values are (`key_layout="page_hd"`).
