@@ -111,6 +111,7 @@ class PageTable:
         # A shared context's key -> its pages (held by the table), most recently used last.
         self.contexts: collections.OrderedDict[Key, list[int]] = collections.OrderedDict()
         self.prefilling: dict[Key, Occupant] = {}  # contexts being prefilled
+        self._prefilling_key: dict[int, Key] = {}  # id(sequence) -> the context it prefills
         self._release_order = itertools.count(1)
 
     # ------------------------------------------------------------------ pages
@@ -273,15 +274,15 @@ class PageTable:
         seq.segments = segments
         if length < context:
             self.prefilling[key] = seq
+            self._prefilling_key[id(seq)] = key
         return True
 
     def prefilled(self, seq: Occupant) -> None:
         """Called when a sequence has prefilled its whole context: shares it if it
         registered it (the shared context holds its own references)."""
-        key = self._registered(seq)
+        key = self._unregister(seq)
         if key is None:
             return
-        del self.prefilling[key]
         pages = seq.pages[:self.pages_for(len(key[0]))]
         self._retain(pages)
         self.context_refs[pages] += 1
@@ -295,18 +296,14 @@ class PageTable:
 
     def recompute(self, seq: Occupant) -> None:
         """Drops every slot of a sequence in flight, which prefills its context again."""
-        key = self._registered(seq)
-        if key is not None:
-            del self.prefilling[key]
+        self._unregister(seq)
         self.truncate(seq, 0)
         seq.segments = [(0, len(seq.input_ids) + len(seq.outputs) - 1)]
 
     def release(self, seq: Occupant, *, park: bool = True) -> None:
         """Frees the sequence's pages, or parks them in its session (which then caches
         the first `seq.length` ids of input then outputs)."""
-        key = self._registered(seq)
-        if key is not None:
-            del self.prefilling[key]
+        self._unregister(seq)
         session = self.sessions.get(seq.session_id) if seq.session_id else None
         if session is None or session.ended or not park:
             if session is not None:
@@ -320,9 +317,13 @@ class PageTable:
             session.last_used = next(self._release_order)
         seq.pages, seq.length = [], 0
 
-    def _registered(self, seq: Occupant) -> Key | None:
-        """The context `seq` prefills for sharing, if any."""
-        return next((k for k, v in self.prefilling.items() if v is seq), None)
+    def _unregister(self, seq: Occupant) -> Key | None:
+        """Forgets that `seq` prefills a context for sharing; returns that context's key
+        (None: it prefills none)."""
+        key = self._prefilling_key.pop(id(seq), None)
+        if key is not None:
+            del self.prefilling[key]
+        return key
 
     def end_session(self, session_id: str) -> None:
         """Frees a parked session's pages; a session with a request in flight ends when
@@ -344,12 +345,14 @@ class PageTable:
         while self.contexts:
             self._drop_context(self.contexts.popitem()[1])
         self.prefilling.clear()
+        self._prefilling_key.clear()
 
     def clear(self) -> None:
         """Forgets everything: every page is free."""
         self.sessions.clear()
         self.contexts.clear()
         self.prefilling.clear()
+        self._prefilling_key.clear()
         self.refs[:] = 0
         self.context_refs[:] = 0
         self._free = list(range(len(self.refs) - 1, -1, -1))
