@@ -85,11 +85,15 @@ def evaluate(pool: RolloutPool, tasks: Sequence[Task], *, success_key: str,
       `{prefix}/success_greedy[...]`, `{prefix}/success_sampled[...]` metrics (see
       `success_table`), plus mean turns and failure counts.
     """
-    greedy = pool.collect_sync(
-        tasks, 1, sampling=dataclasses.replace(sampling, temperature=0.0, top_p=1.0, top_k=-1),
-        first_group_id=0)
-    sampled = (pool.collect_sync(tasks, samples, sampling=sampling, first_group_id=0)
-               if samples else [])
+    # A task's greedy and sampled episodes run side by side, one group, so the engine
+    # prefills its prompt once (and each context a sample reaches as greedy did). The
+    # samples come first: members 0..samples-1, the seeds a sampled pass alone gives.
+    greedy_sampling = dataclasses.replace(sampling, temperature=0.0, top_p=1.0, top_k=-1)
+    groups = pool.collect_sync(tasks, samples + 1,
+                               sampling=[sampling] * samples + [greedy_sampling],
+                               first_group_id=0)
+    greedy = [group[samples:] for group in groups]
+    sampled = [group[:samples] for group in groups] if samples else []
     metrics = success_table(tasks, greedy, success_key, f"{prefix}/success_greedy")
     if sampled:
         metrics.update(success_table(tasks, sampled, success_key, f"{prefix}/success_sampled"))

@@ -126,23 +126,24 @@ class RolloutPool:
         self.close()
 
     def collect_sync(self, tasks: Sequence[Task], group_size: int, *,
-                     sampling: SamplingParams,
+                     sampling: SamplingParams | Sequence[SamplingParams],
                      first_group_id: int | None = None) -> list[list[Trajectory]]:
         """`collect` for callers without an event loop."""
         return asyncio.run(self.collect(tasks, group_size, sampling=sampling,
                                         first_group_id=first_group_id))
 
     async def collect(self, tasks: Sequence[Task], group_size: int, *,
-                      sampling: SamplingParams,
+                      sampling: SamplingParams | Sequence[SamplingParams],
                       first_group_id: int | None = None) -> list[list[Trajectory]]:
         """Runs `group_size` episodes per task; returns the groups in task order.
 
         Args:
           tasks: the tasks, one group each.
           group_size: episodes per task (the GRPO group size G).
-          sampling: sampling parameters of every turn. With a seed, each episode samples
-            with its own seed derived from (seed, group id, member index): reproducible,
-            yet the members of a group differ.
+          sampling: sampling parameters of every turn, or one per member of a group
+            (group_size of them). With a seed, each episode samples with its own seed
+            derived from (seed, group id, member index): reproducible, yet the members
+            of a group differ.
           first_group_id: the groups get ids first_group_id, first_group_id + 1, ...
             (which, with a seeded `sampling`, fix every episode's seed: a resumed run
             passes the same ids to get the same episodes); None continues the pool's
@@ -150,6 +151,10 @@ class RolloutPool:
         """
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
+        members = ([sampling] * group_size if isinstance(sampling, SamplingParams)
+                   else list(sampling))
+        if len(members) != group_size:
+            raise ValueError(f"{len(members)} sampling parameters for groups of {group_size}")
         semaphore = asyncio.Semaphore(self.concurrency)
         stats = {"done": 0, "in_flight": 0, "failed": 0, "tokens": 0}
         total = len(tasks) * group_size
@@ -159,7 +164,7 @@ class RolloutPool:
             async with semaphore:
                 stats["in_flight"] += 1
                 try:
-                    traj = await self._episode(task, sampling, group_id, member)
+                    traj = await self._episode(task, members[member], group_id, member)
                 finally:
                     stats["in_flight"] -= 1
             stats["done"] += 1

@@ -1,4 +1,5 @@
 """RolloutPool: complete groups, overlapping tools, failures flagged, bounded time."""
+import dataclasses
 import threading
 import time
 
@@ -7,7 +8,7 @@ import pytest
 from agentjax.core.task import Task
 from agentjax.agents.loop import EpisodeLimits
 from agentjax.engine.protocol import EnginesUnavailable, SamplingParams
-from agentjax.agents.pool import PoolProgress, RolloutPool
+from agentjax.agents.pool import PoolProgress, RolloutPool, episode_seed
 from tests.agents.fakes import ScriptedEngine, ToyEnv
 
 TASKS = [Task(f"t{i}", f"question {i}") for i in range(4)]
@@ -158,3 +159,21 @@ def test_engines_unavailable_ends_the_collect_instead_of_flagging_episodes(token
     # Every episode that started (and so opened a session) was stopped and ended it.
     started = {r.session_id for r in engine.requests}
     assert started and started == set(engine.ended_sessions)
+
+
+def test_each_member_of_a_group_may_sample_its_own_way(tokenizer):
+    engine = ScriptedEngine(tokenizer, _two_turns(tokenizer))
+    hot = SamplingParams(max_new_tokens=32, temperature=1.0, seed=7)
+    cold = dataclasses.replace(hot, temperature=0.0)
+    with RolloutPool(engine, ToyEnv, tokenizer, concurrency=4) as pool:
+        [group] = pool.collect_sync(TASKS[:1], 3, sampling=[hot, hot, cold], first_group_id=5)
+        mixed = [(r.sampling.temperature, r.sampling.seed) for r in engine.requests]
+        [alone] = pool.collect_sync(TASKS[:1], 2, sampling=hot, first_group_id=5)
+        hot_alone = {(r.sampling.temperature, r.sampling.seed)
+                     for r in engine.requests[len(mixed):]}
+        with pytest.raises(ValueError, match="2 sampling parameters for groups of 3"):
+            pool.collect_sync(TASKS[:1], 3, sampling=[hot, cold])
+    assert len(group) == 3 and len(alone) == 2 and len(mixed) == 6  # two turns each
+    # Members 0 and 1 sample as a group of hot members alone does (seeds by member).
+    assert {pair for pair in mixed if pair[0] == 1.0} == hot_alone and len(hot_alone) == 2
+    assert [pair for pair in mixed if pair[0] == 0.0] == [(0.0, episode_seed(7, 5, 2))] * 2
