@@ -285,7 +285,8 @@ class JaxEngine:
         read), host_bound_decode_calls (overlapped, but the previous call had finished:
         the device waited for the host), dropped_decode_tokens (sampled for a sequence
         that had ended at a stop string after the call was dispatched), evictions,
-        shared_prefixes, preemptions, peak_kv_pages (pages in use, shared contexts
+        shared_prefixes, contexts_reclaimed (shared contexts dropped for pages),
+        preemptions, peak_kv_pages (pages in use, shared contexts
         included: a cache reclaimed when pages run out), peak_kv_pages_held (those a
         sequence or a parked session holds, sampled after each program call) and
         kv_page_bytes (bytes of one page).

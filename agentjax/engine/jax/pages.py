@@ -92,7 +92,7 @@ class PageTable:
       num_pages: pages in the device pool.
       page_size: slots per page.
       evict_parked: whether a parked session's pages may be reclaimed.
-      stats: a counter that records "evictions", "shared_prefixes".
+      stats: a counter that records "evictions", "shared_prefixes", "contexts_reclaimed".
       max_contexts: shared contexts kept at most (the least recently used go first).
     """
 
