@@ -34,7 +34,8 @@ from qwen25 import QWEN25, model_config  # scripts/bench/qwen25.py
 from rollout import compilations, table  # scripts/bench/rollout.py
 from timing import Ratio, Runs, measure, timed  # scripts/bench/timing.py
 
-from agentjax.models.paged_pallas import BlockTables, paged_attention_pallas, split_plan
+from agentjax.models.paged_pallas import (BlockTables, missing_backend, paged_attention_pallas,
+                                          split_plan)
 
 PAGE = 64
 TINY_PAGE = 16
@@ -156,8 +157,10 @@ def bench_model(name: str, *, batch: int, prompt: int, new_tokens: int, repeats:
                 tiny: bool) -> None:
     """The kernel bench at the device bench's engine shape (device.py calls this)."""
     backend = jax.default_backend()
-    if backend not in ("gpu", "cpu"):
-        print(f"\n## Attention kernel at the {name} shape: skipped, a GPU kernel ({backend})")
+    why = (f"a GPU kernel ({backend})" if backend not in ("gpu", "cpu")
+           else missing_backend())
+    if why:
+        print(f"\n## Attention kernel at the {name} shape: skipped, {why}")
         return
     config = model_config(*SHAPES[name], param_dtype="bfloat16", dtype="bfloat16")
     bench(name, config, batch=batch, context=prompt + new_tokens // 2,

@@ -9,10 +9,13 @@ import pytest
 
 from agentjax.models.paged import AttentionItems, build_items, paged_attention, write_pages
 from agentjax.models.paged_pallas import (MAX_SPLITS, BlockTables, check_page_size,
-                                          paged_attention_pallas, query_block, split_plan)
+                                          missing_backend, paged_attention_pallas,
+                                          query_block, split_plan)
 from tests.models.test_paged import make_scene, reference
 
 PAGE = 16
+pytestmark = pytest.mark.skipif(missing_backend() is not None,
+                                reason=f"the kernel cannot run: {missing_backend()}")
 
 
 def _tables(scene, plan):

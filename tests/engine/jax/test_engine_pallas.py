@@ -8,6 +8,7 @@ import pytest
 
 from agentjax.engine.protocol import GenerateRequest, SamplingParams
 from agentjax.engine.jax.engine import JaxEngine, resolve_attention
+from agentjax.models.paged_pallas import missing_backend
 from tests.engine.jax.test_engine import _check_against_full_forward, _prompts
 from tests.engine_fixtures import ENGINE_KWARGS
 from tests.engine.jax.test_engine_deterministic import (DETERMINISTIC_KWARGS,
@@ -16,6 +17,8 @@ from tests.engine.jax.test_engine_deterministic import (DETERMINISTIC_KWARGS,
 
 @pytest.fixture(scope="module")
 def pallas_engine(tiny_model, tokenizer):
+    if missing_backend() is not None:
+        pytest.skip(f"the kernel cannot run: {missing_backend()}")
     engine = JaxEngine.from_model(tiny_model, tokenizer=tokenizer, attention="pallas_gpu",
                                   **DETERMINISTIC_KWARGS)
     # One program per rows and chunk width (block tables, no item counts): prefill at
