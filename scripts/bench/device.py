@@ -66,7 +66,7 @@ import numpy as np
 from flax import nnx
 from kernel import bench_model as bench_kernel  # scripts/bench/kernel.py
 from model import jax_side  # scripts/bench/model.py: plain jitted fwd + bwd
-from qwen25 import QWEN25, model_config, parameter_count  # scripts/bench/qwen25.py
+from qwen25 import SHAPES, model_config, parameter_count  # scripts/bench/qwen25.py
 from rollout import compilations, compile_line, table  # scripts/bench/rollout.py
 from timing import Ratio, Runs, measure, percent, timed  # scripts/bench/timing.py
 from trace_summary import summary  # scripts/bench/trace_summary.py
@@ -132,8 +132,6 @@ HOST_GAP = (
     "from that read), so the work between two decode calls runs while the device "
     "computes and leaves this figure")
 
-# Hidden, intermediate, layers, heads, kv heads, vocab, tied (as QWEN25): the --tiny model.
-SHAPES = {**QWEN25, "tiny": (32, 64, 1, 2, 1, 256, True)}
 
 # The goals, for an H200: (what, model, batch, least fraction).
 DECODE_GOAL = ("decode MBU", "3B", 64, 0.50)

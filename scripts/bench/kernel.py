@@ -30,7 +30,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from qwen25 import QWEN25, model_config  # scripts/bench/qwen25.py
+from qwen25 import SHAPES, model_config  # scripts/bench/qwen25.py
 from rollout import compilations, table  # scripts/bench/rollout.py
 from timing import Ratio, Runs, measure, timed  # scripts/bench/timing.py
 
@@ -148,9 +148,6 @@ def bench(name: str, config, *, batch: int, context: int, max_len: int, prefill_
         rows_out.append(line)
     table(["call", "ours ms (spread)", "ours KV read", "JAX's ms (spread)", "JAX's KV read",
            "ours / JAX's", "max |diff|"], rows_out)
-
-
-SHAPES = {**QWEN25, "tiny": (32, 64, 1, 2, 1, 256, True)}
 
 
 def bench_model(name: str, *, batch: int, prompt: int, new_tokens: int, repeats: int,

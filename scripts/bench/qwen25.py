@@ -18,6 +18,8 @@ from agentjax.models.decoder import Decoder
 QWEN25 = {"0.5B": (896, 4864, 24, 14, 2, 151936, True),
           "3B": (2048, 11008, 36, 16, 2, 151936, True),
           "7B": (3584, 18944, 28, 28, 4, 152064, False)}
+# With a tiny shape of the same fields, for runs on CPU in seconds (the benches' --tiny).
+SHAPES = {**QWEN25, "tiny": (32, 64, 1, 2, 1, 256, True)}
 
 
 def model_config(hidden, intermediate, layers, heads, kv_heads, vocab, tied,

@@ -57,7 +57,7 @@ def test_tiny_mode_runs_every_phase_with_a_given_peak(tmp_path):
 
 
 def test_costs_of_qwen25_0_5b_by_hand(bench):
-    config = bench["model_config"](*bench["QWEN25"]["0.5B"], dtype="bfloat16")
+    config = bench["model_config"](*bench["SHAPES"]["0.5B"], dtype="bfloat16")
     costs = bench["Costs"](config, 494_032_768)
     head = 151936 * 896
     assert costs.multiplied == 494_032_768  # tied: the embedding is the lm-head
@@ -72,7 +72,7 @@ def test_costs_of_qwen25_0_5b_by_hand(bench):
 
 
 def test_an_untied_input_embedding_is_a_lookup(bench):
-    config = bench["model_config"](*bench["QWEN25"]["7B"])
+    config = bench["model_config"](*bench["SHAPES"]["7B"])
     costs = bench["Costs"](config, 7_615_616_512)
     assert costs.multiplied == 7_615_616_512 - 152064 * 3584
 

@@ -1030,17 +1030,15 @@ def resolve_attention(attention: str, platform: str) -> str:
     where this jax cannot compile it), else the pure-JAX paged attention."""
     if attention not in ("auto", "paged", "pallas_gpu"):
         raise ValueError(f"attention must be 'auto', 'paged' or 'pallas_gpu', got {attention!r}")
-    missing = missing_backend() if attention != "paged" else None
-    if attention == "pallas_gpu" and missing:
-        raise ValueError(f"attention 'pallas_gpu': {missing}; use 'paged'")
-    if attention == "auto":
-        if platform != "gpu":
-            return "paged"
-        if missing:
-            warnings.warn(f"JaxEngine: {missing}; the pure-JAX paged attention runs instead")
-            return "paged"
+    if attention == "paged" or (attention == "auto" and platform != "gpu"):
+        return "paged"
+    missing = missing_backend()
+    if missing is None:
         return "pallas_gpu"
-    return attention
+    if attention == "pallas_gpu":
+        raise ValueError(f"attention 'pallas_gpu': {missing}; use 'paged'")
+    warnings.warn(f"JaxEngine: {missing}; the pure-JAX paged attention runs instead")
+    return "paged"
 
 
 def _default_eos_ids(tokenizer, config) -> tuple[int, ...]:
