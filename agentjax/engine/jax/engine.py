@@ -947,8 +947,11 @@ class JaxEngine:
         self.stats[f"{program}_tokens"] += tokens
         self.stats[f"max_{program}_batch"] = max(self.stats[f"max_{program}_batch"], batch)
         self.stats["peak_kv_pages"] = self._table.peak_in_use
-        self.stats["peak_kv_pages_held"] = max(self.stats["peak_kv_pages_held"],
-                                               self._table.held)
+        # Held pages are a subset of those in use: counted only when that could raise
+        # the peak (the count scans the pool).
+        if self._table.in_use > self.stats["peak_kv_pages_held"]:
+            self.stats["peak_kv_pages_held"] = max(self.stats["peak_kv_pages_held"],
+                                                   self._table.held)
 
     def _record(self, seq: _Sequence, tokens: list[int], logprobs: list[float]) -> None:
         """Records the tokens a decode call sampled for `seq` (in order) up to the first
