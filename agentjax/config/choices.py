@@ -24,6 +24,9 @@ REMAT_POLICIES = ("auto", "none", "full", "full_save_attention", "dots", "dots_n
 # models/attention.py: segment_attention's implementations ("auto" picks by backend and
 # length).
 ATTENTION_IMPLS = ("auto", "dense", "blockwise", "cudnn", "splash")
+# engine/jax/engine.py: resolve_attention, the JaxEngine's paged attention ("auto": the
+# GPU kernel on a GPU, else the pure-JAX path).
+ENGINE_ATTENTION = ("auto", "paged", "pallas_gpu", "pallas_tpu")
 # rl/advantages.py: ADVANTAGES ("gae" is the one with a critic: needs_critic).
 ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
 # rl/policy_losses.py: POLICY_LOSSES.

@@ -25,6 +25,7 @@ from agentjax.config.choices import (
     DATA_SOURCES,
     DPO_KINDS,
     DPO_PAIRS,
+    ENGINE_ATTENTION,
     ENGINES,
     LORA_TARGETS,
     GUESSES,
@@ -106,7 +107,6 @@ class Section:
 # built for a tiny model (models.tokenizer.build_tokenizer) need this many ids.
 MIN_TINY_VOCAB = 269
 DTYPES = ("float32", "bfloat16")
-ENGINE_ATTENTION = ("auto", "paged", "pallas_gpu")
 OFF = ((0, "off"),)
 ONLY_AFTER_THE_LAST_STEP = ((0, "only after the last step"),)
 MESH_AXIS = Integer(1, special=((-1, "the remaining devices"),))
@@ -420,8 +420,9 @@ ROLLOUT = Section(
     Key("page_size", 64, POSITIVE, "slots per page of the JaxEngine's paged KV cache"),
     Key("engine_attention", "auto", Choice(ENGINE_ATTENTION), "the JaxEngine's attention: "
         "'paged' (pure JAX, a loop over each row's pages), 'pallas_gpu' (a Pallas GPU "
-        "paged-attention kernel; page_size a power of two >= 16) or 'auto' (pallas_gpu "
-        "on a GPU, else paged)"),
+        "paged-attention kernel; page_size a power of two >= 16), 'pallas_tpu' (a Pallas "
+        "TPU one, DMAs from the pool in HBM; page_size a multiple of 16) or 'auto' "
+        "(pallas_gpu on a GPU, else paged)"),
     Key("kv_tokens", 0, Integer(1, special=((0, "engine_slots x max_tokens: no request "
                                                  "ever waits for pages"),)),
         "KV slots of the JaxEngine's page pool (over all lanes): pages are taken as "

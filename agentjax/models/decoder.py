@@ -63,6 +63,7 @@ from agentjax.models.config import ModelConfig
 from agentjax.models.paged import (AttentionItems, PagedKVCache, ViewItems, paged_attention,
                                    view_attention, write_pages)
 from agentjax.models.paged_pallas import BlockTables, paged_attention_pallas
+from agentjax.models.paged_pallas_tpu import paged_attention_tpu
 from agentjax.core.parallel import LogicalSharding, constrain
 
 _INIT_STD = 0.02  # HF `initializer_range` default for these families
@@ -396,7 +397,9 @@ class LayerwiseWeights:
             def attend(q, k, v, k_pool=k_pool, v_pool=v_pool):
                 k_pool, v_pool = write_pages(k_pool, v_pool, k, v, write, cache.key_layout)
                 if isinstance(items, BlockTables):
-                    out = paged_attention_pallas(q, k_pool, v_pool, slots, items)
+                    kernel = (paged_attention_tpu if items.kernel == "tpu"
+                              else paged_attention_pallas)
+                    out = kernel(q, k_pool, v_pool, slots, items)
                 elif isinstance(items, ViewItems):
                     out = view_attention(q, k_pool, v_pool, slots, items, cache.key_layout)
                 else:

@@ -71,11 +71,14 @@ class BlockTables:
       page, they are masked).
     k_splits, block_pages: the split plan (`split_plan`); width is a multiple of
       k_splits * block_pages.
+    kernel: "gpu" (`paged_attention_pallas`) or "tpu" (`paged_pallas_tpu`, which takes
+      one partition).
     """
 
     table: jax.Array
     k_splits: int = struct.field(pytree_node=False, default=1)
     block_pages: int = struct.field(pytree_node=False, default=1)
+    kernel: str = struct.field(pytree_node=False, default="gpu")
 
 
 def split_plan(pages_per_row: int, page_size: int) -> tuple[int, int, int]:

@@ -71,7 +71,7 @@ from rollout import compilations, compile_line, table  # scripts/bench/rollout.p
 from timing import Ratio, Runs, measure, percent, timed  # scripts/bench/timing.py
 from trace_summary import summary  # scripts/bench/trace_summary.py
 
-from agentjax.config.choices import REMAT_POLICIES
+from agentjax.config.choices import ENGINE_ATTENTION, REMAT_POLICIES
 from agentjax.config.rules import chunk_widths
 from agentjax.config.presets import search_config
 from agentjax.core import parallel
@@ -173,7 +173,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "(rollout.deterministic_prefill_rows)")
     parser.add_argument("--prefill-chunks", default="16,64,256", type=chunk_widths,
                         help="the engine's prefill chunk widths (rollout.prefill_chunks)")
-    parser.add_argument("--attention", default="auto", choices=("auto", "paged", "pallas_gpu"),
+    parser.add_argument("--attention", default="auto", choices=ENGINE_ATTENTION,
                         help="JaxEngine attention (auto: the Pallas kernel on a GPU)")
     parser.add_argument("--skip-train", action="store_true", help="engines only")
     parser.add_argument("--remat", nargs="+", choices=REMAT_POLICIES,

@@ -129,10 +129,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from agentjax.config.choices import ENGINE_ATTENTION
 from agentjax.models.decoder import LayerwiseWeights
 from agentjax.models.paged import AttentionItems, build_items, items_needed, page_bytes
-from agentjax.models.paged_pallas import (BlockTables, check_page_size, missing_backend,
-                                          split_plan)
+from agentjax.models import paged_pallas, paged_pallas_tpu
+from agentjax.models.paged_pallas import BlockTables, missing_backend
 from agentjax.engine.jax.programs import (COMPILE_COUNTS, DecodeCarry, carry_sharding,
                                           copy_pages, decode, engine_weights, new_cache,
                                           prefill)
@@ -270,8 +271,10 @@ class JaxEngine:
       deterministic_prefill_rows: rows of every prefill call in deterministic mode.
       attention: "paged" (the pure-JAX loop over each row's pages, `models/paged.py`),
         "pallas_gpu" (a Pallas GPU paged-attention kernel, `models/paged_pallas.py`;
-        page_size a power of two >= 16; on CPU it runs in Pallas's interpreter, for
-        tests) or "auto": pallas_gpu when the weights are on a GPU, else paged.
+        page_size a power of two >= 16), "pallas_tpu" (a Pallas TPU one,
+        `models/paged_pallas_tpu.py`; page_size a multiple of 16) or "auto": pallas_gpu
+        when the weights are on a GPU, else paged. Off their device the kernels run in
+        Pallas's interpreters, for tests.
       overlap: dispatch each decode call's successor before reading its tokens while
         nothing else needs the scheduler, so the host's work for a call runs while the
         device runs the next (module docstring). Outputs are the same either way in
@@ -338,9 +341,8 @@ class JaxEngine:
         self.decode_steps = decode_steps
         self.attention = resolve_attention(
             attention, next(iter(jax.tree.leaves(self._weights)[0].devices())).platform)
-        if self.attention == "pallas_gpu":
-            check_page_size(page_size)
-        self._key_layout = "page_hd" if self.attention == "pallas_gpu" else "hd_page"
+        kernel = self.attention != "paged"
+        self._key_layout = "page_hd" if kernel else "hd_page"
         self.page_size = page_size
         self.kv_pages = max_slots * -(-max_len // page_size) if kv_pages is None else kv_pages
         if self.kv_pages < 1:
@@ -350,9 +352,9 @@ class JaxEngine:
             max_slots, max_len, page_size, prefill_chunks=prefill_chunks,
             batch_buckets=batch_buckets, deterministic=deterministic,
             deterministic_prefill_rows=deterministic_prefill_rows,
-            block_tables=self.attention == "pallas_gpu", view_pages=self.kv_pages)
-        self._split_plan = (split_plan(self._shapes.pages_per_row, page_size)
-                            if self.attention == "pallas_gpu" else None)
+            block_tables=kernel, view_pages=self.kv_pages)
+        self._split_plan = (kernel_plan(self.attention, self._shapes.pages_per_row, page_size)
+                            if kernel else None)
         self.batch_wait_s = batch_wait_s
         self.max_stop_ids = max_stop_ids
         if eos_token_ids is None:
@@ -683,12 +685,13 @@ class JaxEngine:
 
     def _items(self, seqs: Sequence[_Sequence], spans: Sequence[int], rows: int,
                size: int, kind: str) -> AttentionItems | BlockTables:
-        if self.attention == "pallas_gpu":
+        if self._split_plan is not None:
             k_splits, block_pages, width = self._split_plan
             table = np.zeros((rows, width), np.int32)
             for row, seq in enumerate(seqs):
                 table[row, :len(seq.pages)] = seq.pages
-            return BlockTables(table=table, k_splits=k_splits, block_pages=block_pages)
+            return BlockTables(table=table, k_splits=k_splits, block_pages=block_pages,
+                               kernel=KERNELS[self.attention])
         pages = [s.pages for s in seqs] + [[]] * (rows - len(seqs))
         spans = list(spans) + [0] * (rows - len(seqs))
         host = build_items(pages, spans, rows, self.page_size, size, TILES[kind])
@@ -1027,13 +1030,21 @@ def _resolve(seq: _Sequence, completion: Completion) -> None:
         pass
 
 
+# The kernel each Pallas path's block tables name (`BlockTables.kernel`).
+KERNELS = {"pallas_gpu": "gpu", "pallas_tpu": "tpu"}
+
+
 def resolve_attention(attention: str, platform: str) -> str:
     """The attention path of an engine whose weights are on `platform` ("cpu", "gpu",
     "tpu"): "auto" is the Pallas kernel on a GPU (the pure-JAX path, with a warning,
-    where this jax cannot compile it), else the pure-JAX paged attention."""
-    if attention not in ("auto", "paged", "pallas_gpu"):
-        raise ValueError(f"attention must be 'auto', 'paged' or 'pallas_gpu', got {attention!r}")
-    if attention == "paged" or (attention == "auto" and platform != "gpu"):
+    where this jax cannot compile it), else the pure-JAX paged attention. The TPU kernel
+    runs only when asked for: no TPU has timed it against the pure-JAX path yet."""
+    if attention not in ENGINE_ATTENTION:
+        raise ValueError(f"attention must be one of {', '.join(map(repr, ENGINE_ATTENTION))}, "
+                         f"got {attention!r}")
+    if attention in ("paged", "pallas_tpu"):
+        return attention
+    if attention == "auto" and platform != "gpu":
         return "paged"
     missing = missing_backend()
     if missing is None:
@@ -1042,6 +1053,15 @@ def resolve_attention(attention: str, platform: str) -> str:
         raise ValueError(f"attention 'pallas_gpu': {missing}; use 'paged'")
     warnings.warn(f"JaxEngine: {missing}; the pure-JAX paged attention runs instead")
     return "paged"
+
+
+def kernel_plan(attention: str, pages_per_row: int, page_size: int) -> tuple[int, int, int]:
+    """(k_splits, pages per compute block, table width) of a Pallas kernel's block tables
+    for rows of at most `pages_per_row` pages; refuses a page size it cannot take."""
+    if attention == "pallas_tpu":
+        return (1, paged_pallas_tpu.tpu_block_pages(page_size),
+                paged_pallas_tpu.tpu_table_width(pages_per_row, page_size))
+    return paged_pallas.split_plan(pages_per_row, page_size)
 
 
 def _default_eos_ids(tokenizer, config) -> tuple[int, ...]:
