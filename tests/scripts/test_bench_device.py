@@ -1,7 +1,9 @@
 """scripts/bench/device.py: its --tiny mode runs every phase on CPU (so the accelerator
 run cannot rot before a device is lent), and the formulas and verdicts it prints on a
 device, checked by hand here where a CPU cannot reach them (a known peak, memory stats)."""
+import itertools
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -35,7 +37,7 @@ def test_tiny_mode_runs_every_phase_with_a_given_peak(tmp_path):
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     assert "peak: 50 GB/s HBM, 200 GFLOP/s dense bf16 (--peak-tbps/--peak-tflops)" in out
-    for section in ("## Train step at the tiny shape", "## Attention kernel at the tiny shape",
+    for section in ("## Train step at the tiny shape", "## TPU attention kernel at the tiny shape",
                     "## JaxEngine at the tiny shape", "## Goals (issue 27)"):
         assert section in out
     # One train step per remat policy, the goal at the best of them.
@@ -46,11 +48,17 @@ def test_tiny_mode_runs_every_phase_with_a_given_peak(tmp_path):
     assert "| op | count | total ms | mean us | share |" in out
     # The timed runs were checked for compilations (timing.measure raises otherwise).
     assert out.count("timed runs: none (checked after each)") == 3
-    # The kernel against JAX's, both interpreted: a decode step and a prefill chunk
-    # (where this jax can run the kernel).
-    if missing_backend() is None:
-        assert " decode: 4 x 1 queries at 24 slots |" in out
-        assert "| prefill chunk: 4 x 16 queries at 24 slots |" in out
+    # Each kernel against its baselines, interpreted: a decode step and a prefill chunk
+    # (the GPU kernel where this jax can run it).
+    for kernel, baselines in (("GPU", ["JAX's ops/gpu"]), ("TPU", ["pure JAX"])):
+        section = out.split(f"## {kernel} attention kernel at the tiny shape")[-1]
+        if kernel == "GPU" and missing_backend() is not None:
+            assert section.startswith(f": skipped, {missing_backend()}")
+            continue
+        for call, name in itertools.product(("decode: 4 x 1", "prefill chunk: 4 x 16"),
+                                            ["ours"] + baselines):
+            assert re.search(rf"\| +{call} queries at 24 slots \| +{re.escape(name)} \|",
+                             section)
     assert "measured peak: n/a (the device reports no memory stats, as on CPU)" in out
     assert "MBU n/a" not in out and "host gap:" in out and "WARNING" not in out
     assert out.count("not the goal's conditions") == 2

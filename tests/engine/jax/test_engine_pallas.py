@@ -1,6 +1,6 @@
-"""JaxEngine(attention="pallas_gpu"): the GPU kernel path (Pallas interpret mode on CPU)
-gives the full forwards' tokens and log-probs, keeps deterministic mode's bitwise batch
-invariance, and bad settings are refused."""
+"""JaxEngine(attention="pallas_gpu" / "pallas_tpu"): the kernel paths (Pallas's
+interpreters on CPU) give the full forwards' tokens and log-probs, keep deterministic
+mode's bitwise batch invariance, and bad settings are refused."""
 import sys
 
 import jax
@@ -15,11 +15,11 @@ from tests.engine.jax.test_engine_deterministic import (DETERMINISTIC_KWARGS,
                                                         _alone_then_crowded)
 
 
-@pytest.fixture(scope="module")
-def pallas_engine(tiny_model, tokenizer):
-    if missing_backend() is not None:
+@pytest.fixture(scope="module", params=["pallas_gpu", "pallas_tpu"])
+def pallas_engine(request, tiny_model, tokenizer):
+    if request.param == "pallas_gpu" and missing_backend() is not None:
         pytest.skip(f"the kernel cannot run: {missing_backend()}")
-    engine = JaxEngine.from_model(tiny_model, tokenizer=tokenizer, attention="pallas_gpu",
+    engine = JaxEngine.from_model(tiny_model, tokenizer=tokenizer, attention=request.param,
                                   **DETERMINISTIC_KWARGS)
     # One program per rows and chunk width (block tables, no item counts): prefill at
     # 2 rows x {8, 32}, decode at 4 rows.
@@ -43,7 +43,7 @@ def paged_engine(engine, tiny_model, tokenizer):
 
 def test_outputs_match_full_forwards_and_the_paged_engine(pallas_engine, paged_engine,
                                                           tiny_model, tokenizer):
-    assert pallas_engine.attention == "pallas_gpu" and paged_engine.attention == "paged"
+    assert pallas_engine.attention.startswith("pallas") and paged_engine.attention == "paged"
     requests = [GenerateRequest(p, SamplingParams(temperature=t, max_new_tokens=12, seed=3))
                 for p, t in zip(_prompts(tokenizer), (0.0, 1.0, 0.7))]
     ours = pallas_engine.generate_sync(requests)
@@ -65,6 +65,9 @@ def test_bad_settings_are_refused(tiny_model, tokenizer):
     with pytest.raises(ValueError, match="power of two >= 16"):
         JaxEngine.from_model(tiny_model, tokenizer=tokenizer, attention="pallas_gpu",
                              page_size=8)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        JaxEngine.from_model(tiny_model, tokenizer=tokenizer, attention="pallas_tpu",
+                             page_size=24)
     # "auto" picks the kernel only on a GPU (no program is compiled before a request).
     auto = JaxEngine.from_model(tiny_model, tokenizer=tokenizer, **ENGINE_KWARGS)
     assert auto.attention == ("pallas_gpu" if jax.default_backend() == "gpu" else "paged")
@@ -80,5 +83,7 @@ def test_a_jax_without_the_triton_backend_falls_back_or_says_why(monkeypatch):
     with pytest.raises(ValueError, match="'pallas_gpu': this jax has no Pallas Triton"):
         resolve_attention("pallas_gpu", "gpu")
     assert resolve_attention("auto", "tpu") == resolve_attention("paged", "gpu") == "paged"
+    # The TPU kernel runs where asked for, not yet under "auto" (no TPU has timed it).
+    assert resolve_attention("pallas_tpu", "tpu") == "pallas_tpu"
     monkeypatch.undo()
     assert resolve_attention("auto", "gpu") == "pallas_gpu"
