@@ -76,9 +76,10 @@ def test_the_pure_jax_attention_plans_its_decode_page_view():
     rows = _rows(memory_plan(config, _qwen25_3b(config), mesh, device_bytes=None))
     # 48 x 64 = 3,072 pages a lane, the bucket 3 x 2^10, within a lane's pool of 4,096
     assert rows["decode page view"] == 2 * 3072 * 64 * L * K * HD * 2 * 2
-    config.rollout.engine_attention = "pallas_gpu"
-    assert "decode page view" not in _rows(memory_plan(config, _qwen25_3b(config), mesh,
-                                                       device_bytes=None))
+    for kernel in ("pallas_gpu", "pallas_tpu"):   # both kernels read the pool in place
+        config.rollout.engine_attention = kernel
+        assert "decode page view" not in _rows(memory_plan(config, _qwen25_3b(config), mesh,
+                                                           device_bytes=None))
 
 
 def test_hf_preset_on_one_device():
