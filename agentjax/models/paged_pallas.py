@@ -120,6 +120,32 @@ def query_block(query_rows: int, most: int = MAX_QUERY_BLOCK) -> int:
     return min(most, max(MIN_QUERY_BLOCK, 1 << max(query_rows - 1, 0).bit_length()))
 
 
+def query_rows(q: jax.Array, slots: jax.Array, kv_heads: int,
+               block: int) -> tuple[jax.Array, jax.Array]:
+    """The kernels' query rows: per row and kv head its new tokens times the query heads
+    sharing the kv head, token-major, padded to whole blocks of `block`.
+
+    Returns queries [R, K, N, hd] scaled by hd^-0.5 and their slots [R, N] (-1: padding),
+    N = T * G rounded up to a multiple of block."""
+    r, t, h, hd = q.shape
+    groups = h // kv_heads
+    padded = -(-(t * groups) // block) * block
+    queries = (q * jnp.asarray(hd ** -0.5, q.dtype)).reshape(r, t, kv_heads, groups, hd)
+    queries = queries.transpose(0, 2, 1, 3, 4).reshape(r, kv_heads, t * groups, hd)
+    queries = jnp.pad(queries, ((0, 0), (0, 0), (0, padded - t * groups), (0, 0)))
+    query_slots = jnp.repeat(jnp.maximum(slots, -1), groups, axis=1)
+    query_slots = jnp.pad(query_slots, ((0, 0), (0, padded - t * groups)), constant_values=-1)
+    return queries, query_slots
+
+
+def from_query_rows(out: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """[R, K, N, hd] per-query-row outputs (`query_rows`) back to [R, T, H, hd]."""
+    r, t, h, hd = shape
+    kv_heads = out.shape[1]
+    out = out[:, :, :t * (h // kv_heads)].reshape(r, kv_heads, t, h // kv_heads, hd)
+    return out.transpose(0, 2, 1, 3, 4).reshape(r, t, h, hd)
+
+
 def _kernel(q_ref, slot_ref, table_ref, k_ref, v_ref, o_ref, sum_ref, max_ref, *,
             page_size: int, block_pages: int):
     """One (row, kv head, query block, partition) program (module docstring).
@@ -200,15 +226,9 @@ def paged_attention_pallas(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
                          f"({k_splits}) x block_pages ({tables.block_pages})")
     if interpret is None:
         interpret = jax.default_backend() == "cpu"
-    groups = h // kh
-    block = query_block(t * groups, max_query_block)
-    padded = -(-(t * groups) // block) * block
-    # Query rows per (row, kv head), token-major: [R, K, T * G] padded to whole blocks.
-    queries = (q * jnp.asarray(hd ** -0.5, q.dtype)).reshape(r, t, kh, groups, hd)
-    queries = queries.transpose(0, 2, 1, 3, 4).reshape(r, kh, t * groups, hd)
-    queries = jnp.pad(queries, ((0, 0), (0, 0), (0, padded - t * groups), (0, 0)))
-    query_slots = jnp.repeat(jnp.maximum(slots, -1), groups, axis=1)
-    query_slots = jnp.pad(query_slots, ((0, 0), (0, padded - t * groups)), constant_values=-1)
+    block = query_block(t * (h // kh), max_query_block)
+    queries, query_slots = query_rows(q, slots, kh, block)
+    padded = query_slots.shape[1]
     per_split = width // k_splits
     table = tables.table.reshape(r, k_splits, per_split)
     pool_spec = pl.BlockSpec((num_pages, None, page_size, hd),
@@ -240,5 +260,4 @@ def paged_attention_pallas(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
         merged = merge_partials(merged, (top[s], total[s], out[s]))
     _, row_sum, row_out = merged
     row_out = row_out / jnp.where(row_sum > 0, row_sum, 1.0)[..., None]
-    row_out = row_out[:, :, :t * groups].reshape(r, kh, t, groups, hd)
-    return row_out.transpose(0, 2, 1, 3, 4).reshape(r, t, h, hd).astype(q.dtype)
+    return from_query_rows(row_out, q.shape).astype(q.dtype)

@@ -35,15 +35,14 @@ import jax
 import jax.numpy as jnp
 
 from agentjax.models.attention import MASKED
-from agentjax.models.paged_pallas import BlockTables
+from agentjax.models.paged_pallas import BlockTables, from_query_rows, query_block, query_rows
 
 # Keys a compute block scores at once: a [query block x 256] float32 score tile, two
 # 128-lane MXU passes. Fewer keys would leave the loop's per-block cost (a DMA wait and
 # start) larger than its matmuls.
 BLOCK_KEYS = 256
-# Query rows of a program: at least the 16 sublanes of a bfloat16 tile, at most 128
-# (a [128 x 256] float32 score tile, 128 KiB of VMEM).
-MIN_QUERY_BLOCK = 16
+# Query rows of a program: at most 128 (a [128 x 256] float32 score tile, 128 KiB of
+# VMEM); at least 16 (`query_block`), the sublanes of a bfloat16 tile.
 MAX_QUERY_BLOCK = 128
 
 
@@ -65,10 +64,6 @@ def check_page_size(page_size: int) -> None:
     if page_size < 16 or page_size % 16:
         raise ValueError(f"the Pallas TPU attention needs a page_size that is a multiple "
                          f"of 16, got {page_size}")
-
-
-def _query_block(query_rows: int, most: int) -> int:
-    return min(most, max(MIN_QUERY_BLOCK, 1 << max(query_rows - 1, 0).bit_length()))
 
 
 def _kernel(table_ref, last_ref, q_ref, slot_ref, k_hbm, v_hbm, o_ref, k_buf, v_buf,
@@ -147,22 +142,13 @@ def paged_attention_tpu(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
                         max_query_block: int = MAX_QUERY_BLOCK,
                         interpret=None) -> jax.Array:
     """Grouped-query causal attention of new queries over their rows' pages (module
-    docstring).
+    docstring), with the arguments and result of `paged_pallas.paged_attention_pallas`
+    but these:
 
-    Args:
-      q: [R, T, H, hd] queries of the new tokens.
-      k_pool: [P, K, page, hd] keys of one layer (key_layout "page_hd"; the new tokens
-        already written).
-      v_pool: [P, K, page, hd] values.
-      slots: [R, T] int32 position of each query in its row (-1: padding query).
-      tables: [R, width] block tables; width a multiple of tables.block_pages
-        (`tpu_table_width`, `tpu_block_pages`); k_splits is ignored.
-      max_query_block: the most query rows a program takes.
+      tables: [R, width] block tables, width a multiple of tables.block_pages
+        (`tpu_table_width`, `tpu_block_pages`); one partition (k_splits is ignored).
       interpret: run the kernel in Pallas's TPU interpreter (default: off TPU); a
         `pltpu.InterpretParams` sets how (the tests detect races with one).
-
-    Returns:
-      [R, T, H, hd] in q's dtype (zeros for padding queries); softmax in float32.
     """
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
@@ -178,17 +164,10 @@ def paged_attention_tpu(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
                          f"({block_pages})")
     if interpret is None:
         interpret = jax.default_backend() != "tpu"
-    groups = h // kh
-    block = _query_block(t * groups, max_query_block)
-    padded = -(-(t * groups) // block) * block
+    block = query_block(t * (h // kh), max_query_block)
+    queries, query_slots = query_rows(q, slots, kh, block)
+    padded = query_slots.shape[1]
     blocks = padded // block
-    # Query rows per (row, kv head), token-major: [R, K, T * G] padded to whole blocks.
-    queries = (q * jnp.asarray(hd ** -0.5, q.dtype)).reshape(r, t, kh, groups, hd)
-    queries = queries.transpose(0, 2, 1, 3, 4).reshape(r, kh, t * groups, hd)
-    queries = jnp.pad(queries, ((0, 0), (0, 0), (0, padded - t * groups), (0, 0)))
-    query_slots = jnp.repeat(jnp.maximum(slots, -1), groups, axis=1)
-    query_slots = jnp.pad(query_slots, ((0, 0), (0, padded - t * groups)),
-                          constant_values=-1)
     last = query_slots.reshape(r, blocks, block).max(axis=2)
     kernel = functools.partial(_kernel, page_size=page_size, block_pages=block_pages,
                                width=width, blocks=blocks)
@@ -213,5 +192,4 @@ def paged_attention_tpu(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
         name="agentjax_paged_attention_tpu",
     )(tables.table.reshape(-1).astype(jnp.int32), last.reshape(-1).astype(jnp.int32),
       queries, query_slots[..., None].astype(jnp.int32), k_pool, v_pool)
-    out = out[:, :, :t * groups].reshape(r, kh, t, groups, hd)
-    return out.transpose(0, 2, 1, 3, 4).reshape(r, t, h, hd)
+    return from_query_rows(out, q.shape)
