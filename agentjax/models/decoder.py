@@ -62,7 +62,7 @@ from agentjax.models.cache import KVCache, write_slots
 from agentjax.models.config import ModelConfig
 from agentjax.models.paged import (AttentionItems, PagedKVCache, ViewItems, paged_attention,
                                    view_attention, write_pages)
-from agentjax.models.paged_pallas import BlockTables, paged_attention_pallas
+from agentjax.models.paged_pallas import BlockTables, over_kv_heads, paged_attention_pallas
 from agentjax.models.paged_pallas_tpu import paged_attention_tpu
 from agentjax.core.parallel import LogicalSharding, constrain
 
@@ -376,8 +376,8 @@ class LayerwiseWeights:
           cache: the page pool.
           items: the attention work list of the call: `AttentionItems` for the pure-JAX
             attention over the pool, `ViewItems` when `cache` is a view of the call's
-            pages (`paged.gather_view`, decode), `BlockTables` for the GPU kernel
-            (`models/paged_pallas.py`; keys in the "page_hd" layout).
+            pages (`paged.gather_view`, decode), `BlockTables` for the GPU and TPU
+            kernels (`models/paged_pallas*.py`; keys in the "page_hd" layout).
 
         Returns:
           (hidden [R, T, D] in the compute dtype after the final norm, updated pool).
@@ -399,7 +399,7 @@ class LayerwiseWeights:
                 if isinstance(items, BlockTables):
                     kernel = (paged_attention_tpu if items.kernel == "tpu"
                               else paged_attention_pallas)
-                    out = kernel(q, k_pool, v_pool, slots, items)
+                    out = over_kv_heads(kernel, items)(q, k_pool, v_pool, slots, items)
                 elif isinstance(items, ViewItems):
                     out = view_attention(q, k_pool, v_pool, slots, items, cache.key_layout)
                 else:

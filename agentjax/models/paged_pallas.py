@@ -73,12 +73,17 @@ class BlockTables:
       k_splits * block_pages.
     kernel: "gpu" (`paged_attention_pallas`) or "tpu" (`paged_pallas_tpu`, which takes
       one partition).
+    mesh, kv_head_axis: where the pool's kv heads are sharded over `kv_head_axis` of
+      `mesh` (tensor parallelism), the kernel runs on each device's heads
+      (`over_kv_heads`); None: one device.
     """
 
     table: jax.Array
     k_splits: int = struct.field(pytree_node=False, default=1)
     block_pages: int = struct.field(pytree_node=False, default=1)
     kernel: str = struct.field(pytree_node=False, default="gpu")
+    mesh: jax.sharding.Mesh | None = struct.field(pytree_node=False, default=None)
+    kv_head_axis: str | tuple[str, ...] | None = struct.field(pytree_node=False, default=None)
 
 
 def split_plan(pages_per_row: int, page_size: int) -> tuple[int, int, int]:
@@ -118,6 +123,26 @@ def query_block(query_rows: int, most: int = MAX_QUERY_BLOCK) -> int:
     """Query rows of a program for a row of `query_rows` (tokens x grouped heads): the
     power of two holding them, within [MIN_QUERY_BLOCK, most]."""
     return min(most, max(MIN_QUERY_BLOCK, 1 << max(query_rows - 1, 0).bit_length()))
+
+
+def over_kv_heads(kernel, tables: BlockTables):
+    """`kernel(q, k_pool, v_pool, slots, tables)` on each device's kv heads (and their
+    query heads) when `tables.mesh` shards them, else the kernel itself.
+
+    A Pallas call is one opaque op to XLA's partitioner: on a pool sharded over kv heads
+    it would gather every head's pages onto each device and run the whole call there.
+    Each (row, kv head) of a kernel is independent, so the shards need no
+    communication. Query head h belongs to kv head h // G, so a contiguous shard of the
+    query heads is the query heads of the same shard of kv heads."""
+    if tables.mesh is None:
+        return kernel
+    from jax.sharding import PartitionSpec
+
+    heads = PartitionSpec(None, None, tables.kv_head_axis, None)      # q and the output
+    pool = PartitionSpec(None, tables.kv_head_axis, None, None)
+    return jax.shard_map(kernel, mesh=tables.mesh, out_specs=heads,
+                         in_specs=(heads, pool, pool, PartitionSpec(), PartitionSpec()),
+                         check_vma=False)
 
 
 def query_rows(q: jax.Array, slots: jax.Array, kv_heads: int,

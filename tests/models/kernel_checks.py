@@ -87,3 +87,33 @@ def lowered(attend, shape, width: int, platform: str) -> str:
             jax.ShapeDtypeStruct((rows, tokens), jnp.int32),
             jax.ShapeDtypeStruct((rows, width), jnp.int32))
     return jax.jit(attend).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+
+
+def check_over_kv_heads(kernel, tables, devices) -> None:
+    """On a pool sharded over kv heads ("tensor" of a 4 x 2 mesh), `over_kv_heads` runs
+    the kernel on each device's heads (it is traced with half of them) with the
+    outputs of one device, and the program gathers nothing. `tables`: the kernel's
+    block tables, their table replaced by the scene's of the same width."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from agentjax.models.paged_pallas import over_kv_heads
+
+    mesh = Mesh(np.asarray(devices).reshape(4, 2), ("fsdp", "tensor"))
+    scene = make_scene(5, [21, 3], [1, 9], "page_hd", page_size=PAGE)
+    q, k_pool, v_pool, new_k, new_v, slots, write = kernel_args(scene)
+    k_pool, v_pool = write_pages(k_pool, v_pool, new_k, new_v, write, "page_hd")
+    tables = tables.replace(table=block_table(scene, tables.table.shape[1]))
+    expected = np.asarray(jax.jit(kernel)(q, k_pool, v_pool, slots, tables))
+    heads = []
+
+    def traced(q, *args):
+        heads.append(q.shape[2])
+        return kernel(q, *args)
+
+    pool = NamedSharding(mesh, PartitionSpec(None, "tensor", None, None))
+    sharded = tables.replace(mesh=mesh, kv_head_axis="tensor")
+    attend = jax.jit(lambda *args: over_kv_heads(traced, sharded)(*args, sharded))
+    args = (q, jax.device_put(k_pool, pool), jax.device_put(v_pool, pool), slots)
+    np.testing.assert_array_equal(np.asarray(attend(*args)), expected)
+    assert heads == [q.shape[2] // 2]
+    assert "all-gather" not in attend.lower(*args).compile().as_text()

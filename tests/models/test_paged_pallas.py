@@ -113,3 +113,8 @@ def test_the_kernel_lowers_to_triton_for_cuda(shape):
 
     text = kernel_checks.lowered(attend, shape, width, "cuda")
     assert text.count("xla.gpu.triton") == 1 and "agentjax_paged_attention" in text
+
+
+def test_a_pool_sharded_over_kv_heads_runs_each_devices_heads(eight_devices):
+    tables = BlockTables(table=jnp.zeros((2, 8), jnp.int32), k_splits=2, block_pages=2)
+    kernel_checks.check_over_kv_heads(paged_attention_pallas, tables, eight_devices)

@@ -106,3 +106,8 @@ def test_the_double_buffered_dmas_do_not_race():
     expected = reference(scene["q"], scene["keys"], scene["values"], [40, 3],
                          scene["slots"])
     np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-6)
+
+
+def test_a_pool_sharded_over_kv_heads_runs_each_devices_heads(eight_devices):
+    tables = BlockTables(table=jnp.zeros((2, 4), jnp.int32), block_pages=2, kernel="tpu")
+    kernel_checks.check_over_kv_heads(paged_attention_tpu, tables, eight_devices)

@@ -363,6 +363,7 @@ class JaxEngine:
         self._cache_dtype = self.config.dtype if cache_dtype is None else cache_dtype
         self._cache = new_cache(self._weights, self.config, self.kv_pages, page_size,
                                 self._cache_dtype, self._key_layout)
+        self._kernel_mesh = kernel_mesh(self._cache) if kernel else {}
         self.stats = collections.Counter()
         self.stats["kv_page_bytes"] = page_bytes(self.config, page_size, self._cache_dtype)
         # Shared contexts are reclaimed when pages run out; the count bound only caps the
@@ -691,7 +692,7 @@ class JaxEngine:
             for row, seq in enumerate(seqs):
                 table[row, :len(seq.pages)] = seq.pages
             return BlockTables(table=table, k_splits=k_splits, block_pages=block_pages,
-                               kernel=KERNELS[self.attention])
+                               kernel=KERNELS[self.attention], **self._kernel_mesh)
         pages = [s.pages for s in seqs] + [[]] * (rows - len(seqs))
         spans = list(spans) + [0] * (rows - len(seqs))
         host = build_items(pages, spans, rows, self.page_size, size, TILES[kind])
@@ -1062,6 +1063,16 @@ def kernel_plan(attention: str, pages_per_row: int, page_size: int) -> tuple[int
         return (1, paged_pallas_tpu.tpu_block_pages(page_size),
                 paged_pallas_tpu.tpu_table_width(pages_per_row, page_size))
     return paged_pallas.split_plan(pages_per_row, page_size)
+
+
+def kernel_mesh(cache) -> dict:
+    """BlockTables' mesh and kv_head_axis for a pool whose kv heads are sharded over a
+    multi-device mesh (`paged_pallas.over_kv_heads`), else {}."""
+    sharding = cache.v[0].sharding
+    if (not isinstance(sharding, jax.sharding.NamedSharding) or sharding.mesh.size == 1
+            or len(sharding.spec) < 2 or sharding.spec[1] is None):
+        return {}
+    return {"mesh": sharding.mesh, "kv_head_axis": sharding.spec[1]}
 
 
 def _default_eos_ids(tokenizer, config) -> tuple[int, ...]:

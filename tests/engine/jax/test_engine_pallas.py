@@ -4,7 +4,9 @@ mode's bitwise batch invariance, and bad settings are refused."""
 import sys
 
 import jax
+import numpy as np
 import pytest
+from flax import nnx
 
 from agentjax.engine.protocol import GenerateRequest, SamplingParams
 from agentjax.engine.jax.engine import JaxEngine, resolve_attention
@@ -57,6 +59,26 @@ def test_deterministic_mode_is_bitwise_batch_invariant(pallas_engine, tokenizer)
     alone, crowded = _alone_then_crowded(pallas_engine, tokenizer, crowd_seed=0)
     assert pallas_engine.stats["max_decode_batch"] >= 4
     assert alone == crowded
+
+
+def test_kv_heads_sharded_over_a_mesh_run_on_their_devices(pallas_engine, tiny_model,
+                                                           tokenizer, eight_devices):
+    """Tensor parallelism: the pool's kv heads are split over "tensor", and each device's
+    kernel takes its own heads (`over_kv_heads`), with the outputs of one device."""
+    from agentjax.core.parallel import make_mesh, shard_params
+
+    mesh = make_mesh({"data": 1, "fsdp": 4, "tensor": 2}, devices=eight_devices)
+    graphdef, params = nnx.split(tiny_model)
+    request = GenerateRequest(_prompts(tokenizer)[1], SamplingParams(temperature=1.0, seed=3,
+                                                                     max_new_tokens=6))
+    [[reference]] = pallas_engine.generate_sync([request])
+    with JaxEngine(graphdef, shard_params(params, mesh), tokenizer=tokenizer,
+                   attention=pallas_engine.attention, **DETERMINISTIC_KWARGS) as sharded:
+        assert sharded._kernel_mesh == {"mesh": mesh, "kv_head_axis": "tensor"}
+        [[out]] = sharded.generate_sync([request])
+    assert out.output_ids == reference.output_ids
+    np.testing.assert_allclose(out.logprobs, reference.logprobs, atol=1e-4)
+    assert pallas_engine._kernel_mesh == {}
 
 
 def test_bad_settings_are_refused(tiny_model, tokenizer):
