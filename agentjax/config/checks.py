@@ -2,7 +2,7 @@
 several keys must agree on for a run to work. Each names the key to change."""
 from __future__ import annotations
 
-from agentjax.config.choices import OUTCOMES
+from agentjax.config.choices import KERNEL_PAGE_SIZES, OUTCOMES
 from agentjax.config.errors import reject
 
 
@@ -186,7 +186,8 @@ def _check_algo(config) -> None:
 
 def _check_batches(config) -> None:
     """The rollout batch splits into minibatches and micro-batches, the engine's slots
-    into lanes; the episodes in flight fit the slots, an action fits the context."""
+    into lanes; the episodes in flight fit the slots, the pages the attention kernel,
+    an action the context."""
     algo, rollout = config.algo, config.rollout
     batch = rollout.prompts_per_step * rollout.group_size
     if batch % algo.minibatches:
@@ -203,6 +204,11 @@ def _check_batches(config) -> None:
         reject("rollout.concurrency", rollout.concurrency,
                f"it exceeds rollout.engine_slots={rollout.engine_slots}: sessions would "
                "be evicted and re-prefilled")
+    if rollout.engine_attention in KERNEL_PAGE_SIZES:
+        needs, takes = KERNEL_PAGE_SIZES[rollout.engine_attention]
+        if not takes(rollout.page_size):
+            reject("rollout.page_size", rollout.page_size,
+                   f"rollout.engine_attention={rollout.engine_attention!r} needs {needs}")
     if rollout.max_new_tokens >= rollout.max_tokens:
         reject("rollout.max_new_tokens", rollout.max_new_tokens,
                f"it must be < rollout.max_tokens={rollout.max_tokens} (the context "

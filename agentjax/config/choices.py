@@ -27,6 +27,13 @@ ATTENTION_IMPLS = ("auto", "dense", "blockwise", "cudnn", "splash")
 # engine/jax/engine.py: resolve_attention, the JaxEngine's paged attention ("auto": the
 # GPU kernel on a GPU, else the pure-JAX path).
 ENGINE_ATTENTION = ("auto", "paged", "pallas_gpu", "pallas_tpu")
+# models/paged_pallas.py and paged_pallas_tpu.py (check_page_size): the page sizes
+# each Pallas kernel takes, as (what it needs, the test). Triton's blocks are powers of
+# two; a TPU kernel's page fills whole 16-row bfloat16 tiles; both need a 16-key tile.
+KERNEL_PAGE_SIZES = {
+    "pallas_gpu": ("a power of two >= 16", lambda size: size >= 16 and not size & (size - 1)),
+    "pallas_tpu": ("a multiple of 16", lambda size: size >= 16 and not size % 16),
+}
 # rl/advantages.py: ADVANTAGES ("gae" is the one with a critic: needs_critic).
 ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
 # rl/policy_losses.py: POLICY_LOSSES.

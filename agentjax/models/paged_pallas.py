@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from agentjax.config.choices import KERNEL_PAGE_SIZES
 from agentjax.models.attention import MASKED
 from agentjax.models.paged import merge_partials
 
@@ -113,10 +114,11 @@ def missing_backend() -> str | None:
 
 
 def check_page_size(page_size: int) -> None:
-    """A GPU matmul tile needs at least 16 keys, and Triton's blocks powers of two."""
-    if page_size < 16 or page_size & (page_size - 1):
-        raise ValueError(f"the Pallas GPU attention needs a page_size that is a power of two "
-                         f">= 16, got {page_size}")
+    """Refuses a page size the kernel cannot take (`config.choices.KERNEL_PAGE_SIZES`)."""
+    needs, takes = KERNEL_PAGE_SIZES["pallas_gpu"]
+    if not takes(page_size):
+        raise ValueError(f"the Pallas GPU attention needs a page_size that is {needs}, "
+                         f"got {page_size}")
 
 
 def query_block(query_rows: int, most: int = MAX_QUERY_BLOCK) -> int:

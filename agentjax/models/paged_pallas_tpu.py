@@ -34,6 +34,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from agentjax.config.choices import KERNEL_PAGE_SIZES
 from agentjax.models.attention import MASKED
 from agentjax.models.paged_pallas import BlockTables, from_query_rows, query_block, query_rows
 
@@ -60,10 +61,11 @@ def tpu_table_width(pages_per_row: int, page_size: int) -> int:
 
 
 def check_page_size(page_size: int) -> None:
-    """A page is copied into whole (16 x 128) bfloat16 tiles of the compute block."""
-    if page_size < 16 or page_size % 16:
-        raise ValueError(f"the Pallas TPU attention needs a page_size that is a multiple "
-                         f"of 16, got {page_size}")
+    """Refuses a page size the kernel cannot take (`config.choices.KERNEL_PAGE_SIZES`)."""
+    needs, takes = KERNEL_PAGE_SIZES["pallas_tpu"]
+    if not takes(page_size):
+        raise ValueError(f"the Pallas TPU attention needs a page_size that is {needs}, "
+                         f"got {page_size}")
 
 
 def _kernel(table_ref, last_ref, q_ref, slot_ref, k_hbm, v_hbm, o_ref, k_buf, v_buf,

@@ -43,6 +43,10 @@ COMBINATIONS = [
     (_search(rollout__engine_lanes=3), "rollout.engine_lanes", "split evenly"),
     (_search(rollout__concurrency=9), "rollout.concurrency", "engine_slots=8"),
     (_search(rollout__max_new_tokens=384), "rollout.max_new_tokens", "max_tokens=384"),
+    (_search(rollout__engine_attention="pallas_gpu", rollout__page_size=48),
+     "rollout.page_size", "'pallas_gpu' needs a power of two >= 16"),
+    (_search(rollout__engine_attention="pallas_tpu", rollout__page_size=8),
+     "rollout.page_size", "'pallas_tpu' needs a multiple of 16"),
     (_python(reward__outcome="f1"), "reward.outcome", "env.name='python'"),
     (_python(sft__rename_frac=0.5), "sft.rename_frac", "synthetic search world"),
     (_python(pretrain__steps=2), "pretrain.steps", "synthetic search world"),
@@ -145,6 +149,13 @@ def test_an_impossible_combination_is_an_error_naming_a_key_to_change(config, ke
 
 def test_micro_batches_by_tokens_fit_the_longest_episode():
     config_lib.validate(_search(algo__micro_tokens=384))
+
+
+def test_each_kernel_takes_its_page_sizes():
+    # 48 is a multiple of 16 (the TPU kernel), not a power of two (the GPU kernel's).
+    for attention, page_size in [("pallas_gpu", 16), ("pallas_tpu", 48), ("paged", 8)]:
+        config_lib.validate(_search(rollout__engine_attention=attention,
+                                    rollout__page_size=page_size))
 
 
 def test_a_loaded_model_may_leave_the_tiny_model_keys_inconsistent(tmp_path):
