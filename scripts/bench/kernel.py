@@ -199,6 +199,13 @@ def bench(name: str, config, *, platform: str, batch: int, context: int, max_len
     for call, rows, tokens in (("decode", batch, 1), ("prefill chunk", prefill_rows, chunk)):
         q, k_pool, v_pool, slots, pages = scene(config, rows, tokens, context, max_len, page, 0)
         calls = make_calls(q, k_pool, v_pool, slots, pages, interpret)
+        for key in [key for key in calls if key != "ours"]:
+            try:        # a baseline this jax or device cannot run is named, not fatal
+                calls[key]().block_until_ready()
+            except Exception as error:  # noqa: BLE001
+                print(f"{call}: {key} failed, left out: {type(error).__name__}: "
+                      f"{str(error)[:300]}")
+                del calls[key]
         candidates = {key: timed(lambda f=f: f().block_until_ready())
                       for key, f in calls.items()}
         results = {key: Runs(tuple(v)) for key, v in
