@@ -385,7 +385,7 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
         f"{pool_split}"))
     # A device of this process: memory_stats of another host's device is not readable.
     device = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
-    if resolve_attention(r.engine_attention, device.platform) == "paged":
+    if resolve_attention(r.engine_attention, device.platform, r.page_size) == "paged":
         view_pages = item_sizes(r.engine_slots // r.engine_lanes,
                                 -(-r.max_tokens // r.page_size), "decode", lane_pages)[-1]
         rows.append(MemoryRow(

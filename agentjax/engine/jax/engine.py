@@ -129,7 +129,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from agentjax.config.choices import ENGINE_ATTENTION
+from agentjax.config.choices import ENGINE_ATTENTION, KERNEL_PAGE_SIZES
 from agentjax.models.decoder import LayerwiseWeights
 from agentjax.models.paged import AttentionItems, build_items, items_needed, page_bytes
 from agentjax.models import paged_pallas, paged_pallas_tpu
@@ -340,7 +340,8 @@ class JaxEngine:
         self.deterministic_prefill_rows = deterministic_prefill_rows
         self.decode_steps = decode_steps
         self.attention = resolve_attention(
-            attention, next(iter(jax.tree.leaves(self._weights)[0].devices())).platform)
+            attention, next(iter(jax.tree.leaves(self._weights)[0].devices())).platform,
+            page_size)
         kernel = self.attention != "paged"
         self._key_layout = "page_hd" if kernel else "hd_page"
         self.page_size = page_size
@@ -1035,11 +1036,12 @@ def _resolve(seq: _Sequence, completion: Completion) -> None:
 KERNELS = {"pallas_gpu": "gpu", "pallas_tpu": "tpu"}
 
 
-def resolve_attention(attention: str, platform: str) -> str:
+def resolve_attention(attention: str, platform: str, page_size: int) -> str:
     """The attention path of an engine whose weights are on `platform` ("cpu", "gpu",
-    "tpu"): "auto" is the Pallas kernel on a GPU (the pure-JAX path, with a warning,
-    where this jax cannot compile it), else the pure-JAX paged attention. The TPU kernel
-    runs only when asked for: no TPU has timed it against the pure-JAX path yet."""
+    "tpu") with pages of `page_size` slots: "auto" is the Pallas kernel on a GPU (the
+    pure-JAX path, with a warning, where this jax cannot compile it or the kernel cannot
+    take the page size), else the pure-JAX paged attention. The TPU kernel runs only
+    when asked for: no TPU has timed it against the pure-JAX path yet."""
     if attention not in ENGINE_ATTENTION:
         raise ValueError(f"attention must be one of {', '.join(map(repr, ENGINE_ATTENTION))}, "
                          f"got {attention!r}")
@@ -1047,12 +1049,15 @@ def resolve_attention(attention: str, platform: str) -> str:
         return attention
     if attention == "auto" and platform != "gpu":
         return "paged"
-    missing = missing_backend()
+    needs, takes = KERNEL_PAGE_SIZES["pallas_gpu"]
+    missing = missing_backend() or (None if takes(page_size) else
+                                    f"its page_size must be {needs}, not {page_size}")
     if missing is None:
         return "pallas_gpu"
     if attention == "pallas_gpu":
         raise ValueError(f"attention 'pallas_gpu': {missing}; use 'paged'")
-    warnings.warn(f"JaxEngine: {missing}; the pure-JAX paged attention runs instead")
+    warnings.warn(f"JaxEngine: the GPU attention kernel cannot run ({missing}); the pure-JAX "
+                  f"paged attention runs instead")
     return "paged"
 
 

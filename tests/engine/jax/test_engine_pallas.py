@@ -101,11 +101,18 @@ def test_a_jax_without_the_triton_backend_falls_back_or_says_why(monkeypatch):
     the pure-JAX path with a warning, and asking for the kernel names the reason."""
     monkeypatch.setitem(sys.modules, "jax.experimental.pallas.triton", None)  # import fails
     with pytest.warns(UserWarning, match="no Pallas Triton backend"):
-        assert resolve_attention("auto", "gpu") == "paged"
+        assert resolve_attention("auto", "gpu", 64) == "paged"
     with pytest.raises(ValueError, match="'pallas_gpu': this jax has no Pallas Triton"):
-        resolve_attention("pallas_gpu", "gpu")
-    assert resolve_attention("auto", "tpu") == resolve_attention("paged", "gpu") == "paged"
+        resolve_attention("pallas_gpu", "gpu", 64)
+    assert resolve_attention("auto", "tpu", 64) == resolve_attention("paged", "gpu", 64) == "paged"
     # The TPU kernel runs where asked for, not yet under "auto" (no TPU has timed it).
-    assert resolve_attention("pallas_tpu", "tpu") == "pallas_tpu"
+    assert resolve_attention("pallas_tpu", "tpu", 64) == "pallas_tpu"
     monkeypatch.undo()
-    assert resolve_attention("auto", "gpu") == "pallas_gpu"
+    assert resolve_attention("auto", "gpu", 64) == "pallas_gpu"
+
+
+def test_auto_on_a_gpu_runs_pure_jax_for_pages_the_kernel_cannot_take():
+    with pytest.warns(UserWarning, match="page_size must be a power of two >= 16, not 48"):
+        assert resolve_attention("auto", "gpu", 48) == "paged"
+    with pytest.raises(ValueError, match="'pallas_gpu': its page_size must be a power of two"):
+        resolve_attention("pallas_gpu", "gpu", 48)
