@@ -354,7 +354,7 @@ class JaxEngine:
             batch_buckets=batch_buckets, deterministic=deterministic,
             deterministic_prefill_rows=deterministic_prefill_rows,
             block_tables=kernel, view_pages=self.kv_pages)
-        self._split_plan = (kernel_plan(self.attention, self._shapes.pages_per_row, page_size)
+        self._kernel_plan = (kernel_plan(self.attention, self._shapes.pages_per_row, page_size)
                             if kernel else None)
         self.batch_wait_s = batch_wait_s
         self.max_stop_ids = max_stop_ids
@@ -687,8 +687,8 @@ class JaxEngine:
 
     def _items(self, seqs: Sequence[_Sequence], spans: Sequence[int], rows: int,
                size: int, kind: str) -> AttentionItems | BlockTables:
-        if self._split_plan is not None:
-            k_splits, block_pages, width = self._split_plan
+        if self._kernel_plan is not None:
+            k_splits, block_pages, width = self._kernel_plan
             table = np.zeros((rows, width), np.int32)
             for row, seq in enumerate(seqs):
                 table[row, :len(seq.pages)] = seq.pages
