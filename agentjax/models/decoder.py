@@ -397,7 +397,7 @@ class LayerwiseWeights:
             def attend(q, k, v, k_pool=k_pool, v_pool=v_pool):
                 k_pool, v_pool = write_pages(k_pool, v_pool, k, v, write, cache.key_layout)
                 if isinstance(items, BlockTables):
-                    kernel = (paged_attention_tpu if items.kernel == "tpu"
+                    kernel = (paged_attention_tpu if items.kernel == "pallas_tpu"
                               else paged_attention_pallas)
                     out = over_kv_heads(kernel, items)(q, k_pool, v_pool, slots, items)
                 elif isinstance(items, ViewItems):

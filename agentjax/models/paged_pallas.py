@@ -41,9 +41,12 @@ from __future__ import annotations
 import functools
 import importlib
 
+from typing import Sequence
+
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from agentjax.config.choices import KERNEL_PAGE_SIZES
@@ -72,8 +75,8 @@ class BlockTables:
       page, they are masked).
     k_splits, block_pages: the split plan (`split_plan`); width is a multiple of
       k_splits * block_pages.
-    kernel: "gpu" (`paged_attention_pallas`) or "tpu" (`paged_pallas_tpu`, which takes
-      one partition).
+    kernel: the engine attention that runs it: "pallas_gpu" (`paged_attention_pallas`)
+      or "pallas_tpu" (`paged_pallas_tpu`, which takes one partition).
     mesh, kv_head_axis: where the pool's kv heads are sharded over `kv_head_axis` of
       `mesh` (tensor parallelism), the kernel runs on each device's heads
       (`over_kv_heads`); None: one device.
@@ -82,9 +85,18 @@ class BlockTables:
     table: jax.Array
     k_splits: int = struct.field(pytree_node=False, default=1)
     block_pages: int = struct.field(pytree_node=False, default=1)
-    kernel: str = struct.field(pytree_node=False, default="gpu")
+    kernel: str = struct.field(pytree_node=False, default="pallas_gpu")
     mesh: jax.sharding.Mesh | None = struct.field(pytree_node=False, default=None)
     kv_head_axis: str | tuple[str, ...] | None = struct.field(pytree_node=False, default=None)
+
+
+def block_table(held: Sequence[Sequence[int]], rows: int, width: int) -> np.ndarray:
+    """[rows, width] int32: row r's pages `held[r]` in slot order, then page 0 (masked)
+    to the width; rows past `held`: all page 0."""
+    table = np.zeros((rows, width), np.int32)
+    for row, pages in enumerate(held):
+        table[row, :len(pages)] = pages
+    return table
 
 
 def split_plan(pages_per_row: int, page_size: int) -> tuple[int, int, int]:

@@ -44,10 +44,10 @@ from qwen25 import SHAPES, model_config  # scripts/bench/qwen25.py
 from rollout import compilations, table  # scripts/bench/rollout.py
 from timing import Ratio, Runs, measure, timed  # scripts/bench/timing.py
 
-from agentjax.models.paged import (AttentionItems, ViewItems, build_items, items_needed,
-                                   paged_attention, view_attention)
-from agentjax.models.paged_pallas import (BlockTables, missing_backend, paged_attention_pallas,
-                                          split_plan)
+from agentjax.models.paged import (ITEM_TILE, AttentionItems, ViewItems, build_items,
+                                   items_needed, paged_attention, view_attention)
+from agentjax.models.paged_pallas import (BlockTables, block_table, missing_backend,
+                                          paged_attention_pallas, split_plan)
 from agentjax.models.paged_pallas_tpu import (paged_attention_tpu, tpu_block_pages,
                                               tpu_table_width)
 
@@ -90,12 +90,6 @@ def scene(config, rows: int, tokens: int, context: int, max_len: int, page: int,
     return q, k_pool, v_pool, jnp.asarray(slots), pages
 
 
-def _padded_table(pages: np.ndarray, width: int) -> jnp.ndarray:
-    table = np.zeros((pages.shape[0], width), np.int32)
-    table[:, :pages.shape[1]] = pages
-    return jnp.asarray(table)
-
-
 def gpu_calls(q, k_pool, v_pool, slots, pages, interpret: bool) -> dict:
     """{name: call} of the same attention on a GPU, each returning [R, T, H, hd]: ours
     first, then JAX's kernel where this jax ships it. The arrays are the jitted
@@ -103,7 +97,7 @@ def gpu_calls(q, k_pool, v_pool, slots, pages, interpret: bool) -> dict:
     rows, tokens, heads, hd = q.shape
     page = v_pool.shape[2]
     k_splits, block, width = split_plan(pages.shape[1], page)
-    tables = BlockTables(table=_padded_table(pages, width), k_splits=k_splits,
+    tables = BlockTables(table=jnp.asarray(block_table(pages, rows, width)), k_splits=k_splits,
                          block_pages=block)
     attend = jax.jit(functools.partial(paged_attention_pallas, interpret=interpret))
     calls = {"ours": functools.partial(attend, q, k_pool, v_pool, slots, tables)}
@@ -111,7 +105,7 @@ def gpu_calls(q, k_pool, v_pool, slots, pages, interpret: bool) -> dict:
     if kernel is None:
         return calls
     old_splits, old_block, old_width = old_split_plan(pages.shape[1])
-    entries = jnp.asarray(np.repeat(_padded_table(pages, old_width), tokens, axis=0))
+    entries = jnp.asarray(np.repeat(block_table(pages, rows, old_width), tokens, axis=0))
     lengths = (slots + 1).reshape(-1)
     k_heads, v_heads = (jnp.transpose(x, (1, 0, 2, 3)) for x in (k_pool, v_pool))
 
@@ -133,26 +127,22 @@ def tpu_calls(q, k_pool, v_pool, slots, pages, interpret: bool) -> dict:
     rows, tokens, heads, hd = q.shape
     page = v_pool.shape[2]
     block = tpu_block_pages(page)
-    tables = BlockTables(table=_padded_table(pages, tpu_table_width(pages.shape[1], page)),
-                         block_pages=block, kernel="tpu")
+    table = block_table(pages, rows, tpu_table_width(pages.shape[1], page))
+    tables = BlockTables(table=jnp.asarray(table), block_pages=block, kernel="pallas_tpu")
     attend = jax.jit(functools.partial(paged_attention_tpu, interpret=interpret))
     calls = {"ours": functools.partial(attend, q, k_pool, v_pool, slots, tables)}
 
     spans = [int(s) + 1 for s in np.asarray(slots)[:, -1]]
-    held = [list(row) for row in pages]
+    tile = 1 if tokens == 1 else ITEM_TILE      # a decode view's items, prefill's tiles
+    host = build_items([list(row) for row in pages], spans, rows, page,
+                       items_needed(spans, page, tile), tile=tile)
+    items = AttentionItems(*(jnp.asarray(x) for x in (host.row, host.page, host.first_slot)))
     k_hd = jnp.transpose(k_pool, (0, 1, 3, 2))
     if tokens == 1:
-        host = build_items(held, spans, rows, page, items_needed(spans, page, 1), tile=1)
-        items = AttentionItems(*(jnp.asarray(x) for x in (host.row, host.page,
-                                                          host.first_slot)))
-        view = ViewItems.of(items, rows)
         k_view, v_view = (jnp.take(x, items.page, axis=0) for x in (k_hd, v_pool))
         calls["pure JAX"] = functools.partial(jax.jit(view_attention), q, k_view, v_view,
-                                              slots, view)
+                                              slots, ViewItems.of(items, rows))
     else:
-        host = build_items(held, spans, rows, page, items_needed(spans, page))
-        items = AttentionItems(*(jnp.asarray(x) for x in (host.row, host.page,
-                                                          host.first_slot)))
         calls["pure JAX"] = functools.partial(jax.jit(paged_attention), q, k_hd, v_pool,
                                               slots, items)
     if interpret:

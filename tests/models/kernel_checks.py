@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentjax.models.paged import AttentionItems, build_items, paged_attention, write_pages
+from agentjax.models.paged_pallas import block_table
 from tests.models.test_paged import make_scene, reference
 
 PAGE = 16
@@ -31,12 +32,9 @@ def kernel_args(scene) -> list:
             + [jnp.asarray(scene["slots"]), jnp.asarray(scene["write"])])
 
 
-def block_table(scene, width: int) -> jax.Array:
-    """[R, width] the scene's pages per row (entries past a row's pages: page 0)."""
-    table = np.zeros((len(scene["held"]), width), np.int32)
-    for row, held in enumerate(scene["held"]):
-        table[row, :len(held)] = held
-    return jnp.asarray(table)
+def scene_table(scene, width: int) -> jax.Array:
+    """[R, width] the scene's pages per row (`paged_pallas.block_table`)."""
+    return jnp.asarray(block_table(scene["held"], len(scene["held"]), width))
 
 
 def check_float64(attend) -> None:
@@ -102,7 +100,7 @@ def check_over_kv_heads(kernel, tables, devices) -> None:
     scene = make_scene(5, [21, 3], [1, 9], "page_hd", page_size=PAGE)
     q, k_pool, v_pool, new_k, new_v, slots, write = kernel_args(scene)
     k_pool, v_pool = write_pages(k_pool, v_pool, new_k, new_v, write, "page_hd")
-    tables = tables.replace(table=block_table(scene, tables.table.shape[1]))
+    tables = tables.replace(table=scene_table(scene, tables.table.shape[1]))
     expected = np.asarray(jax.jit(kernel)(q, k_pool, v_pool, slots, tables))
     heads = []
 

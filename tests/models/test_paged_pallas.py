@@ -30,7 +30,7 @@ def _attend(plan, max_query_block=64):
     k_splits, block_pages, width = plan
 
     def attend(scene):
-        tables = BlockTables(table=kernel_checks.block_table(scene, width), k_splits=k_splits,
+        tables = BlockTables(table=kernel_checks.scene_table(scene, width), k_splits=k_splits,
                              block_pages=block_pages)
         return _kernel(*kernel_args(scene), tables, max_query_block=max_query_block)
 

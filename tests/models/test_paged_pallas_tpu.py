@@ -28,8 +28,8 @@ def _kernel(q, k_pool, v_pool, new_k, new_v, slots, write, tables, max_query_blo
 def _attend(block_pages, width, max_query_block=128, interpret=None):
     """kernel_checks' attend(scene) at compute blocks of `block_pages` pages."""
     def attend(scene):
-        tables = BlockTables(table=kernel_checks.block_table(scene, width),
-                             block_pages=block_pages, kernel="tpu")
+        tables = BlockTables(table=kernel_checks.scene_table(scene, width),
+                             block_pages=block_pages, kernel="pallas_tpu")
         return _kernel(*kernel_args(scene), tables, max_query_block=max_query_block,
                        interpret=interpret)
 
@@ -83,7 +83,7 @@ def test_the_kernel_lowers_for_tpu(shape):
     page, max_len = shape[5], shape[6]
 
     def attend(q, k_pool, v_pool, slots, table):
-        tables = BlockTables(table, block_pages=tpu_block_pages(page), kernel="tpu")
+        tables = BlockTables(table, block_pages=tpu_block_pages(page), kernel="pallas_tpu")
         return paged_attention_tpu(q, k_pool, v_pool, slots, tables, interpret=False)
 
     text = kernel_checks.lowered(attend, shape, tpu_table_width(-(-max_len // page), page),
@@ -109,5 +109,5 @@ def test_the_double_buffered_dmas_do_not_race():
 
 
 def test_a_pool_sharded_over_kv_heads_runs_each_devices_heads(eight_devices):
-    tables = BlockTables(table=jnp.zeros((2, 4), jnp.int32), block_pages=2, kernel="tpu")
+    tables = BlockTables(table=jnp.zeros((2, 4), jnp.int32), block_pages=2, kernel="pallas_tpu")
     kernel_checks.check_over_kv_heads(paged_attention_tpu, tables, eight_devices)

@@ -133,7 +133,7 @@ from agentjax.config.choices import ENGINE_ATTENTION, KERNEL_PAGE_SIZES
 from agentjax.models.decoder import LayerwiseWeights
 from agentjax.models.paged import AttentionItems, build_items, items_needed, page_bytes
 from agentjax.models import paged_pallas, paged_pallas_tpu
-from agentjax.models.paged_pallas import BlockTables, missing_backend
+from agentjax.models.paged_pallas import BlockTables, block_table, missing_backend
 from agentjax.engine.jax.programs import (COMPILE_COUNTS, DecodeCarry, carry_sharding,
                                           copy_pages, decode, engine_weights, new_cache,
                                           prefill)
@@ -689,11 +689,9 @@ class JaxEngine:
                size: int, kind: str) -> AttentionItems | BlockTables:
         if self._kernel_plan is not None:
             k_splits, block_pages, width = self._kernel_plan
-            table = np.zeros((rows, width), np.int32)
-            for row, seq in enumerate(seqs):
-                table[row, :len(seq.pages)] = seq.pages
-            return BlockTables(table=table, k_splits=k_splits, block_pages=block_pages,
-                               kernel=KERNELS[self.attention], **self._kernel_mesh)
+            return BlockTables(table=block_table([s.pages for s in seqs], rows, width),
+                               k_splits=k_splits, block_pages=block_pages,
+                               kernel=self.attention, **self._kernel_mesh)
         pages = [s.pages for s in seqs] + [[]] * (rows - len(seqs))
         spans = list(spans) + [0] * (rows - len(seqs))
         host = build_items(pages, spans, rows, self.page_size, size, TILES[kind])
@@ -1030,10 +1028,6 @@ def _resolve(seq: _Sequence, completion: Completion) -> None:
         seq.loop.call_soon_threadsafe(set_result)
     except RuntimeError:  # the caller's event loop is gone
         pass
-
-
-# The kernel each Pallas path's block tables name (`BlockTables.kernel`).
-KERNELS = {"pallas_gpu": "gpu", "pallas_tpu": "tpu"}
 
 
 def resolve_attention(attention: str, platform: str, page_size: int) -> str:
