@@ -382,7 +382,7 @@ AdvantageFn = Callable[..., AdvantageEstimate]
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
 
 
-def _estimator(name: str, *, critic: bool = False):
+def register_advantage(name: str, *, critic: bool = False):
     """Registers an `AdvantageFn` under `name`; `critic` marks one that reads values."""
 
     def add(fn):
@@ -397,7 +397,7 @@ def needs_critic(kind: str) -> bool:
     return ADVANTAGES.get(kind).needs_critic
 
 
-@_estimator("grpo")
+@register_advantage("grpo")
 def _grpo(rewards, mask, group_ids, values, *, num_groups: int,
           params: Mapping[str, Any]) -> AdvantageEstimate:
     """GRPO (DeepSeekMath, arXiv 2402.03300): group-normalized scores on every token."""
@@ -405,7 +405,7 @@ def _grpo(rewards, mask, group_ids, values, *, num_groups: int,
     return AdvantageEstimate(broadcast_to_tokens(seq, mask))
 
 
-@_estimator("dr_grpo")
+@register_advantage("dr_grpo")
 def _dr_grpo(rewards, mask, group_ids, values, *, num_groups: int,
              params: Mapping[str, Any]) -> AdvantageEstimate:
     """Dr.GRPO (arXiv 2503.20783): scores minus the group mean, no std division."""
@@ -413,7 +413,7 @@ def _dr_grpo(rewards, mask, group_ids, values, *, num_groups: int,
     return AdvantageEstimate(broadcast_to_tokens(seq, mask))
 
 
-@_estimator("rloo")
+@register_advantage("rloo")
 def _rloo(rewards, mask, group_ids, values, *, num_groups: int,
           params: Mapping[str, Any]) -> AdvantageEstimate:
     """RLOO (Ahmadian et al. 2024, "Back to Basics"): each score minus the mean of the
@@ -422,7 +422,7 @@ def _rloo(rewards, mask, group_ids, values, *, num_groups: int,
     return AdvantageEstimate(broadcast_to_tokens(seq, mask))
 
 
-@_estimator("reinforce_pp")
+@register_advantage("reinforce_pp")
 def _reinforce_pp(rewards, mask, group_ids, values, *, num_groups: int,
                   params: Mapping[str, Any]) -> AdvantageEstimate:
     """REINFORCE++ (Hu 2025): discounted per-token returns (params["gamma"]),
@@ -430,7 +430,7 @@ def _reinforce_pp(rewards, mask, group_ids, values, *, num_groups: int,
     return AdvantageEstimate(reinforce_plus_plus(rewards, mask, gamma=params["gamma"]))
 
 
-@_estimator("reinforce_pp_baseline")
+@register_advantage("reinforce_pp_baseline")
 def _reinforce_pp_baseline(rewards, mask, group_ids, values, *, num_groups: int,
                            params: Mapping[str, Any]) -> AdvantageEstimate:
     """REINFORCE++-baseline: scores minus the group mean, batch-whitened."""
@@ -438,7 +438,7 @@ def _reinforce_pp_baseline(rewards, mask, group_ids, values, *, num_groups: int,
                                                           num_groups, mask))
 
 
-@_estimator("gae", critic=True)
+@register_advantage("gae", critic=True)
 def _gae(rewards, mask, group_ids, values, *, num_groups: int,
          params: Mapping[str, Any]) -> AdvantageEstimate:
     """PPO's GAE (Schulman et al. 2015, arXiv 1506.02438; params["gamma"], params["lam"])
