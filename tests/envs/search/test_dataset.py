@@ -2,7 +2,8 @@ import json
 import os
 import runpy
 
-from agentjax.envs.search.demonstrators import DemonstratorConfig, read_demonstrations_jsonl
+from agentjax.data.demonstrations import read_demonstrations_jsonl
+from agentjax.envs.search.demonstrators import DemonstratorConfig
 from agentjax.envs.search.loaders import load_search_r1_parquet
 from agentjax.envs.search.dataset import make_search_dataset
 from agentjax.envs.retrieval import BM25Retriever
