@@ -3,7 +3,7 @@ sandboxed `run` tool (bubblewrap), reads what failed, fixes it and submits; the 
 the fraction of hidden tests its final program passes (plus format and tool shaping).
 
 CPU default: the synthetic code world (list functions of a small language specified by
-examples; data/code_world.py), SFT on an imperfect scripted programmer (it submits a
+examples; envs/code/world.py), SFT on an imperfect scripted programmer (it submits a
 random program without running anything in 60% of its episodes), then GRPO:
 
     python scripts/train.py --config configs/grpo_code.py

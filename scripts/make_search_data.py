@@ -4,7 +4,7 @@
         --p-guess 0.5 --p-stop-early 0.1 --p-repeat 0.1 --p-poor-query 0.1 --p-negative 0.1
 
 Outputs corpus.jsonl, index/ (BM25), train.parquet, test.parquet (Search-R1 format),
-demos.jsonl and summary.json (see agentjax.data.search_data), and prints the measured
+demos.jsonl and summary.json (see agentjax.envs.search.dataset), and prints the measured
 success of the gold policy, the demonstrator and a closed-book guesser.
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ import argparse
 import sys
 import time
 
-from agentjax.data.demonstrators import DemonstratorConfig
-from agentjax.data.search_data import default_env_kwargs, make_search_dataset
-from agentjax.data.world import WorldConfig
+from agentjax.envs.search.demonstrators import DemonstratorConfig
+from agentjax.envs.search.dataset import default_env_kwargs, make_search_dataset
+from agentjax.envs.search.world import WorldConfig
 
 
 def hop_counts(text: str) -> dict[int, int]:

@@ -4,7 +4,7 @@ A task counts as solved by an episode when the suite's outcome reward component 
 exact match) is 1. Sampled success is the mean over `samples` episodes per task at the
 rollout temperature; pass@k is the fraction of tasks solved by at least one of them.
 Groups come from task metadata (`GROUP_KEYS`): the hop count, and whether SFT taught
-every fact the question needs (`data.demonstrators.mark_taught`) — success on untaught
+every fact the question needs (`envs.search.demonstrators.mark_taught`) — success on untaught
 questions is what reading the observations, not recalling trained answers, buys.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 becomes a group for a question its episodes did answer (applied by agents/groups.py).
 
 A policy that stops early in the multi-hop search world answers an intermediate entity
-of the question's relation chain, and `data.hindsight.relabel` names the shorter
+of the question's relation chain, and `envs.search.hindsight.relabel` names the shorter
 question that answer solves (Hindsight Experience Replay, arXiv 1707.01495). A group of
 G episodes for task T in which no episode solved T and none failed, where some episode
 answered such a question T', is replaced by the same G episodes asked T' (the T' most

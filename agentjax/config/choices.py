@@ -67,7 +67,7 @@ INSTRUCTIONS = ("minimal", "short", "search_r1")
 # envs/search/suite.py: build_search_suite (envs/retrieval.py: BM25Retriever in-process,
 # HttpRetriever for a server).
 RETRIEVERS = ("bm25", "http")
-# data/demonstrators.py: DemonstratorConfig.guess.
+# envs/search/demonstrators.py: DemonstratorConfig.guess.
 GUESSES = ("sample", "mode")
 # train/rollouts.py builds the rollout engine: "jax" is engine/jax/engine.py, "sglang"
 # SGLangEngine over HTTP servers (sglang/client.py, built by train/engines.py from

@@ -231,8 +231,8 @@ DATA = Section(
         "questions"),
     Key("code_depth", 2, Integer(1, 2), "synthetic code world: steps a program composes "
         "(1: one list step or reduction, 10 programs; 2: also one of them applied to a "
-        "list step, 64 programs; data/code_world.py)"),
-    # A world needs two entities of each type (data.world.WorldConfig).
+        "list step, 64 programs; envs/code/world.py)"),
+    # A world needs two entities of each type (envs.search.world.WorldConfig).
     Key("num_people", 120, Integer(2), "people of the synthetic world"),
     Key("num_companies", 40, Integer(2), "companies of the synthetic world"),
     Key("num_cities", 40, Integer(2), "cities of the synthetic world (every country's "
@@ -324,7 +324,7 @@ PRETRAIN = Section(
 SFT = Section(
     "sft", "Supervised fine-tuning on a scripted demonstrator's episodes, the loss on the "
     "agent's tokens only (the warm start). The demonstrator searches perfectly unless the "
-    "probabilities below make it err (data/demonstrators.py).",
+    "probabilities below make it err (envs/search/demonstrators.py).",
     Key("steps", 0, COUNT, "SFT steps (0: none)"),
     Key("batch_size", 32, POSITIVE, "packed rows of rollout.max_tokens a step"),
     Key("lr", 3e-3, POSITIVE_REAL, "learning rate"),
@@ -341,7 +341,7 @@ SFT = Section(
         "name and reads sloppily"),
     Key("wrong_first_prob", 0.0, PROBABILITY, "code world, per solving episode: the "
         "demonstrator first runs a wrong program, reads the failure, then runs the right "
-        "one (data/code_world.py)"),
+        "one (envs/code/world.py)"),
     Key("negative_frac", 0.1, PROBABILITY, "per episode: one malformed action, then the "
         "env's correction and the right action (Agent-FLAN negatives; the malformed turn "
         "is not trained, the recovery is)"),
@@ -350,7 +350,7 @@ SFT = Section(
         "(copying from the context) while SFT fits the demonstrations"),
     Key("rename_frac", 0.0, PROBABILITY, "fraction of the searching demonstrations "
         "(synthetic search worlds) replaced by copies with every entity renamed "
-        "(data.demonstrators.EntityRenamer): their facts are false in the world, so only "
+        "(envs.search.demonstrators.EntityRenamer): their facts are false in the world, so only "
         "reading the observation reproduces them"),
 )
 

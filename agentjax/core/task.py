@@ -16,7 +16,7 @@ class Task:
       task_id: stable unique id (used for grouping, curriculum statistics, relabeling).
       question: the user-facing question / instruction text.
       answers: acceptable final answers (aliases); empty when a verifier decides (code
-        tasks: their tests, in metadata; data/code_tasks.py).
+        tasks: their tests, in metadata; envs/code/tasks.py).
       data_source: dataset name (Search-R1's `data_source`), e.g. "synthetic_multihop".
       metadata: task-specific extras, e.g. {"hops": 2, "bridge_entities": [...],
         "tests": [...]} — never shown to the policy, except "prompt": the chat messages

@@ -80,8 +80,8 @@ def register_env(name: str) -> Callable[[SuiteBuilder], SuiteBuilder]:
 
 def load_builtin_envs() -> tuple[str, ...]:
     """Imports the `suite.py` of every env package of agentjax.envs (each registers its
-    builder; imported here, not by the package, since the data loaders the builders use
-    import the envs); returns the names those builders registered, in registration order.
+    builder; imported here, not by the package: a suite builds its world and reads its
+    files); returns the names those builders registered, in registration order.
     """
     package = os.path.dirname(__file__)
     modules = []

@@ -10,7 +10,7 @@ import json
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from agentjax.core.registry import Registry
-from agentjax.envs.parsers import echo
+from agentjax.parsers.actions import echo
 
 
 class ToolError(Exception):
@@ -109,7 +109,7 @@ def validate_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) 
 
 
 def _echo_names(names: Sequence[str], most: int = 5) -> str:
-    """Policy-written names for an error message: a few, each cut (parsers.echo)."""
+    """Policy-written names for an error message: a few, each cut (parsers.actions.echo)."""
     shown = ", ".join(echo(n) for n in names[:most])
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from agentjax.core.task import EpisodeLog, Task, TurnLog
 from agentjax.envs.base import StepResult
-from agentjax.envs.parsers import Action
+from agentjax.parsers.actions import Action
 
 # Room for a few retrieved documents or a screenful of program output: more only
 # spends the episode's token budget, and the agent loop tokenizes every observation.

@@ -12,7 +12,7 @@ import string
 from typing import Sequence
 
 from agentjax.core.task import EpisodeLog
-from agentjax.envs.parsers import last_tag
+from agentjax.parsers.actions import last_tag
 
 _ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
@@ -26,7 +26,7 @@ def normalize_answer(text: str) -> str:
 
 def extract_answer(text: str) -> str | None:
     """The content of the last `<answer>...</answer>` in `text` (stripped), else None;
-    in linear time (`parsers.last_tag`), however many unclosed tags the policy wrote."""
+    in linear time (`parsers.actions.last_tag`), however many unclosed tags the policy wrote."""
     match = last_tag(text, ("answer",))
     return match[1].strip() if match else None
 

@@ -28,7 +28,7 @@ def subgoals(task: Task, *, include_answer: bool = True) -> list[str]:
     """The entity names whose retrieval marks each hop as reached."""
     if not has_subgoals(task):
         raise ValueError(f"task {task.task_id!r} has no metadata['bridge_entities']; the "
-                         "process reward needs multi-hop tasks (agentjax.data.world)")
+                         "process reward needs multi-hop tasks (agentjax.envs.search.world)")
     goals = list(task.metadata["bridge_entities"])
     if include_answer and task.answers:
         goals.append(task.answers[0])

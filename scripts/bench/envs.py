@@ -35,7 +35,7 @@ import httpx
 import numpy as np
 from timing import Ratio, Runs, measure  # scripts/bench/timing.py
 
-from agentjax.data import code_world
+from agentjax.envs.code import world as code_world
 from agentjax.envs.retrieval import BM25Retriever, HttpRetriever
 from agentjax.envs.sandbox import Sandbox
 from agentjax.rewards import code as code_lib

@@ -6,7 +6,7 @@ import types
 import numpy as np
 import pytest
 
-from agentjax.data.hindsight import relabel
+from agentjax.envs.search.hindsight import relabel
 from agentjax.core.task import EpisodeLog, TurnLog
 from agentjax.models.tokenizer import build_tokenizer, prompt_ids
 from agentjax.rewards.composite import make_reward_fn
@@ -15,7 +15,7 @@ from agentjax.config import presets
 from agentjax.agents.evaluation import solved
 from agentjax.agents.groups import GroupRules, collect_groups
 from agentjax.agents.hindsight import hindsight_group
-from tests.data.worlds import env, world
+from tests.envs.search.worlds import env, world
 
 REWARD = make_reward_fn({"components": {"exact_match": 1.0}})
 RELABEL = functools.partial(relabel, world=world())

@@ -3,7 +3,7 @@ import pytest
 
 from agentjax.config import choices
 from agentjax.data import curriculum
-from agentjax.data.demonstrators import DemonstratorConfig
+from agentjax.envs.search.demonstrators import DemonstratorConfig
 from agentjax.models import config as model_config
 from agentjax.rl import offpolicy, policy_losses, preference
 from agentjax.data import offline_jsonl

@@ -20,7 +20,7 @@ import time
 from typing import Callable
 
 from agentjax.core.task import Task
-from agentjax.envs.parsers import parse_search_r1, parse_tool_call
+from agentjax.parsers.actions import parse_search_r1, parse_tool_call
 from agentjax.envs.python.env import PythonEnv, default_sandbox
 from agentjax.envs.retrieval import BM25Retriever
 from agentjax.envs.sandbox import Sandbox

@@ -2,7 +2,7 @@
 import pytest
 
 from agentjax.core.task import Task
-from agentjax.envs.parsers import Action, invalid
+from agentjax.parsers.actions import Action, invalid
 from agentjax.envs.turns import TurnEnv, clip, valid_utf8
 
 TASK = Task("t", "q")

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentjax.data import demonstrators as demo_lib
+from agentjax.envs.search import demonstrators as demo_lib
 from agentjax.models.hf import make_tiny_hf
 from agentjax.models.tokenizer import load_tokenizer
 from agentjax.rewards.composite import make_reward_fn
@@ -26,7 +26,7 @@ from agentjax.train.stages import sft
 from agentjax.envs import registry as suites
 from agentjax.train.metrics import read_metrics
 from agentjax.train.policy import EXPORT_MARKER
-from tests.data import search_r1_files
+from tests.envs.search import search_r1_files
 from tests.models.qwen_tokenizers import qwen_tokenizer_folder
 from tests.rewards.episodes import TWO_HOP, episode
 from tests.train.runs import (ONE_DEVICE, RL_ONLY, ROOT, TRAIN, check_finished_run,

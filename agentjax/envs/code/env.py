@@ -31,7 +31,7 @@ import json
 from typing import Any, Callable, Mapping, Sequence
 
 from agentjax.core.task import Task, TurnLog
-from agentjax.envs.parsers import Action, invalid, parse_tool_call
+from agentjax.parsers.actions import Action, invalid, parse_tool_call
 from agentjax.envs.python.env import sandbox_from
 from agentjax.envs.sandbox import Sandbox
 from agentjax.envs.tools import describe_tools, validate_arguments
@@ -152,7 +152,7 @@ class CodeEnv(TurnEnv):
         tiny model that learns the protocol from demonstrations (fewer tokens).
       tests_runner: `(program, tests, *, timeout_s, memory_mb) -> [TestResult]` behind
         `run`; default `rewards.code.run_tests` in `sandbox`. (A scripted demonstrator's
-        own programs may run in-process: data/code_world.py.)
+        own programs may run in-process: envs/code/world.py.)
     """
 
     stop = ("</tool_call>",)

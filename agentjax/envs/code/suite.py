@@ -17,10 +17,10 @@ import numpy as np
 
 from agentjax.config.choices import OUTCOMES
 from agentjax.core.task import Task
-from agentjax.data import code_world
-from agentjax.data import demonstrators as demo_lib
-from agentjax.data.code_tasks import load_code_tasks, verify_solutions
-from agentjax.data.loaders import accept_rows
+from agentjax.data.demonstrations import Demonstration, DemoTurn
+from agentjax.data.rows import accept_rows
+from agentjax.envs.code import world as code_world
+from agentjax.envs.code.tasks import load_code_tasks, verify_solutions
 from agentjax.envs.code.env import (DEFAULT_INSTRUCTION, MINIMAL_INSTRUCTION, CodeEnv,
                                     final_block, run_call, system_prompt)
 from agentjax.envs.python.env import default_sandbox
@@ -48,7 +48,7 @@ def code_reward_fn(config, sandbox, *, timeout_s: float = TEST_TIMEOUT_S,
     return make_reward_fn({"components": components}, sandbox=sandbox)
 
 
-def canonical_demonstration(env: CodeEnv, task: Task) -> demo_lib.Demonstration:
+def canonical_demonstration(env: CodeEnv, task: Task) -> Demonstration:
     """A task's canonical solution as an episode: run against the visible tests (when
     the env allows a second turn and the task has any), then submitted."""
     messages = env.reset(task)
@@ -57,14 +57,14 @@ def canonical_demonstration(env: CodeEnv, task: Task) -> demo_lib.Demonstration:
     if env.max_turns >= 2 and task.metadata.get("visible_tests"):
         action = run_call(solution)
         result = env.step(action)
-        turns.append(demo_lib.DemoTurn(action, result.observation, True))
+        turns.append(DemoTurn(action, result.observation, True))
     action = final_block(solution)
     env.step(action)
-    turns.append(demo_lib.DemoTurn(action, None, True))
-    return demo_lib.Demonstration(task, messages, turns, env.log, 0.0, "canonical")
+    turns.append(DemoTurn(action, None, True))
+    return Demonstration(task, messages, turns, env.log, 0.0, "canonical")
 
 
-def _play(play, tasks: Sequence[Task]) -> list[demo_lib.Demonstration]:
+def _play(play, tasks: Sequence[Task]) -> list[Demonstration]:
     """`play(index, task)` for every task, PLAY_WORKERS at once, in order."""
     with concurrent.futures.ThreadPoolExecutor(PLAY_WORKERS) as pool:
         return list(pool.map(play, range(len(tasks)), tasks))

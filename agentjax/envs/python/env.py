@@ -12,7 +12,7 @@ import functools
 from typing import Any, Mapping, Sequence
 
 from agentjax.core.task import Task, TurnLog
-from agentjax.envs.parsers import Action, parse_tool_call
+from agentjax.parsers.actions import Action, parse_tool_call
 from agentjax.envs.sandbox import Sandbox, SandboxResult
 from agentjax.envs.tools import (Tool, ToolError, make_tool, register_tool, tool_schema,
                                  tools_system_prompt, validate_arguments)

@@ -8,8 +8,8 @@ import numpy as np
 
 from agentjax.config.choices import OUTCOMES
 from agentjax.core.task import Task
-from agentjax.data import demonstrators as demo_lib
-from agentjax.data.arith import make_arith_splits
+from agentjax.data.demonstrations import Demonstration, DemoTurn
+from agentjax.envs.python.arith import make_arith_splits
 from agentjax.envs.base import Env
 from agentjax.envs.python.env import DEFAULT_INSTRUCTION, PythonEnv
 from agentjax.envs.registry import (TaskSuite, parse_counts, register_env, reward_fn,
@@ -17,7 +17,7 @@ from agentjax.envs.registry import (TaskSuite, parse_counts, register_env, rewar
 
 
 def _arith_demonstration(task: Task, rng: np.random.Generator, guess_prob: float,
-                         env: Env) -> demo_lib.Demonstration:
+                         env: Env) -> Demonstration:
     """A scripted python-tool episode: compute with the tool (or guess), then answer."""
     messages = env.reset(task)
     turns = []
@@ -26,15 +26,15 @@ def _arith_demonstration(task: Task, rng: np.random.Generator, guess_prob: float
         action = ('<tool_call>{"name": "python", "arguments": {"code": '
                   + json.dumps(code) + "}}</tool_call>")
         observation, done, _, _ = env.step(action)
-        turns.append(demo_lib.DemoTurn(action, None if done else observation, True))
+        turns.append(DemoTurn(action, None if done else observation, True))
         answer = observation.strip().splitlines()[-1] if observation.strip() else "0"
     else:
         answer = str(int(rng.integers(0, 10 ** 6)))
     if not env.log.done:
         action = f"<answer> {answer} </answer>"
         env.step(action)
-        turns.append(demo_lib.DemoTurn(action, None, True))
-    return demo_lib.Demonstration(task, messages, turns, env.log, 0.0, "arith")
+        turns.append(DemoTurn(action, None, True))
+    return Demonstration(task, messages, turns, env.log, 0.0, "arith")
 
 
 @register_env("python")

@@ -16,7 +16,7 @@ import re
 from typing import Sequence
 
 from agentjax.core.task import Task, TurnLog
-from agentjax.envs.parsers import Action, invalid, parse_search_r1, parse_tool_call
+from agentjax.parsers.actions import Action, invalid, parse_search_r1, parse_tool_call
 from agentjax.envs.retrieval import Document, Retriever, format_docs, make_retriever
 from agentjax.envs.tools import tools_system_prompt, validate_arguments
 from agentjax.envs.turns import (DEFAULT_MAX_OBSERVATION_CHARS, TurnEnv, check_instruction,

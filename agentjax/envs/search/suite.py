@@ -10,11 +10,13 @@ from typing import Any
 
 from agentjax.config.choices import OUTCOMES
 from agentjax.core.task import Task
-from agentjax.data import demonstrators as demo_lib
-from agentjax.data import hindsight
-from agentjax.data.loaders import accept_rows, load_jsonl, load_search_r1_parquet
-from agentjax.data.search_data import make_search_dataset
-from agentjax.data.world import WorldConfig, other_worlds_documents
+from agentjax.data.demonstrations import read_demonstrations_jsonl
+from agentjax.data.rows import accept_rows
+from agentjax.envs.search import demonstrators as demo_lib
+from agentjax.envs.search import hindsight
+from agentjax.envs.search.loaders import load_jsonl, load_search_r1_parquet
+from agentjax.envs.search.dataset import make_search_dataset
+from agentjax.envs.search.world import WorldConfig, other_worlds_documents
 from agentjax.envs.registry import (TaskSuite, parse_counts, register_env, reward_fn,
                                     turn_texts)
 from agentjax.envs.retrieval import BM25Retriever, DelayedRetriever, HttpRetriever
@@ -62,7 +64,7 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
             seed=config.data.world_seed)
         world = dataset.world
         train_tasks, test_tasks = world.train_tasks, world.test_tasks
-        demonstrations = demo_lib.read_demonstrations_jsonl(dataset.paths["demos"])
+        demonstrations = read_demonstrations_jsonl(dataset.paths["demos"])
         # The tokenizer learns the world's own texts, whatever SFT trains on.
         demo_texts = turn_texts(demonstrations)
         if sft.rename_frac:

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from agentjax.core.trajectory import Trajectory
-from agentjax.data import code_world
+from agentjax.envs.code import world as code_world
 from agentjax.envs import sandbox as sandbox_lib
 from agentjax.envs.registry import build_suite
 from agentjax.models.tokenizer import load_tokenizer
 from agentjax.sweep import plan
-from tests.data.code_files import HUMANEVAL, MBPP, write_jsonl
+from tests.envs.code.code_files import HUMANEVAL, MBPP, write_jsonl
 from tests.models.qwen_tokenizers import qwen_tokenizer_folder
 
 pytestmark = pytest.mark.skipif(sandbox_lib.shutil.which("bwrap") is None,

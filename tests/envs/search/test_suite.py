@@ -17,7 +17,7 @@ from agentjax.config import presets
 from agentjax.envs import registry as suites
 from agentjax.envs.search import suite as search_suite
 from agentjax.envs.search.env import SearchEnv
-from tests.data import search_r1_files
+from tests.envs.search import search_r1_files
 from tests.envs.retrieval_server import free_port
 
 

@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from agentjax.core.task import Task
-from agentjax.data import demonstrators as demo_lib
+from agentjax.data.demonstrations import Demonstration, DemoTurn
 from agentjax.envs.code.env import final_block, run_call
 from agentjax.rewards import code as code_lib
 
@@ -218,7 +218,7 @@ class ScriptedCoder:
         self.config = config
         self.expressions = language(depth)
 
-    def run(self, env, task: Task, rng: np.random.Generator) -> demo_lib.Demonstration:
+    def run(self, env, task: Task, rng: np.random.Generator) -> Demonstration:
         """Plays one episode of `task` in `env` (reset here); a single-turn env gets the
         program submitted at once."""
         messages = env.reset(task)
@@ -237,7 +237,7 @@ class ScriptedCoder:
         for expression in attempts if env.max_turns >= 2 else ():
             action = run_call(program(expression))
             result = env.step(action)
-            turns.append(demo_lib.DemoTurn(action, None if result.done else result.observation,
+            turns.append(DemoTurn(action, None if result.done else result.observation,
                                            True))
             ran = env.log.turns[-1].extra
             if result.done or ran.get("visible_passed") == ran.get("visible_total"):
@@ -245,8 +245,8 @@ class ScriptedCoder:
         if not env.log.done:
             action = final_block(program(solution))
             env.step(action)
-            turns.append(demo_lib.DemoTurn(action, None, True))
-        return demo_lib.Demonstration(task, messages, turns, env.log, 0.0, self.config.name)
+            turns.append(DemoTurn(action, None, True))
+        return Demonstration(task, messages, turns, env.log, 0.0, self.config.name)
 
     def _solve(self, task: Task) -> str:
         examples = parse_examples(task.question)

@@ -2,14 +2,16 @@ import json
 import os
 import runpy
 
-from agentjax.data.demonstrators import DemonstratorConfig, read_demonstrations_jsonl
-from agentjax.data.loaders import load_search_r1_parquet
-from agentjax.data.search_data import make_search_dataset
+from agentjax.data.demonstrations import read_demonstrations_jsonl
+from agentjax.envs.search.demonstrators import DemonstratorConfig
+from agentjax.envs.search.loaders import load_search_r1_parquet
+from agentjax.envs.search.dataset import make_search_dataset
 from agentjax.envs.retrieval import BM25Retriever
-from tests.data.test_loaders import without_prompt
-from tests.data.worlds import SMALL
+from tests.envs.search.test_loaders import without_prompt
+from tests.envs.search.worlds import SMALL
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "make_search_data.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "..", "scripts",
+                      "make_search_data.py")
 
 
 def test_dataset_folder_is_complete_and_consistent(tmp_path):

@@ -8,11 +8,11 @@ import json
 import pytest
 
 from agentjax.core.task import EpisodeLog, TurnLog
-from agentjax.data import code_tasks
-from agentjax.data.loaders import accept_rows
+from agentjax.envs.code import tasks as code_tasks
+from agentjax.data.rows import accept_rows
 from agentjax.envs.sandbox import Sandbox
 from agentjax.rewards import code
-from tests.data.code_files import HUMANEVAL, MBPP, STDIO, write_jsonl, write_parquet
+from tests.envs.code.code_files import HUMANEVAL, MBPP, STDIO, write_jsonl, write_parquet
 
 pytestmark = pytest.mark.skipif(code_tasks.os.system("which bwrap > /dev/null") != 0,
                                 reason="bubblewrap missing: apt-get install -y bubblewrap")

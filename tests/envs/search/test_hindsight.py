@@ -1,8 +1,8 @@
 import pytest
 
-from agentjax.data.hindsight import relabel
+from agentjax.envs.search.hindsight import relabel
 from agentjax.core.task import EpisodeLog, Task, TurnLog
-from tests.data.worlds import world
+from tests.envs.search.worlds import world
 
 
 def _answered(task, answer):

@@ -5,12 +5,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from agentjax.data import loaders
+from agentjax.envs.search import loaders
 from agentjax.core.task import Task
 from agentjax.envs.search.env import DEFAULT_INSTRUCTION
 from agentjax.envs.retrieval import read_corpus
-from tests.data import search_r1_files
-from tests.data.worlds import world
+from tests.envs.search import search_r1_files
+from tests.envs.search.worlds import world
 
 
 def without_prompt(tasks):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Collection
 
-from agentjax.data.world import World
+from agentjax.envs.search.world import World
 from agentjax.core.task import EpisodeLog, Task
 from agentjax.rewards.outcome import episode_answer, exact_match
 

@@ -5,15 +5,15 @@ import re
 import numpy as np
 import pytest
 
-from agentjax.data import demonstrators as demo_lib
-from agentjax.data.demonstrators import DemonstratorConfig, ScriptedSearcher, answer_action
-from agentjax.data.hindsight import relabel
+from agentjax.envs.search import demonstrators as demo_lib
+from agentjax.envs.search.demonstrators import DemonstratorConfig, ScriptedSearcher, answer_action
+from agentjax.envs.search.hindsight import relabel
 from agentjax.rewards.outcome import episode_answer, exact_match
 from agentjax.rewards.tools import tool_call_counts
-from agentjax.data.world import World, WorldConfig, parse_question
+from agentjax.envs.search.world import World, WorldConfig, parse_question
 from agentjax.envs.retrieval import BM25Retriever
 from agentjax.envs.search.env import SHORT_INSTRUCTION, SearchEnv
-from tests.data.worlds import env, world
+from tests.envs.search.worlds import env, world
 
 _ACTION = re.compile(r"<(search|answer)> [^<>]+ </\1>")
 
@@ -134,19 +134,6 @@ def test_imperfect_demonstrator_is_deterministic_and_measured():
     assert 0.3 < report.success < 0.7
     guessed = sum(len(d.turns) == 1 and d.task.metadata["hops"] >= 1 for d in a) / len(a)
     assert 0.35 < guessed < 0.65
-
-
-def test_demonstrations_jsonl_round_trip(tmp_path):
-    demos = _run(DemonstratorConfig("neg", p_negative=1.0), world().test_tasks[:5], max_turns=6)
-    path = str(tmp_path / "demos.jsonl")
-    demo_lib.write_demonstrations_jsonl(path, demos)
-    back = demo_lib.read_demonstrations_jsonl(path)
-    assert [(d.task, d.messages, d.turns, d.reward, d.policy) for d in back] == \
-           [(d.task, d.messages, d.turns, d.reward, d.policy) for d in demos]
-    with open(path, "a") as f:
-        f.write('{"task": {}}\n')
-    with pytest.raises(ValueError, match="line 6"):
-        demo_lib.read_demonstrations_jsonl(path)
 
 
 def test_bad_inputs_are_clear_errors():

@@ -22,9 +22,10 @@ import json
 import os
 from typing import Any, Mapping, NamedTuple, Sequence
 
-from agentjax.data import demonstrators as demo_lib
-from agentjax.data.loaders import write_corpus_jsonl, write_search_r1_parquet
-from agentjax.data.world import World, WorldConfig, build_world
+from agentjax.data.demonstrations import write_demonstrations_jsonl
+from agentjax.envs.search import demonstrators as demo_lib
+from agentjax.envs.search.loaders import write_corpus_jsonl, write_search_r1_parquet
+from agentjax.envs.search.world import World, WorldConfig, build_world
 from agentjax.core.task import Task
 from agentjax.envs.retrieval import BM25Retriever
 from agentjax.envs.search.env import SHORT_INSTRUCTION, SearchEnv
@@ -119,7 +120,7 @@ def make_search_dataset(out_dir: str, world_config: WorldConfig = WorldConfig(),
         reports[name] = {
             "train": demo_lib.success_report(train_demos),
             "test": demo_lib.measure_success(policy, env, world.test_tasks, seed=seed + 1)}
-    demo_lib.write_demonstrations_jsonl(paths["demos"], demos)
+    write_demonstrations_jsonl(paths["demos"], demos)
     summary = {
         "world": {**dataclasses.asdict(world_config),
                   "entities": len(world.entities), "train_questions": len(world.train_tasks),

@@ -4,11 +4,11 @@ import re
 import pytest
 from bm25s.stopwords import STOPWORDS_EN_PLUS
 
-from agentjax.data import world as world_lib
-from agentjax.data.world import (RELATIONS, WorldConfig, build_world, compose_question,
+from agentjax.envs.search import world as world_lib
+from agentjax.envs.search.world import (RELATIONS, WorldConfig, build_world, compose_question,
                                  parse_question)
 from agentjax.rewards.outcome import normalize_answer
-from tests.data.worlds import SMALL, world
+from tests.envs.search.worlds import SMALL, world
 
 
 def test_same_seed_same_world_other_seed_other_names():

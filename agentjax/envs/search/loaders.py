@@ -1,7 +1,7 @@
 """Task files in the public formats: Search-R1 parquet and jsonl, read and written.
 
 Readers never drop a row silently: each bad row becomes a `RowError(index, message)` in
-the result, next to the tasks that loaded. Accepted rows:
+the result, next to the tasks that loaded (`data.rows`). Accepted rows:
 
 * Search-R1 parquet (verl): `data_source`, `prompt` = [{"role", "content"}],
   `reward_model.ground_truth.target` (list or string), `extra_info` {"split", "index",
@@ -26,28 +26,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from agentjax.core.jsonl import read_jsonl
 from agentjax.core.task import Task
+from agentjax.data.rows import LoadResult, load_rows
 from agentjax.envs.search.env import DEFAULT_INSTRUCTION
 from agentjax.envs.turns import check_instruction, fill_question
-from agentjax.core.jsonl import read_jsonl
-
-class RowError(NamedTuple):
-    """A row that did not load: its 0-based index in the file and why."""
-
-    index: int
-    message: str
-
-
-class LoadResult(NamedTuple):
-    """Tasks that loaded and the rows that did not (unpacks as `tasks, errors`)."""
-
-    tasks: list[Task]
-    errors: list[RowError]
 
 
 def _strings(value: Any, field: str) -> tuple[str, ...]:
@@ -144,54 +132,10 @@ def task_from_record(record: Mapping[str, Any], index: int, *, default_id: str,
                 metadata=metadata)
 
 
-def load_rows(rows: Iterable[tuple[int, Any]], path: str,
-              parse: Callable[[Mapping, int], Task], *,
-              where: Callable[[int], str] = lambda index: f"row {index}",
-              repeated: Callable[[str], ValueError] = lambda task_id: ValueError(
-                  f"duplicate task id {task_id!r}")) -> LoadResult:
-    """The Tasks of a file's rows ((index, record or the ValueError reading it raised)),
-    each through `parse(record, index)`; a row that is no object, does not parse or
-    repeats a task id is a RowError naming `where(index)` in the file."""
-    tasks, errors, seen = [], [], set()
-    for index, row in rows:
-        try:
-            if isinstance(row, Exception):
-                raise row
-            if not isinstance(row, Mapping):
-                raise ValueError(f"row is a {type(row).__name__}, not an object")
-            task = parse(row, index)
-            if task.task_id in seen:
-                raise repeated(task.task_id)
-        except ValueError as err:
-            errors.append(RowError(index, f"{path} {where(index)}: {err}"))
-            continue
-        seen.add(task.task_id)
-        tasks.append(task)
-    return LoadResult(tasks, errors)
-
-
 def _load_rows(rows: Iterable[tuple[int, Any]], path: str) -> LoadResult:
     stem = os.path.splitext(os.path.basename(path))[0]
     return load_rows(rows, path, lambda row, index: task_from_record(
         row, index, default_id=stem, default_source=stem))
-
-
-def accept_rows(loaded: LoadResult, path: str, *, skip_bad_rows: bool) -> list[Task]:
-    """The tasks of a loaded file under data.skip_bad_rows: bad rows are an error naming
-    the first few, or (skip_bad_rows) skipped with a warning that counts them.
-
-    Raises:
-      ValueError: a bad row without skip_bad_rows, or no usable task at all.
-    """
-    if loaded.errors:
-        shown = "; ".join(e.message for e in loaded.errors[:5])
-        message = f"{len(loaded.errors)} of the rows of {path} do not load ({shown})"
-        if not skip_bad_rows:
-            raise ValueError(f"{message}; fix them, or set data.skip_bad_rows=True to skip them")
-        print(f"warning: {message}; skipped (data.skip_bad_rows)")
-    if not loaded.tasks:
-        raise ValueError(f"no usable task in {path}")
-    return list(loaded.tasks)
 
 
 def load_search_r1_parquet(path: str) -> LoadResult:

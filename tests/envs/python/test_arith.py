@@ -3,7 +3,7 @@ import operator
 
 import pytest
 
-from agentjax.data.arith import make_arith_splits
+from agentjax.envs.python.arith import make_arith_splits
 from agentjax.rewards.math import math_answer_match
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}

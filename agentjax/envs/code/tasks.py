@@ -58,7 +58,7 @@ import pyarrow.parquet as pq
 
 from agentjax.core.jsonl import read_jsonl
 from agentjax.core.task import Task
-from agentjax.data.loaders import LoadResult, RowError, load_rows
+from agentjax.data.rows import LoadResult, RowError, load_rows
 from agentjax.rewards import code as code_lib
 
 STATEMENT_FIELDS = ("question", "problem", "description", "question_content")

@@ -1,7 +1,7 @@
-"""Small worlds, indexes and envs shared by the data tests (built once per process)."""
+"""Small worlds, indexes and envs shared by the search world's tests (built once per process)."""
 from __future__ import annotations
 
-from agentjax.data.world import World, WorldConfig, build_world
+from agentjax.envs.search.world import World, WorldConfig, build_world
 from agentjax.envs.retrieval import BM25Retriever
 from agentjax.envs.search.env import SHORT_INSTRUCTION, SearchEnv
 

@@ -27,8 +27,8 @@ make it imperfect, each a probability:
                 turn is marked `trainable=False` (SFT learns the recovery, not the error)
                 and is only inserted when the turn budget has room for it.
 
-Demonstrations keep each observation exactly as the env returned it (None after the
-turn that ended the episode), ready for `rollout.Trajectory.from_demonstration`.
+Each episode is a `data.demonstrations.Demonstration`: every observation exactly as the
+env returned it, ready for `Trajectory.from_demonstration`.
 
 `EntityRenamer` turns a searching demonstration into a counterfactual one (every entity
 name in it replaced by another of the same type, one bijection per episode): the same
@@ -39,56 +39,19 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import re
 from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 from agentjax.config.choices import GUESSES
-from agentjax.data.world import RELATIONS, Entity, parse_question
-from agentjax.core.task import EpisodeLog, Task
-from agentjax.envs.parsers import parse_search_r1
-from agentjax.core.jsonl import read_jsonl
+from agentjax.core.task import Task
+from agentjax.data.demonstrations import Demonstration, DemoTurn
+from agentjax.envs.search.world import RELATIONS, Entity, parse_question
+from agentjax.parsers.actions import parse_search_r1
 from agentjax.rewards.outcome import episode_answer, exact_match
 
 _MALFORMED = ("{q}", "<query> {q} </query>", "<search> </search>", "<search> {q} </answer>")
-
-
-class DemoTurn(NamedTuple):
-    """One policy turn of a demonstration.
-
-    Attributes:
-      action: the action text (what SFT trains on when trainable).
-      observation: the env's observation after it, verbatim; None when the env ended the
-        episode on this turn (as `Trajectory.from_demonstration` expects).
-      trainable: False for negative-example turns (loss-masked in SFT).
-    """
-
-    action: str
-    observation: str | None
-    trainable: bool
-
-
-@dataclasses.dataclass
-class Demonstration:
-    """One scripted episode.
-
-    Attributes:
-      task: the task.
-      messages: the env's initial chat messages.
-      turns: the policy turns in order.
-      log: the env's EpisodeLog (None when read back from jsonl).
-      reward: reward_fn(task, log) total (exact match unless another reward_fn was given).
-      policy: the demonstrator's name.
-    """
-
-    task: Task
-    messages: list[dict[str, str]]
-    turns: list[DemoTurn]
-    log: EpisodeLog | None
-    reward: float
-    policy: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -396,42 +359,3 @@ def measure_success(searcher: ScriptedSearcher, env, tasks: Sequence[Task], *,
                     seed: int = 0) -> SuccessReport:
     """Runs the demonstrator on `tasks` and reports its success (see success_report)."""
     return success_report(run_demonstrations(searcher, env, tasks, seed=seed))
-
-
-def write_demonstrations_jsonl(path: str, demos: Sequence[Demonstration]) -> None:
-    """One JSON object per demonstration: task, messages, turns, reward, policy."""
-    with open(path, "w", encoding="utf-8") as f:
-        for d in demos:
-            record = {"task": {"task_id": d.task.task_id, "question": d.task.question,
-                               "answers": list(d.task.answers),
-                               "data_source": d.task.data_source,
-                               "metadata": dict(d.task.metadata)},
-                      "messages": d.messages,
-                      "turns": [t._asdict() for t in d.turns],
-                      "reward": d.reward, "policy": d.policy}
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-
-
-def read_demonstrations_jsonl(path: str) -> list[Demonstration]:
-    """Reads `write_demonstrations_jsonl` output (log=None).
-
-    Raises:
-      ValueError: naming the file and line of a malformed record.
-    """
-    demos = []
-    for index, r in read_jsonl(path):
-        try:
-            if isinstance(r, json.JSONDecodeError):
-                raise r
-            t = r["task"]
-            task = Task(t["task_id"], t["question"], tuple(t["answers"]),
-                        t.get("data_source", ""), t.get("metadata", {}))
-            turns = [DemoTurn(str(x["action"]), None if x["observation"] is None
-                              else str(x["observation"]), bool(x["trainable"]))
-                     for x in r["turns"]]
-            demos.append(Demonstration(task, list(r["messages"]), turns, None,
-                                       float(r["reward"]), str(r.get("policy", ""))))
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ValueError(f"{path}: line {index + 1}: malformed demonstration "
-                             f"({type(err).__name__}: {err})") from None
-    return demos

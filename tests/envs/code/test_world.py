@@ -4,7 +4,7 @@ demonstrations (it must report exactly what the sandbox reports)."""
 import numpy as np
 import pytest
 
-from agentjax.data import code_world as world
+from agentjax.envs.code import world
 from agentjax.envs import sandbox as sandbox_lib
 from agentjax.envs.code.env import CodeEnv
 from agentjax.envs.sandbox import Sandbox

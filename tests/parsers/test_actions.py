@@ -8,7 +8,7 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
-from agentjax.envs.parsers import (MAX_JSON_DEPTH, Action, last_tag, parse_search_r1,
+from agentjax.parsers.actions import (MAX_JSON_DEPTH, Action, last_tag, parse_search_r1,
                                    parse_tool_call)
 
 

@@ -1,0 +1,7 @@
+"""agentjax.parsers: policy text in, one parsed action out, never an exception.
+
+A room below both envs (which act on the action) and rewards (which score the episode
+from the same text: the outcome reward's last `<answer>` is `actions.last_tag`), so the
+env and the reward read a turn with one parser. Formats: Search-R1 tags and hermes-style
+tool calls (actions.py); another tool-call format is another module here.
+"""
