@@ -157,7 +157,7 @@ class SyncSource(_Source):
         self._weights = None
         if host.get("rollout", {}).get("pending"):
             port.log(f"warning: {len(host['rollout']['pending'])} groups the "
-                        "asynchronous run drew are not trained: rollout.mode changed")
+                     "asynchronous run drew are not trained: rollout.mode changed")
 
     def next_groups(self, step: int):
         if self._weights is not None:
