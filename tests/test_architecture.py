@@ -1,6 +1,7 @@
 """The package's structure, read from its source: no import cycle, every room imports
-only the rooms below it, and no stage receives a whole trainer (each gets the few
-objects it uses: Runtime, Policy, Rollouts, a suite, a config)."""
+only the rooms below it, no stage receives a whole trainer (each gets the few objects
+it uses: Runtime, Policy, Rollouts, a suite, a config), and nothing in agents/ receives
+the run's config or its Rollouts (a rollout source gets a RolloutPort)."""
 import ast
 import collections
 import pathlib
@@ -101,4 +102,25 @@ def test_no_stage_takes_a_whole_trainer():
                 arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
                 if any(a.arg == "trainer" for a in arguments):
                     found.append(f"{module}.{node.name}(trainer, ...)")
+    assert found == []
+
+
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> list[str]:
+    args = node.args
+    extra = [a for a in (args.vararg, args.kwarg) if a is not None]
+    return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs + extra]
+
+
+def test_nothing_in_agents_takes_the_config_or_the_rollouts():
+    """What imports cannot show: a function handed the whole config or the train-level
+    Rollouts reaches up into train/ at run time."""
+    found = []
+    for module, tree in _modules().items():
+        if _room(module) != "agents":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                taken = {"config", "rollouts"} & set(_parameters(node))
+                name = getattr(node, "name", "<lambda>")
+                found += [f"{module}.{name}({arg}, ...)" for arg in sorted(taken)]
     assert found == []

@@ -1,7 +1,7 @@
 """What happens to a group of episodes between the pool and the batch: the one
 post-processing the synchronous and the asynchronous rollout sources share.
 
-    rules = GroupRules.from_config(config, suite, tokenizer, log)
+    rules = GroupRules(success_key, hindsight, overlong, ...)   # train/stages/rl.py
     groups, info = collect_groups(pool, sampler, rules, sampling_of, prompts=P,
                                   group_size=G)                   # sync: one step's groups
     groups, relabeled = rules.finish(groups)                      # async: each group
@@ -26,7 +26,6 @@ from agentjax.agents.loop import describe_error
 from agentjax.core.task import Task
 from agentjax.core.trajectory import Trajectory
 from agentjax.engine.protocol import SamplingParams
-from agentjax.models.tokenizer import prompt_ids
 from agentjax.rl.shaping import dynamic_sampling_keep, overlong_penalty
 
 Group = list[Trajectory]
@@ -98,22 +97,6 @@ class GroupRules:
     dynamic_sampling: bool = False
     max_resample_rounds: int = 0
     log: Callable[[str], None] = print
-
-    @classmethod
-    def from_config(cls, config, suite, tokenizer, log: Callable[[str], None]) -> "GroupRules":
-        algo = config.algo
-        hindsight = None
-        if config.data.hindsight:
-            def prompt_of(task: Task) -> list[int]:
-                return prompt_ids(tokenizer, suite.make_env().reset(task))
-
-            hindsight = Hindsight(suite.relabel, suite.reward_fn, prompt_of,
-                                  success_key=suite.success_key,
-                                  max_tokens=config.rollout.max_tokens)
-        overlong = (Overlong(algo.overlong_max_len, algo.overlong_buffer, algo.overlong_factor)
-                    if algo.overlong_buffer else None)
-        return cls(suite.success_key, hindsight, overlong, algo.dynamic_sampling,
-                   algo.max_resample_rounds, log)
 
     def finish(self, groups: Sequence[Group]) -> tuple[list[Group], int]:
         """(the groups relabeled and shaped, how many were relabeled). A group whose

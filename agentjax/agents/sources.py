@@ -1,18 +1,20 @@
 """Where the RL loop's groups come from: rolled out in step (sync) or by a producer
 thread that overlaps rollouts with updates (async). The loop is the same for both:
 
-    source = make_source(config, rollouts, sampler, params, rules=rules, record=log,
-                         start=step, host=host)
+    source = make_source(mode, port, plan, sampler, params, rules=rules, start=step,
+                         host=host)
     groups, info = source.next_groups(step)   # prompts_per_step groups, ids 0..P-1
     source.push_weights(params, step + 2)     # after the update (version v: step v's)
     with source.paused():                     # nothing rolls out while this runs
-        rollouts.evaluate(...)
+        ...                                   # an evaluation
     host.update(source.state_dict())          # what a resumed run needs
     source.close()
 
-`rollouts` is the run's Rollouts (train/rollouts.py: pool, suite, sampling per step,
-weight sync, log), `rules` the group post-processing both sources share
-(agents/groups.py), `record` appends a row to the groups log.
+A source sees the run only through its `RolloutPort` (the pool, the training tasks,
+sampling per step, a weight push, a weight copy, a log and the groups log; the RL stage,
+train/stages/rl.py, builds it) and its `RolloutPlan` (group counts and the async
+bounds). `sampler` is the task source (data/curriculum.py), `rules` the group
+post-processing both sources share (agents/groups.py).
 
 Versions: the weights after k updates of the run are version k + 1 (version v samples
 the episodes of step v, counted from 1); the engine reports, per token, the version
@@ -64,15 +66,13 @@ import dataclasses
 import heapq
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from agentjax.models.lora import has_adapters, join_adapters, split_adapters
+from agentjax.agents.pool import RolloutPool
 from agentjax.core.task import Task
-from agentjax.engine.protocol import EnginesUnavailable
+from agentjax.engine.protocol import EnginesUnavailable, SamplingParams
 from agentjax.engine.clock import EngineClock
 from agentjax.core.trajectory import Trajectory
 from agentjax.agents.groups import GroupRules, collect_groups, number_groups, seed_index
@@ -85,19 +85,56 @@ class RolloutProducerError(RuntimeError):
     """The asynchronous producer failed; the run stops with its error."""
 
 
+@dataclasses.dataclass(frozen=True)
+class RolloutPort:
+    """What a source uses of the run, and nothing else.
+
+    Attributes:
+      pool: runs the episodes; its engine is the one the weights go to.
+      tasks: the training tasks (a resumed source finds its pending draws by task id).
+      sampling: (step, seed_index) -> the sampling of that draw of `step`.
+      push_weights: (params, version) -> None: the engine samples with `params`,
+        reporting `version`, from its next call (nothing to send when it holds them).
+      copy_weights: params -> a copy the caller's next update cannot donate (the
+        async source holds pushed weights past it).
+      log: messages.
+      record: appends a row to the groups log.
+    """
+
+    pool: RolloutPool
+    tasks: Sequence[Task]
+    sampling: Callable[[int, int], SamplingParams]
+    push_weights: Callable[[Any, int], None]
+    copy_weights: Callable[[Any], Any]
+    log: Callable[[str], None]
+    record: Callable[[dict], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutPlan:
+    """How many groups the run trains and how far ahead the async producer may run
+    (the rollout section's keys of the same names; module docstring)."""
+
+    prompts_per_step: int
+    group_size: int
+    total_steps: int
+    max_staleness: int
+    partial_rollouts: bool
+    concurrency: int
+    queue_groups: int
+
+
 class _Source:
     """What both sources share: the engine's initial weights and the groups log."""
 
-    def __init__(self, config, rollouts, sampler, params, *, rules: GroupRules,
-                 record: Callable[[dict], None], start: int):
-        self.rollouts, self.sampler, self.rules = rollouts, sampler, rules
-        self.per_step = config.rollout.prompts_per_step
-        self.group_size = config.rollout.group_size
-        rollouts.sync_weights(params, version=start + 1)
-        self._log = record
+    def __init__(self, port: RolloutPort, plan: RolloutPlan, sampler, params, *,
+                 rules: GroupRules, start: int):
+        self.port, self.sampler, self.rules = port, sampler, rules
+        self.per_step, self.group_size = plan.prompts_per_step, plan.group_size
+        port.push_weights(params, start + 1)
 
     def _record(self, step: int, groups, dropped: list[str]) -> None:
-        self._log({"step": step + 1, "tasks": [g[0].task_id for g in groups],
+        self.port.record({"step": step + 1, "tasks": [g[0].task_id for g in groups],
                           "dropped": dropped})
 
     def paused(self):
@@ -114,22 +151,21 @@ SOURCES: Registry[type[_Source]] = Registry("rollout source")
 class SyncSource(_Source):
     """Each step's groups rolled out under the current weights (module docstring)."""
 
-    def __init__(self, config, rollouts, sampler, params, *, rules: GroupRules,
-                 record: Callable[[dict], None], start: int, host: dict):
-        super().__init__(config, rollouts, sampler, params, rules=rules, record=record,
-                         start=start)
+    def __init__(self, port: RolloutPort, plan: RolloutPlan, sampler, params, *,
+                 rules: GroupRules, start: int, host: dict):
+        super().__init__(port, plan, sampler, params, rules=rules, start=start)
         self._weights = None
         if host.get("rollout", {}).get("pending"):
-            rollouts.log(f"warning: {len(host['rollout']['pending'])} groups the "
-                        "asynchronous run drew are not trained: rollout.mode changed")
+            port.log(f"warning: {len(host['rollout']['pending'])} groups the "
+                     "asynchronous run drew are not trained: rollout.mode changed")
 
     def next_groups(self, step: int):
         if self._weights is not None:
-            self.rollouts.sync_weights(*self._weights)
+            self.port.push_weights(*self._weights)
             self._weights = None
         groups, info = collect_groups(
-            self.rollouts.pool, self.sampler, self.rules,
-            lambda draw: self.rollouts.sampling(step, seed_index=seed_index(step, draw)),
+            self.port.pool, self.sampler, self.rules,
+            lambda draw: self.port.sampling(step, seed_index(step, draw)),
             prompts=self.per_step, group_size=self.group_size)
         self._record(step, groups, [])
         return groups, info
@@ -166,19 +202,17 @@ class _Draw:
 class AsyncSource(_Source):
     """Groups from a producer thread running ahead of the learner (module docstring)."""
 
-    def __init__(self, config, rollouts, sampler, params, *, rules: GroupRules,
-                 record: Callable[[dict], None], start: int, host: dict):
-        super().__init__(config, rollouts, sampler, params, rules=rules, record=record,
-                         start=start)
-        r = config.rollout
-        self.max_staleness = r.max_staleness
-        self.partial, self.concurrency = r.partial_rollouts, r.concurrency
-        self.queue_limit = r.queue_groups or (r.max_staleness + 1) * self.per_step
-        self.total = config.total_steps * self.per_step
-        self.clock = EngineClock(rollouts.pool.engine)
-        self.pool = rollouts.pool.with_engine(self.clock)
+    def __init__(self, port: RolloutPort, plan: RolloutPlan, sampler, params, *,
+                 rules: GroupRules, start: int, host: dict):
+        super().__init__(port, plan, sampler, params, rules=rules, start=start)
+        self.max_staleness = plan.max_staleness
+        self.partial, self.concurrency = plan.partial_rollouts, plan.concurrency
+        self.queue_limit = plan.queue_groups or (plan.max_staleness + 1) * self.per_step
+        self.total = plan.total_steps * self.per_step
+        self.clock = EngineClock(port.pool.engine)
+        self.pool = port.pool.with_engine(self.clock)
         saved = host.get("rollout", {})
-        tasks = {task.task_id: task for task in rollouts.suite.train_tasks}
+        tasks = {task.task_id: task for task in port.tasks}
         # Everything below is guarded by _cond (learner and producer threads).
         self._cond = threading.Condition()
         self._version = start + 1  # the engine's
@@ -237,15 +271,10 @@ class AsyncSource(_Source):
         return groups, info
 
     def push_weights(self, params, version: int) -> None:
-        """Hands `version` to the producer and returns (a copy: the caller's next update
-        may donate `params` before the producer swaps them in; an evaluation sends the
-        same weights again, under the same version). A LoRA policy's frozen base is
-        never donated: only its adapters are copied."""
-        if has_adapters(params):
-            adapters, base = split_adapters(params)
-            staged = join_adapters(jax.tree.map(jnp.copy, adapters), base)
-        else:
-            staged = jax.tree.map(jnp.copy, params)
+        """Hands `version` to the producer and returns (a copy, `port.copy_weights`: the
+        caller's next update may donate `params` before the producer swaps them in; an
+        evaluation sends the same weights again, under the same version)."""
+        staged = self.port.copy_weights(params)
         with self._cond:
             self._weights = (staged, version)
         self._wake_producer()
@@ -317,7 +346,7 @@ class AsyncSource(_Source):
                     swap = self._weights if (self.partial or not self._running) else None
                 if swap is not None:
                     # In this thread: the engine's session routing is not thread-safe.
-                    self.rollouts.sync_weights(*swap)
+                    self.port.push_weights(*swap)
                     with self._cond:
                         self._version = swap[1]
                         if self._weights is swap:
@@ -363,7 +392,7 @@ class AsyncSource(_Source):
         try:
             [episodes] = await self.pool.collect(
                 [draw.task], self.group_size,
-                sampling=self.rollouts.sampling(step, seed_index=seed_index(step)),
+                sampling=self.port.sampling(step, seed_index(step)),
                 first_group_id=draw.index % self.per_step)
             [episodes], _ = self.rules.finish([episodes])
         except Exception as error:  # noqa: BLE001 - handed to the learner
@@ -398,12 +427,11 @@ def staleness_metrics(draws, version: int) -> dict[str, float]:
             "rollout/mixed_version_frac": mixed / max(episodes, 1)}
 
 
-def make_source(config, rollouts, sampler, params, *, rules: GroupRules,
-                record: Callable[[dict], None], start: int, host: dict[str, Any]):
-    """The configured source (rollout.mode), its sampler state from `host` (a resumed
+def make_source(mode: str, port: RolloutPort, plan: RolloutPlan, sampler, params, *,
+                rules: GroupRules, start: int, host: dict[str, Any]):
+    """The source of `mode` (rollout.mode), its sampler state from `host` (a resumed
     run's host state; {} at the start), the engine holding `params` as version
     `start + 1`."""
     if host:
         sampler.load_state_dict(host["sampler"])
-    return SOURCES.get(config.rollout.mode)(config, rollouts, sampler, params, rules=rules,
-                                            record=record, start=start, host=host)
+    return SOURCES.get(mode)(port, plan, sampler, params, rules=rules, start=start, host=host)

@@ -1,16 +1,15 @@
 """The one training loop every stage runs (pretraining, SFT, RL, RFT, DPO), with hooks
 at their own intervals.
 
-    loop = Loop(name="RL", desc="grpo", folder=workdir, steps=total_steps,
-                draw=draw, train=train, host_state=host_state, ...)
-    state = fit(runtime, loop, state)
+    state = fit(runtime, stage, state, checkpoint_every=N)   # stage: a Stage
 
-One step of `fit`, after restoring the stage's last committed checkpoint (or starting):
-    data = loop.draw(state, step)              # the step's data (rollouts, packed rows)
-    state, metrics = loop.train(state, data, step)
-    non-finite guard                            # optim.on_nonfinite, when loop.optim is set
-    loop.after_update(state, data, step, metrics)   # hand the weights to the rollouts
-    hooks due: loop.hooks (evaluation), log, checkpoint
+One step of `fit`, after restoring the stage's last committed checkpoint (or starting)
+and handing the stage its host state (`stage.resume`):
+    data = stage.draw(state, step)             # the step's data (rollouts, packed rows)
+    state, metrics = stage.train(state, data, step)
+    non-finite guard                            # optim.on_nonfinite, when stage.optim is set
+    stage.after_update(state, data, step, metrics)  # hand the weights to the rollouts
+    hooks due: stage.hooks (evaluation), log, checkpoint
 
 A rollout that stops for good during `draw` (servers down, the async producer failed)
 saves a checkpoint of the step it would have trained, so a rerun continues exactly there;
@@ -19,6 +18,7 @@ repeats from the last checkpoint, which reproduces it.
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Any, Callable, Sequence
 
@@ -54,13 +54,9 @@ def run_hooks(hooks: Sequence[Hook], step: int, last_step: int, state, metrics: 
             hook.fn(step, state, metrics)
 
 
-def _nothing(*args) -> None:
-    return None
-
-
-@dataclasses.dataclass(frozen=True)
-class Loop:
-    """What one stage's loop does at each step.
+class Stage(abc.ABC):
+    """One stage's loop (pretraining, SFT, RL, RFT, DPO): its state as attributes, the
+    steps `fit` calls as methods.
 
     Attributes:
       name: the stage's name in messages ("pretrain", "sft", "RL", "RFT", "DPO").
@@ -68,78 +64,89 @@ class Loop:
       folder: where the stage checkpoints (<folder>/checkpoints) and logs
         (<folder>/metrics.jsonl).
       steps: the stage's last step.
-      draw: (state, step) -> the step's data.
-      train: (state, data, step) -> (state, metrics): the update.
-      host_state: done steps -> what a resumed run needs beyond the device state.
-      resume: (state, host state) restored ({} at the start), before the first step.
-      after_update: (state, data, step, metrics) after the guard: hands the weights on,
-        adds metrics.
-      hooks: run before the log and checkpoint hooks (evaluation).
       log_every: the log hook's interval (metrics.jsonl, TensorBoard, progress bar).
-      postfix: the progress bar's fields from a logged row.
-      on_log: (step, row) after a row is written (warnings).
+      hooks: run before the log and checkpoint hooks (evaluation).
       optim: the optim section when non-finite updates are guarded (None: not).
-      close: called when the loop ends, however it ends.
     """
 
     name: str
     desc: str
     folder: str
     steps: int
-    draw: Callable[[Any, int], Any]
-    train: Callable[[Any, Any, int], tuple[Any, dict]]
-    host_state: Callable[[int], dict]
     log_every: int
-    postfix: Callable[[dict], dict]
-    resume: Callable[[Any, dict], None] = _nothing
-    after_update: Callable[[Any, Any, int, dict], None] = _nothing
     hooks: Sequence[Hook] = ()
-    on_log: Callable[[int, dict], None] = _nothing
     optim: Any = None
-    close: Callable[[], None] = _nothing
+
+    def resume(self, state, host: dict) -> None:
+        """Before the first step: the state and host state restored ({} at the start)."""
+
+    @abc.abstractmethod
+    def host_state(self, done: int) -> dict:
+        """What a resumed run needs after `done` steps, beyond the device state."""
+
+    @abc.abstractmethod
+    def draw(self, state, step: int):
+        """The step's data (rollouts, packed rows)."""
+
+    @abc.abstractmethod
+    def train(self, state, data, step: int) -> tuple[Any, dict]:
+        """The update: (state, metrics)."""
+
+    def after_update(self, state, data, step: int, metrics: dict) -> None:
+        """After the non-finite guard: hands the weights on, adds metrics."""
+
+    @abc.abstractmethod
+    def postfix(self, row: dict) -> dict:
+        """The progress bar's fields from a logged row."""
+
+    def on_log(self, step: int, row: dict) -> None:
+        """After a row is written (warnings)."""
+
+    def close(self) -> None:
+        """When the loop ends, however it ends."""
 
 
-def fit(runtime: Runtime, loop: Loop, state, *, checkpoint_every: int):
-    """Runs `loop` from its last committed checkpoint in loop.folder (or from `state`)
-    to loop.steps; returns the final state (module docstring)."""
-    state, host, checkpointer, writer = runtime.restore_or_start(loop.folder, state, loop.name)
+def fit(runtime: Runtime, stage: Stage, state, *, checkpoint_every: int):
+    """Runs `stage` from its last committed checkpoint in stage.folder (or from `state`)
+    to stage.steps; returns the final state (module docstring)."""
+    state, host, checkpointer, writer = runtime.restore_or_start(stage.folder, state, stage.name)
     start = host.get("step", 0)
     bad_steps = 0
 
     def log(step, state, metrics):
-        changed = runtime.config_changes.pop(loop.folder, None)
+        changed = runtime.config_changes.pop(stage.folder, None)
         row = writer.write(step, metrics if changed is None
                            else {**metrics, "config/changes": changed})
-        bar.set_postfix(**loop.postfix(row))
-        loop.on_log(step, row)
+        bar.set_postfix(**stage.postfix(row))
+        stage.on_log(step, row)
 
     def save(step, state, metrics):
-        checkpointer.save(step, state, loop.host_state(step), force=True)
+        checkpointer.save(step, state, stage.host_state(step), force=True)
 
     # In this order: the log row holds the evaluation, the checkpoint its result.
-    hooks = [*loop.hooks, Hook(loop.log_every, log), Hook(checkpoint_every, save)]
+    hooks = [*stage.hooks, Hook(stage.log_every, log), Hook(checkpoint_every, save)]
     try:
-        loop.resume(state, host)
-        bar = runtime.progress_bar(range(start, loop.steps), loop.desc)
+        stage.resume(state, host)
+        bar = runtime.progress_bar(range(start, stage.steps), stage.desc)
         for step in bar:
-            resume = (step, loop.host_state(step))
+            resume = (step, stage.host_state(step))
             try:
-                data = loop.draw(state, step)
+                data = stage.draw(state, step)
                 resume = None
-                state, metrics = loop.train(state, data, step)
-                if loop.optim is not None:
+                state, metrics = stage.train(state, data, step)
+                if stage.optim is not None:
                     state, bad_steps = guard_nonfinite(
-                        runtime, loop.optim, state, metrics, stage=loop.name, step=step + 1,
+                        runtime, stage.optim, state, metrics, stage=stage.name, step=step + 1,
                         bad_steps=bad_steps, checkpointer=checkpointer,
-                        host=loop.host_state(step + 1))
-                loop.after_update(state, data, step, metrics)
-                run_hooks(hooks, step + 1, loop.steps, state, metrics)
+                        host=stage.host_state(step + 1))
+                stage.after_update(state, data, step, metrics)
+                run_hooks(hooks, step + 1, stage.steps, state, metrics)
             except ROLLOUT_STOPPED:
                 if resume is not None:
                     checkpointer.save(resume[0], state, resume[1], force=True)
                 raise
     finally:
-        loop.close()
+        stage.close()
         # However the loop ends (an error, KeyboardInterrupt, SIGTERM's SystemExit):
         # pending asynchronous saves commit, orbax's threads end.
         checkpointer.close()

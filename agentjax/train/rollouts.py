@@ -17,6 +17,8 @@ import json
 import time
 from typing import Callable, Sequence
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -27,6 +29,7 @@ from agentjax.config import ConfigError
 from agentjax.core.trajectory import Trajectory
 from agentjax.engine.protocol import SamplingParams
 from agentjax.envs.registry import TaskSuite
+from agentjax.models.lora import has_adapters, join_adapters, split_adapters
 from agentjax.models.tokenizer import prompt_ids
 from agentjax.train.engines import build_engine
 from agentjax.train.episodes import EpisodeRecorder, check_failures
@@ -41,6 +44,16 @@ def temperature_at(config: ml_collections.ConfigDict, step: int) -> float:
     fraction = step / max(config.total_steps - 1, 1)
     r = config.rollout
     return float(r.temperature + fraction * (r.final_temperature - r.temperature))
+
+
+def undonated_copy(params):
+    """A copy of `params` the learner's next update cannot donate (weights the engine
+    swaps in later, from the asynchronous producer). A LoRA policy's frozen base is
+    never donated: only its adapters are copied."""
+    if has_adapters(params):
+        adapters, base = split_adapters(params)
+        return join_adapters(jax.tree.map(jnp.copy, adapters), base)
+    return jax.tree.map(jnp.copy, params)
 
 
 class Rollouts:

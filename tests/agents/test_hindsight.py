@@ -13,8 +13,9 @@ from agentjax.rewards.composite import make_reward_fn
 from agentjax.core.trajectory import Trajectory, Turn
 from agentjax.config import presets
 from agentjax.agents.evaluation import solved
-from agentjax.agents.groups import GroupRules, collect_groups
+from agentjax.agents.groups import collect_groups
 from agentjax.agents.hindsight import hindsight_group
+from agentjax.train.stages.rl import group_rules
 from tests.envs.search.worlds import env, world
 
 REWARD = make_reward_fn({"components": {"exact_match": 1.0}})
@@ -121,7 +122,7 @@ def _rules(reward_fn=REWARD):
                                   reward_fn=reward_fn, make_env=env)
     tokenizer = build_tokenizer(texts, vocab_size=400)
     logged = []
-    return GroupRules.from_config(config, suite, tokenizer, logged.append), tokenizer, logged
+    return group_rules(config, suite, tokenizer, logged.append), tokenizer, logged
 
 
 def test_collect_groups_relabels_after_the_curriculum_saw_the_sampled_success():

@@ -7,7 +7,6 @@ import os
 import collections
 import threading
 import time
-import types
 
 import numpy as np
 import pytest
@@ -16,11 +15,11 @@ from agentjax.data.curriculum import make_sampler
 from agentjax.core.task import Task
 from agentjax.engine.protocol import SamplingParams
 from agentjax.core.trajectory import Trajectory, Turn
-from agentjax.config import presets
 from agentjax.agents.groups import GroupRules
 from agentjax.train.metrics import StepLog, read_step_log
-from agentjax.agents.sources import (GROUPS_LOG, RolloutProducerError, _Draw,
-                                           make_source, staleness_metrics)
+from agentjax.agents.sources import (GROUPS_LOG, RolloutPlan, RolloutPort,
+                                     RolloutProducerError, _Draw, make_source,
+                                     staleness_metrics)
 
 TASKS = [Task(f"t{i:02d}", f"question {i}", answers=("a",)) for i in range(40)]
 
@@ -76,32 +75,34 @@ class _Pool:
             self.running -= 1
 
 
-def _rollouts(tmp_path, *, total_steps=6, pool_kwargs=None, **rollout):
-    """A fake Rollouts (pool, suite, sampling, weight sync, log) with the run's config
-    and workdir beside it."""
-    config = presets.search_config("grpo", "test")
-    config.total_steps = total_steps
-    config.rollout.mode = "async"
-    config.rollout.prompts_per_step, config.rollout.group_size = 2, 2
-    for key, value in rollout.items():
-        config.rollout[key] = value
-    engine = _Engine()
-    return types.SimpleNamespace(
-        config=config, engine=engine, pool=_Pool(engine, **(pool_kwargs or {})),
-        suite=types.SimpleNamespace(train_tasks=TASKS, success_key="exact_match"),
-        sampling=lambda step, seed_index=None: SamplingParams(seed=seed_index),
-        workdir=str(tmp_path),
-        is_main=True, log=print,
-        sync_weights=lambda params, version=None: engine.update_weights(params,
-                                                                         version=version))
+class _Run:
+    """What a source is handed by the RL stage, on the scripted pool: its port (pool,
+    tasks, sampling, weight push, copy, log, groups log), its plan, and the run's
+    folder."""
+
+    def __init__(self, folder, *, total_steps=6, pool_kwargs=None, **plan):
+        self.folder = folder
+        self.engine = _Engine()
+        self.pool = _Pool(self.engine, **(pool_kwargs or {}))
+        self.plan = RolloutPlan(**{"prompts_per_step": 2, "group_size": 2,
+                                   "total_steps": total_steps, "partial_rollouts": False,
+                                   "queue_groups": 0, **plan})
+
+    def port(self, start=0) -> RolloutPort:
+        log = StepLog(os.path.join(self.folder, GROUPS_LOG), resume_step=start)
+        return RolloutPort(
+            pool=self.pool, tasks=TASKS,
+            sampling=lambda step, seed_index: SamplingParams(seed=seed_index),
+            push_weights=lambda params, version: self.engine.update_weights(
+                params, version=version),
+            copy_weights=lambda params: {k: v.copy() for k, v in params.items()},
+            log=print, record=log.append)
 
 
-def _source(rollouts, start=0, host=None):
+def _source(run, start=0, host=None):
     sampler = make_sampler("uniform", TASKS, seed=0)
-    log = StepLog(os.path.join(rollouts.workdir, GROUPS_LOG), resume_step=start)
-    return make_source(rollouts.config, rollouts, sampler, {"w": np.zeros(2)},
-                       rules=GroupRules("exact_match"), record=log.append, start=start,
-                       host=host or {})
+    return make_source("async", run.port(start), run.plan, sampler, {"w": np.zeros(2)},
+                       rules=GroupRules("exact_match"), start=start, host=host or {})
 
 
 def _train(source, steps, start=0, during=None):
@@ -120,8 +121,8 @@ def _train(source, steps, start=0, during=None):
 def test_staleness_zero_trains_each_step_on_its_own_draws(tmp_path):
     """max_staleness=0: step k (from 0) trains the k-th P tasks drawn, sampled under
     version k + 1 with the synchronous run's seeds and group ids."""
-    rollouts = _rollouts(tmp_path, max_staleness=0, concurrency=8)
-    source = _source(rollouts)
+    run = _Run(tmp_path, max_staleness=0, concurrency=8)
+    source = _source(run)
     rows = _train(source, 6)
     source.close()
     order = make_sampler("uniform", TASKS, seed=0)
@@ -132,24 +133,24 @@ def test_staleness_zero_trains_each_step_on_its_own_draws(tmp_path):
             == {step + 1}
         assert info["rollout/staleness_max"] == 0 and info["rollout/dropped_groups"] == 0
     # The seed of step k's round 0 and the group's place in its step, as collect_groups.
-    assert [(seed, gid) for _, seed, gid in rollouts.pool.calls] == [
+    assert [(seed, gid) for _, seed, gid in run.pool.calls] == [
         (100 * (i // 2), i % 2) for i in range(12)]
-    assert rollouts.engine.swaps[:6] == list(range(1, 7))  # version 7 may come after close
+    assert run.engine.swaps[:6] == list(range(1, 7))  # version 7 may come after close
 
 
 @pytest.mark.parametrize("partial", [False, True])
 def test_pacing_keeps_every_trained_token_within_the_bound(tmp_path, partial):
     delays = {t.task_id: d for t, d in zip(TASKS, np.random.default_rng(0).uniform(
         0, 0.02, len(TASKS)))}
-    rollouts = _rollouts(tmp_path, total_steps=10, max_staleness=2, concurrency=4,
-                       partial_rollouts=partial, pool_kwargs={"delays": delays})
-    source = _source(rollouts)
+    run = _Run(tmp_path, total_steps=10, max_staleness=2, concurrency=4,
+               partial_rollouts=partial, pool_kwargs={"delays": delays})
+    source = _source(run)
     rows = _train(source, 10)
     source.close()
     for _, info in rows:
         assert info["rollout/staleness_max"] <= 2
         assert info["rollout/queue_groups"] <= 6  # (max_staleness + 1) x P
-    assert rollouts.pool.most_running <= 2  # concurrency 4 = two groups of 2
+    assert run.pool.most_running <= 2  # concurrency 4 = two groups of 2
     dropped = sum(info["rollout/dropped_groups"] for _, info in rows)
     if not partial:
         # New weights wait until no episode is in flight, so the learner cannot get
@@ -170,14 +171,14 @@ def test_a_straggler_past_the_bound_is_dropped_and_counted(tmp_path):
     """The first group waits on its tool while the learner runs ahead (interruption
     on, so new weights do not wait for it): taken 3 versions later, it is dropped."""
     first = make_sampler("uniform", TASKS, seed=0).sample(1)[0].task_id
-    rollouts = _rollouts(tmp_path, total_steps=8, max_staleness=1, concurrency=8,
-                       partial_rollouts=True, pool_kwargs={"held": {first}})
+    run = _Run(tmp_path, total_steps=8, max_staleness=1, concurrency=8,
+               partial_rollouts=True, pool_kwargs={"held": {first}})
 
     def release(step, source):
         if step == 3:
-            rollouts.pool.release.set()
+            run.pool.release.set()
 
-    source = _source(rollouts)
+    source = _source(run)
     rows = _train(source, 8, during=release)
     state = source.state_dict()
     source.close()
@@ -191,27 +192,27 @@ def test_a_straggler_past_the_bound_is_dropped_and_counted(tmp_path):
 
 def test_paused_means_nothing_in_flight_and_the_newest_weights(tmp_path):
     delays = {t.task_id: 0.01 for t in TASKS}
-    rollouts = _rollouts(tmp_path, total_steps=6, max_staleness=2, concurrency=8,
-                       pool_kwargs={"delays": delays})
+    run = _Run(tmp_path, total_steps=6, max_staleness=2, concurrency=8,
+               pool_kwargs={"delays": delays})
 
     def evaluate(step, source):
         source.push_weights({"w": np.zeros(2)}, step + 2)
         with source.paused():
-            assert rollouts.pool.running == 0 and rollouts.engine.version == step + 2
-            seen = len(rollouts.pool.calls)
+            assert run.pool.running == 0 and run.engine.version == step + 2
+            seen = len(run.pool.calls)
             threading.Event().wait(0.05)
-            assert len(rollouts.pool.calls) == seen  # nothing started while paused
+            assert len(run.pool.calls) == seen  # nothing started while paused
 
-    source = _source(rollouts)
+    source = _source(run)
     _train(source, 6, during=evaluate)
     source.close()
 
 
 def test_a_producer_failure_stops_the_learner_with_its_error(tmp_path):
     order = make_sampler("uniform", TASKS, seed=0).sample(4)
-    rollouts = _rollouts(tmp_path, max_staleness=1, concurrency=8,
-                       pool_kwargs={"fail": {order[3].task_id}})
-    source = _source(rollouts)
+    run = _Run(tmp_path, max_staleness=1, concurrency=8,
+               pool_kwargs={"fail": {order[3].task_id}})
+    source = _source(run)
     with pytest.raises(RolloutProducerError, match=f"OSError: tool broke on "
                                                    f"{order[3].task_id}"):
         _train(source, 6)
@@ -225,12 +226,11 @@ def test_a_resumed_source_trains_every_task_as_often_as_an_uninterrupted_one(tmp
     delays = {t.task_id: d for t, d in zip(TASKS, np.random.default_rng(1).uniform(
         0, 0.03, len(TASKS)))}
 
-    def rollouts(folder):
-        return _rollouts(tmp_path / folder, total_steps=8, max_staleness=8, concurrency=6,
-                        queue_groups=6, partial_rollouts=True,
-                        pool_kwargs={"delays": delays})
+    def run(folder):
+        return _Run(tmp_path / folder, total_steps=8, max_staleness=8, concurrency=6,
+                    queue_groups=6, partial_rollouts=True, pool_kwargs={"delays": delays})
 
-    whole = _source(rollouts("whole"))
+    whole = _source(run("whole"))
     _train(whole, 8)
     whole.close()
     snapshot = {}
@@ -240,11 +240,11 @@ def test_a_resumed_source_trains_every_task_as_often_as_an_uninterrupted_one(tmp
             time.sleep(0.05)  # the producer runs ahead: groups in flight and queued
             snapshot.update({"step": 3, **source.state_dict()})
 
-    killed = _source(rollouts("resumed"))
+    killed = _source(run("resumed"))
     _train(killed, 5, during=checkpoint)  # trains on past the checkpoint, then dies
     killed.close()
     assert snapshot["rollout"]["pending"]  # groups were in flight or queued
-    resumed = _source(rollouts("resumed"), start=3, host=snapshot)
+    resumed = _source(run("resumed"), start=3, host=snapshot)
     _train(resumed, 5, start=3)
     resumed.close()
 

@@ -5,7 +5,7 @@ import ml_collections
 import pytest
 
 from agentjax.train.checkpoint import Checkpointer, latest_committed_step
-from agentjax.train.fit import Hook, Loop, fit, run_hooks
+from agentjax.train.fit import Hook, Stage, fit, run_hooks
 from agentjax.train.runtime import Runtime
 
 
@@ -45,15 +45,24 @@ def test_the_checkpointer_is_closed_however_the_loop_ends(stop, tmp_path, monkey
                           {"every": 1, "keep": 2, "async_save": True}),
                       progress=False)
 
-    def draw(state, step):
-        if step == 1 and stop is not None:
-            raise stop
-        return None
+    class Stopping(Stage):
+        name = desc = "test"
+        folder, steps, log_every = str(tmp_path), 2, 1
 
-    loop = Loop(name="test", desc="test", folder=str(tmp_path), steps=2, draw=draw,
-                train=lambda state, data, step: (state, {"loss": 1.0}),
-                host_state=lambda done: {"step": done}, log_every=1,
-                postfix=lambda row: {})
+        def host_state(self, done):
+            return {"step": done}
+
+        def draw(self, state, step):
+            if step == 1 and stop is not None:
+                raise stop
+
+        def train(self, state, data, step):
+            return state, {"loss": 1.0}
+
+        def postfix(self, row):
+            return {}
+
+    loop = Stopping()
     if stop is None:
         fit(runtime, loop, {"w": jnp.zeros(2)}, checkpoint_every=1)
     else:

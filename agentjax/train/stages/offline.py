@@ -18,8 +18,10 @@ Collection k writes its data to <workdir>/<stage>/<k>.jsonl (0000.jsonl, 0001.js
 data/offline_jsonl.py) and what it measured to <k>.json, atomically and before any step
 trains on it; every step reads the data back from there, so a run resumed at any step
 trains on the data of the uninterrupted run. Tasks are drawn from a seeded shuffled
-stream over the training tasks (data.curriculum applies to RL only). A user's own RFT set or pair file (rft.data_path,
-dpo.data_path) goes through the same reader.
+stream over the training tasks (data.curriculum applies to RL only). A user's own RFT
+set or pair file (rft.data_path, dpo.data_path) goes through the same reader.
+`OfflineStage` holds the loop's state and steps (train/fit.py runs them); an
+`OfflineMethod` (from STAGES) is what differs between RFT and DPO.
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ from agentjax.models.lora import base_graphdef, has_adapters, split_adapters
 from agentjax.rl import objectives
 from agentjax.core.registry import Registry
 from agentjax.train import update as step_lib
-from agentjax.train.fit import Hook, Loop, fit, micro_batches
+from agentjax.train.fit import Hook, Stage, fit, micro_batches
 from agentjax.train.policy import HF_DIR, Policy
 from agentjax.train.rollouts import Rollouts
 from agentjax.train.runtime import Runtime
@@ -58,7 +60,7 @@ from agentjax.train.stages.sft import next_token_batch, shuffled_stream
 
 
 @dataclasses.dataclass(frozen=True)
-class OfflineStage:
+class OfflineMethod:
     """What differs between RFT and DPO.
 
     Attributes:
@@ -83,8 +85,17 @@ def run_offline(config: ml_collections.ConfigDict, runtime: Runtime, policy: Pol
     """RFT or DPO (config.stage) from `params` for total_steps, resuming from the
     workdir's last committed checkpoint; exports to <workdir>/hf and returns (final
     params, last evaluation metrics and the episodes the stage sampled)."""
-    stage = STAGES.get(config.stage)(_Context(config, runtime.workdir, policy, rollouts))
-    return _train(config, runtime, policy, rollouts, stage, params)
+    method = STAGES.get(config.stage)(_Context(config, runtime.workdir, policy, rollouts))
+    state, optimizer, _, _ = init_rl_state(config, policy.graphdef, params)
+    update, state = runtime.jit_update(step_lib.build_update(
+        method.loss_fn, optimizer, epochs=1, minibatches=1,
+        micro_batches=micro_batches(config[config.stage].batch_size,
+                                    config.algo.microbatch_size),
+        norm_fn=method.norm_fn), state)
+    loop = OfflineStage(config, runtime, rollouts, method, update=update)
+    state = fit(runtime, loop, state, checkpoint_every=config.checkpoint.every)
+    policy.export(state.params, os.path.join(runtime.workdir, HF_DIR))
+    return state.params, {**loop.last_eval, f"{config.stage}/episodes": loop.episodes}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +164,7 @@ def _stored(ctx: _Context, index: int, collect: Callable[[str], dict] | None = N
         return data, json.load(f)
 
 
-def rft_stage(ctx: _Context) -> OfflineStage:
+def rft_stage(ctx: _Context) -> OfflineMethod:
     config, rft, tokenizer = ctx.config, ctx.config.rft, ctx.policy.tokenizer
     window = config.total_steps // rft.rounds
     bounds = ctx.bounds()
@@ -188,9 +199,9 @@ def rft_stage(ctx: _Context) -> OfflineStage:
         return next_token_batch(items, seed=config.seed, cursor=cursor, rows=rft.batch_size,
                                 length=config.rollout.max_tokens, pad_id=tokenizer.pad_token_id)
 
-    return OfflineStage(objectives.sft_loss(ctx.policy.graphdef,
-                                          chunk_size=config.model.logprob_chunk),
-                        None, window, collect, make_batch)
+    return OfflineMethod(objectives.sft_loss(ctx.policy.graphdef,
+                                           chunk_size=config.model.logprob_chunk),
+                         None, window, collect, make_batch)
 
 
 def _round_episodes(path: str, info: dict, bounds: dict) -> list:
@@ -198,7 +209,7 @@ def _round_episodes(path: str, info: dict, bounds: dict) -> list:
     return read_episodes(path, **bounds) if info["data/kept"] else []
 
 
-def dpo_stage(ctx: _Context) -> OfflineStage:
+def dpo_stage(ctx: _Context) -> OfflineMethod:
     config, dpo, tokenizer = ctx.config, ctx.config.dpo, ctx.policy.tokenizer
     graphdef = ctx.policy.graphdef
     window = dpo.refresh_every or config.total_steps
@@ -249,8 +260,9 @@ def dpo_stage(ctx: _Context) -> OfflineStage:
         ref_params = state.params if state.ref_params is None else state.ref_params
         return {**batch, "ref_logp": reference(ref_params, batch)}
 
-    return OfflineStage(objectives.dpo_loss(graphdef, dpo, chunk_size=config.model.logprob_chunk),
-                        objectives.pair_norm, window, collect, make_batch, prepare)
+    return OfflineMethod(objectives.dpo_loss(graphdef, dpo,
+                                             chunk_size=config.model.logprob_chunk),
+                         objectives.pair_norm, window, collect, make_batch, prepare)
 
 
 def dpo_reference_logprobs(graphdef, params, *, chunk_size: int):
@@ -275,59 +287,56 @@ PAIR_LEVELS_OF = {"trajectory": ("trajectory",), "turn": ("turn",),
 # ------------------------------------------------------------------ the loop
 
 
-def _train(config, runtime: Runtime, policy: Policy, rollouts: Rollouts, stage: OfflineStage,
-           params):
-    name = config.stage.upper()
-    state, optimizer, _, _ = init_rl_state(config, policy.graphdef, params)
-    update, state = runtime.jit_update(step_lib.build_update(
-        stage.loss_fn, optimizer, epochs=1, minibatches=1,
-        micro_batches=micro_batches(config[config.stage].batch_size,
-                                    config.algo.microbatch_size),
-        norm_fn=stage.norm_fn), state)
-    cursor, episodes, last_eval, items = 0, 0, {}, None
+class OfflineStage(Stage):
+    """The steps of RFT or DPO (module docstring) over `method`'s data and the jitted
+    `update`: `items` is the window's data, `cursor` the position in it, `episodes` the
+    episodes collected so far."""
 
-    def resume(state, host):
-        nonlocal cursor, episodes, last_eval
-        cursor, episodes = host.get("cursor", 0), host.get("episodes", 0)
-        last_eval = host.get("last_eval", {})
+    def __init__(self, config: ml_collections.ConfigDict, runtime: Runtime, rollouts: Rollouts,
+                 method: OfflineMethod, *, update):
+        self.config, self.runtime, self.rollouts = config, runtime, rollouts
+        self.method, self.update = method, update
+        self.name, self.desc = config.stage.upper(), config.stage
+        self.folder, self.steps = runtime.workdir, config.total_steps
+        self.log_every, self.optim = config.log.every, config.optim
+        self.hooks = [Hook(config.eval.every, self.evaluate)]
+        self.cursor, self.episodes, self.last_eval, self.items = 0, 0, {}, None
 
-    def host_state(done: int) -> dict:
-        return {"step": done, "cursor": cursor, "episodes": episodes, "last_eval": last_eval}
+    def resume(self, state, host: dict) -> None:
+        self.cursor, self.episodes = host.get("cursor", 0), host.get("episodes", 0)
+        self.last_eval = host.get("last_eval", {})
 
-    def draw(state, step):
-        nonlocal items, cursor, episodes
+    def host_state(self, done: int) -> dict:
+        return {"step": done, "cursor": self.cursor, "episodes": self.episodes,
+                "last_eval": self.last_eval}
+
+    def draw(self, state, step: int):
         metrics = {}
-        window_start = step - step % stage.window
-        if items is None or step == window_start:
-            items, info = stage.collect(state.params, window_start)
+        window_start = step - step % self.method.window
+        if self.items is None or step == window_start:
+            self.items, info = self.method.collect(state.params, window_start)
             if step == window_start:
-                cursor = 0
-                episodes += info.get("data/episodes", 0) + info.get("data/branch_episodes", 0)
+                self.cursor = 0
+                self.episodes += (info.get("data/episodes", 0)
+                                  + info.get("data/branch_episodes", 0))
                 metrics.update(info)
-        batch, used = stage.make_batch(items, cursor)
-        cursor += used
+        batch, used = self.method.make_batch(self.items, self.cursor)
+        self.cursor += used
         return batch, metrics
 
-    def train(state, data, step):
+    def train(self, state, data, step: int):
         batch, metrics = data
-        batch = runtime.device_batch(batch)
-        if stage.prepare is not None:
-            batch = stage.prepare(state, batch)
-        state, update_metrics = update(state, batch)
+        batch = self.runtime.device_batch(batch)
+        if self.method.prepare is not None:
+            batch = self.method.prepare(state, batch)
+        state, update_metrics = self.update(state, batch)
         metrics.update(jax.device_get(update_metrics))
-        metrics["episodes_total"] = episodes
+        metrics["episodes_total"] = self.episodes
         return state, metrics
 
-    def evaluate(step, state, metrics):
-        nonlocal last_eval
-        last_eval = rollouts.evaluate(state.params, "eval")
-        metrics.update(last_eval)
+    def evaluate(self, step: int, state, metrics: dict) -> None:
+        self.last_eval = self.rollouts.evaluate(state.params, "eval")
+        metrics.update(self.last_eval)
 
-    state = fit(runtime, Loop(
-        name=name, desc=config.stage, folder=runtime.workdir, steps=config.total_steps,
-        draw=draw, train=train, host_state=host_state, resume=resume,
-        hooks=[Hook(config.eval.every, evaluate)], log_every=config.log.every,
-        optim=config.optim, postfix=lambda row: {"loss": f"{row['loss']:.3f}"}),
-        state, checkpoint_every=config.checkpoint.every)
-    policy.export(state.params, os.path.join(runtime.workdir, HF_DIR))
-    return state.params, {**last_eval, f"{config.stage}/episodes": episodes}
+    def postfix(self, row: dict) -> dict:
+        return {"loss": f"{row['loss']:.3f}"}

@@ -4,7 +4,10 @@ with warnings, checkpoint).
 
     params, last_eval = run_rl(config, runtime, policy, rollouts, params)
 
-One step (train/fit.py runs the loop):
+`RLStage` holds the loop's state (the source, the sampler, the last evaluation) and its
+steps; train/fit.py runs them. The source sees the run only through the `RolloutPort`
+the stage builds at `resume` (the pool, the training tasks, `Rollouts.sampling`, weight
+sync and its undonated copy, the log and the groups log). One step:
     groups = source.next_groups(step)                 P groups of G episodes: sync
                                                       (agents/groups.collect_groups:
                                                       hindsight, DAPO's dynamic sampling
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -35,21 +39,23 @@ import optax
 from flax import nnx
 
 from agentjax.agents.evaluation import solved
-from agentjax.agents.groups import GroupRules
-from agentjax.agents.sources import GROUPS_LOG, make_source
+from agentjax.agents.groups import GroupRules, Hindsight, Overlong
+from agentjax.agents.sources import GROUPS_LOG, RolloutPlan, RolloutPort, make_source
+from agentjax.core.task import Task
 from agentjax.core.trajectory import collate
 from agentjax.data.curriculum import make_sampler
 from agentjax.models import ValueModel
 from agentjax.models.lora import base_graphdef, has_adapters, split_adapters
+from agentjax.models.tokenizer import prompt_ids
 from agentjax.rl import objectives
 from agentjax.rl.advantages import needs_critic
 from agentjax.rl.prepare import build_prepare, critic_value_fn, model_logprob_fn
 from agentjax.train import diagnostics, update as step_lib
-from agentjax.train.fit import Hook, Loop, fit, micro_batches
+from agentjax.train.fit import Hook, Stage, fit, micro_batches
 from agentjax.train.metrics import StepLog
 from agentjax.train.policy import HF_DIR, Policy
 from agentjax.train.precision import master_copy
-from agentjax.train.rollouts import Rollouts, temperature_at
+from agentjax.train.rollouts import Rollouts, temperature_at, undonated_copy
 from agentjax.train.runtime import Runtime
 
 
@@ -167,86 +173,144 @@ def prepare_inputs(state: step_lib.TrainState) -> tuple:
     return state.params, state.params, critic
 
 
+def group_rules(config: ml_collections.ConfigDict, suite, tokenizer,
+                log: Callable[[str], None]) -> GroupRules:
+    """The configured group post-processing (agents/groups.py): hindsight relabeling
+    (data.hindsight), DAPO's overlong shaping and dynamic sampling (algo.*)."""
+    algo, hindsight = config.algo, None
+    if config.data.hindsight:
+        def prompt_of(task: Task) -> list[int]:
+            return prompt_ids(tokenizer, suite.make_env().reset(task))
+
+        hindsight = Hindsight(suite.relabel, suite.reward_fn, prompt_of,
+                              success_key=suite.success_key,
+                              max_tokens=config.rollout.max_tokens)
+    overlong = (Overlong(algo.overlong_max_len, algo.overlong_buffer, algo.overlong_factor)
+                if algo.overlong_buffer else None)
+    return GroupRules(suite.success_key, hindsight, overlong, algo.dynamic_sampling,
+                      algo.max_resample_rounds, log)
+
+
+def rollout_plan(config: ml_collections.ConfigDict) -> RolloutPlan:
+    """The rollout source's group counts and async bounds (rollout.*, total_steps)."""
+    r = config.rollout
+    return RolloutPlan(prompts_per_step=r.prompts_per_step, group_size=r.group_size,
+                       total_steps=config.total_steps, max_staleness=r.max_staleness,
+                       partial_rollouts=r.partial_rollouts, concurrency=r.concurrency,
+                       queue_groups=r.queue_groups)
+
+
 def run_rl(config: ml_collections.ConfigDict, runtime: Runtime, policy: Policy,
            rollouts: Rollouts, params):
     """RL from `params` for total_steps (resuming from the workdir's last committed
     checkpoint); exports to <workdir>/hf and returns (final params, last eval metrics)."""
     state, update, prepare = build_rl_update(config, runtime, policy.graphdef, params)
-    suite, r = rollouts.suite, config.rollout
-    rows, buckets = r.prompts_per_step * r.group_size, length_buckets(r.max_tokens)
-    sampler = make_sampler(config.data.curriculum, suite.train_tasks, seed=config.seed)
-    rules = GroupRules.from_config(config, suite, policy.tokenizer, runtime.log)
-    source, last_eval, start = None, {}, 0
+    stage = RLStage(config, runtime, policy, rollouts, update=update, prepare=prepare)
+    state = fit(runtime, stage, state, checkpoint_every=config.checkpoint.every)
+    policy.export(state.params, os.path.join(runtime.workdir, HF_DIR))
+    return state.params, stage.last_eval
 
-    def resume(state, host):
-        nonlocal source, last_eval, start
-        start, last_eval = host.get("step", 0), host.get("last_eval", {})
-        record = StepLog(os.path.join(runtime.workdir, GROUPS_LOG), resume_step=start,
-                         enabled=runtime.is_main)
-        source = make_source(config, rollouts, sampler, state.params, rules=rules,
-                             record=record.append, start=start, host=host)
 
-    def host_state(done: int) -> dict:
-        """What a resumed run needs after `done` steps, beyond the device state."""
-        return {"step": done, **source.state_dict(), "last_eval": last_eval}
+class RLStage(Stage):
+    """The RL loop's steps (module docstring) over the jitted `update` and `prepare`
+    (`build_rl_update`).
 
-    def draw(state, step):
+    Attributes:
+      sampler: the task source (data.curriculum), checkpointed with the source's state.
+      rules: the group post-processing (`group_rules`).
+      source: where the groups come from (agents/sources.py), built by `resume`.
+      start: the step the loop started (or resumed) at.
+      last_eval: the last evaluation's metrics.
+    """
+
+    name = "RL"
+
+    def __init__(self, config: ml_collections.ConfigDict, runtime: Runtime, policy: Policy,
+                 rollouts: Rollouts, *, update, prepare):
+        self.config, self.runtime, self.policy, self.rollouts = config, runtime, policy, rollouts
+        self.update, self.prepare = update, prepare
+        self.desc, self.folder, self.steps = config.algo.name, runtime.workdir, config.total_steps
+        self.log_every, self.optim = config.log.every, config.optim
+        self.hooks = [Hook(config.eval.every, self.evaluate)]
+        r = config.rollout
+        self.rows, self.buckets = r.prompts_per_step * r.group_size, length_buckets(r.max_tokens)
+        self.sampler = make_sampler(config.data.curriculum, rollouts.suite.train_tasks,
+                                    seed=config.seed)
+        self.rules = group_rules(config, rollouts.suite, policy.tokenizer, runtime.log)
+        self.source, self.start, self.last_eval = None, 0, {}
+
+    def resume(self, state, host: dict) -> None:
+        """Builds the rollout source at the restored step, the engine holding the
+        restored weights and the sampler its restored state."""
+        self.start, self.last_eval = host.get("step", 0), host.get("last_eval", {})
+        record = StepLog(os.path.join(self.runtime.workdir, GROUPS_LOG),
+                         resume_step=self.start, enabled=self.runtime.is_main)
+        rollouts = self.rollouts
+        port = RolloutPort(pool=rollouts.pool, tasks=rollouts.suite.train_tasks,
+                           sampling=rollouts.sampling, push_weights=rollouts.sync_weights,
+                           copy_weights=undonated_copy, log=rollouts.log,
+                           record=record.append)
+        self.source = make_source(self.config.rollout.mode, port, rollout_plan(self.config),
+                                  self.sampler, state.params, rules=self.rules,
+                                  start=self.start, host=host)
+
+    def host_state(self, done: int) -> dict:
+        return {"step": done, **self.source.state_dict(), "last_eval": self.last_eval}
+
+    def draw(self, state, step: int):
         t0 = time.perf_counter()
-        groups, info = source.next_groups(step)
+        groups, info = self.source.next_groups(step)
         t1 = time.perf_counter()
-        rollouts.inspect([t for group in groups for t in group], step + 1, stage="rl",
-                         where=f"RL step {step + 1}", fatal=step == start,
-                         label=f"step {step + 1}")
+        self.rollouts.inspect([t for group in groups for t in group], step + 1, stage="rl",
+                              where=f"RL step {step + 1}", fatal=step == self.start,
+                              label=f"step {step + 1}")
         return groups, info, t0, t1
 
-    def train(state, data, step):
-        groups = data[0]
-        batch = collate([t for group in groups for t in group], buckets=buckets,
-                        pad_id=policy.tokenizer.pad_token_id, batch_size=rows)
+    def train(self, state, data, step: int):
+        groups, rows = data[0], self.rows
+        batch = collate([t for group in groups for t in group], buckets=self.buckets,
+                        pad_id=self.policy.tokenizer.pad_token_id, batch_size=rows)
         metrics = diagnostics.rollout_metrics(groups, batch)
-        batch["temperature"] = np.full((rows,), temperature_at(config, step), np.float32)
+        batch["temperature"] = np.full((rows,), temperature_at(self.config, step), np.float32)
         del batch["truncated"]
-        device_batch, prep_metrics = prepare(*prepare_inputs(state),
-                                             runtime.device_batch(batch))
-        state, update_metrics = update(state, device_batch)
+        device_batch, prep_metrics = self.prepare(*prepare_inputs(state),
+                                                  self.runtime.device_batch(batch))
+        state, update_metrics = self.update(state, device_batch)
         jax.block_until_ready(state.params)
         metrics.update(jax.device_get(prep_metrics))
         metrics.update(jax.device_get(update_metrics))
         return state, metrics
 
-    def after_update(state, data, step, metrics):
+    def after_update(self, state, data, step: int, metrics: dict) -> None:
         groups, info, t0, t1 = data
         # Weight version v samples the episodes of step v (after v - 1 updates).
-        source.push_weights(state.params, version=step + 2)
+        self.source.push_weights(state.params, version=step + 2)
         t2 = time.perf_counter()
         episodes = [t for group in groups for t in group]
+        success_key = self.rollouts.suite.success_key
         metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
                         "time/step_s": t2 - t0,
                         "rollout/tokens_per_s": sum(t.num_action_tokens
                                                     for t in episodes) / (t1 - t0),
-                        **info, "rollout/temperature": temperature_at(config, step),
-                        "success/train": np.mean([solved(t, suite.success_key)
+                        **info, "rollout/temperature": temperature_at(self.config, step),
+                        "success/train": np.mean([solved(t, success_key)
                                                   for t in episodes])})
 
-    def evaluate(step, state, metrics):
-        nonlocal last_eval
-        with source.paused():
-            last_eval = rollouts.evaluate(state.params, "eval", version=step + 1)
-        metrics.update(last_eval)
+    def evaluate(self, step: int, state, metrics: dict) -> None:
+        """The evaluation hook: held-out success with nothing rolling out."""
+        with self.source.paused():
+            self.last_eval = self.rollouts.evaluate(state.params, "eval", version=step + 1)
+        metrics.update(self.last_eval)
 
-    def warn(step, row):
+    def postfix(self, row: dict) -> dict:
+        return {"reward": f"{row['reward/mean']:.2f}", "success": f"{row['success/train']:.2f}",
+                "ent": f"{row.get('entropy', 0):.2f}"}
+
+    def on_log(self, step: int, row: dict) -> None:
         for warning in diagnostics.failure_warnings(
-                row, max_action_tokens=episode_action_budget(config)):
-            runtime.log(f"step {step}: warning: {warning}")
+                row, max_action_tokens=episode_action_budget(self.config)):
+            self.runtime.log(f"step {step}: warning: {warning}")
 
-    state = fit(runtime, Loop(
-        name="RL", desc=config.algo.name, folder=runtime.workdir, steps=config.total_steps,
-        draw=draw, train=train, host_state=host_state, resume=resume,
-        after_update=after_update, hooks=[Hook(config.eval.every, evaluate)],
-        log_every=config.log.every, on_log=warn, optim=config.optim,
-        postfix=lambda row: {"reward": f"{row['reward/mean']:.2f}",
-                             "success": f"{row['success/train']:.2f}",
-                             "ent": f"{row.get('entropy', 0):.2f}"},
-        close=lambda: source.close()), state, checkpoint_every=config.checkpoint.every)
-    policy.export(state.params, os.path.join(runtime.workdir, HF_DIR))
-    return state.params, last_eval
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()

@@ -4,9 +4,10 @@ demonstrations with corpus documents mixed in.
     params = run_sft(config, runtime, policy, suite, params)
 
 With LoRA each trains adapters over the policy it starts from (train/policy.py:
-`Policy.next_stage`). Both stages pack whole trajectories into rows (`train.packing`) drawn from a seeded
-endless stream (`shuffled_stream`), checkpoint into <workdir>/<stage> with the stream's
-cursor, and export their final policy to <workdir>/<stage>/hf.
+`Policy.next_stage`). Both stages are a `NextTokenStage` that train/fit.py runs: whole
+trajectories packed into rows (`train.packing`) drawn from a seeded endless stream
+(`shuffled_stream`), checkpointed into <workdir>/<stage> with the stream's cursor, the
+final policy exported to <workdir>/<stage>/hf.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from agentjax.core.trajectory import Trajectory
 from agentjax.envs.registry import TaskSuite
 from agentjax.rl import objectives
 from agentjax.train import update as step_lib
-from agentjax.train.fit import Loop, fit, micro_batches
+from agentjax.train.fit import Stage, fit, micro_batches
 from agentjax.train.packing import pack
 from agentjax.train.policy import HF_DIR, Policy
 from agentjax.train.precision import master_copy
@@ -128,30 +129,46 @@ def fit_next_token(config: ml_collections.ConfigDict, runtime: Runtime, policy: 
         objectives.sft_loss(policy.graphdef, chunk_size=config.model.logprob_chunk), optimizer,
         epochs=1, minibatches=1,
         micro_batches=micro_batches(section.batch_size, config.algo.microbatch_size)), state)
-    cursor = 0
+    loop = NextTokenStage(stage, os.path.join(runtime.workdir, stage), trajs, update=update,
+                          device_batch=runtime.device_batch, steps=section.steps,
+                          batch_size=section.batch_size, length=config.rollout.max_tokens,
+                          pad_id=policy.tokenizer.pad_token_id, seed=config.seed,
+                          log_every=config.log.every)
+    state = fit(runtime, loop, state, checkpoint_every=config.checkpoint.every)
+    policy.export(state.params, os.path.join(loop.folder, HF_DIR))
+    return state.params
 
-    def resume(state, host):
-        nonlocal cursor
-        cursor = host.get("cursor", 0)
 
-    def draw(state, step):
-        nonlocal cursor
-        batch, used = next_token_batch(trajs, seed=config.seed, cursor=cursor,
-                                       rows=section.batch_size, length=config.rollout.max_tokens,
-                                       pad_id=policy.tokenizer.pad_token_id)
-        cursor += used
+class NextTokenStage(Stage):
+    """Next-token steps on packed rows of `trajs` from a seeded stream; `cursor` is
+    the stream's position, checkpointed with the state."""
+
+    def __init__(self, name: str, folder: str, trajs: list[Trajectory], *, update,
+                 device_batch: Callable[[dict], dict], steps: int, batch_size: int,
+                 length: int, pad_id: int, seed: int, log_every: int):
+        self.name = self.desc = name
+        self.folder, self.steps, self.log_every = folder, steps, log_every
+        self.trajs, self.update, self.device_batch = trajs, update, device_batch
+        self.batch_size, self.length, self.pad_id, self.seed = batch_size, length, pad_id, seed
+        self.cursor = 0
+
+    def resume(self, state, host: dict) -> None:
+        self.cursor = host.get("cursor", 0)
+
+    def host_state(self, done: int) -> dict:
+        return {"step": done, "cursor": self.cursor}
+
+    def draw(self, state, step: int):
+        batch, used = next_token_batch(self.trajs, seed=self.seed, cursor=self.cursor,
+                                       rows=self.batch_size, length=self.length,
+                                       pad_id=self.pad_id)
+        self.cursor += used
         return batch, used
 
-    def train(state, data, step):
+    def train(self, state, data, step: int):
         batch, used = data
-        state, metrics = update(state, runtime.device_batch(batch))
+        state, metrics = self.update(state, self.device_batch(batch))
         return state, {**metrics, "episodes_per_step": used}  # fetched when logged
 
-    folder = os.path.join(runtime.workdir, stage)
-    state = fit(runtime, Loop(
-        name=stage, desc=stage, folder=folder, steps=section.steps, draw=draw, train=train,
-        host_state=lambda done: {"step": done, "cursor": cursor}, resume=resume,
-        log_every=config.log.every, postfix=lambda row: {"nll": f"{row['nll']:.3f}"}),
-        state, checkpoint_every=config.checkpoint.every)
-    policy.export(state.params, os.path.join(folder, HF_DIR))
-    return state.params
+    def postfix(self, row: dict) -> dict:
+        return {"nll": f"{row['nll']:.3f}"}
