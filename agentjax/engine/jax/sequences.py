@@ -7,7 +7,7 @@ flight and back (`engine/jax/scheduler.py`), the page table gives it pages
 that ends it (`SequenceState.record`). The caller's asyncio future is resolved from the
 scheduler thread through its own event loop.
 
-Pure Python: tests/engine/jax/test_engine.py runs it through the engine.
+Pure Python: tests/engine/jax/test_sequences.py.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ are sampled from the page table after each counted round. Other parts add their 
 counters to the same Counter (the page table's evictions and shared prefixes, the
 scheduler's preemptions and overlapped calls).
 
-tests/engine/jax/test_engine.py reads them.
+tests/engine/jax/test_stats.py; tests/engine/jax/test_engine.py reads them through the engine.
 """
 from __future__ import annotations
 
