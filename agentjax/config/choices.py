@@ -24,7 +24,7 @@ REMAT_POLICIES = ("auto", "none", "full", "full_save_attention", "dots", "dots_n
 # models/attention.py: segment_attention's implementations ("auto" picks by backend and
 # length).
 ATTENTION_IMPLS = ("auto", "dense", "blockwise", "cudnn", "splash")
-# engine/jax/engine.py: resolve_attention, the JaxEngine's paged attention ("auto": the
+# engine/jax/attention.py: resolve_attention, the JaxEngine's paged attention ("auto": the
 # GPU kernel on a GPU, else the pure-JAX path).
 ENGINE_ATTENTION = ("auto", "paged", "pallas_gpu", "pallas_tpu")
 # models/paged_pallas.py and paged_pallas_tpu.py (check_page_size): the page sizes

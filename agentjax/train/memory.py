@@ -111,7 +111,7 @@ from agentjax.models.attention import choose_impl
 from agentjax.models.decoder import Decoder, resolve_remat
 from agentjax.models.lora import split_adapters
 from agentjax.train.engines import kv_pages
-from agentjax.engine.jax.engine import resolve_attention
+from agentjax.engine.jax.attention import resolve_attention
 from agentjax.engine.jax.shapes import item_sizes
 from agentjax.rl.advantages import needs_critic
 

@@ -4,7 +4,7 @@
     python scripts/bench/overlap.py --only agent --decode-steps 1 --repeats 6
 
 With overlap each decode call is dispatched before the previous one is read, so the
-scheduler's host work between calls runs while the device computes (engine/jax/engine.py).
+scheduler's host work between calls runs while the device computes (engine/jax/rounds.py).
 This bench flips `engine.overlap` between runs of one engine: the same programs, the
 same prompts on both sides (run i of each side draws prompts from seed i), the runs
 interleaved (scripts/bench/timing.py), no compilation while timed. Workloads, model

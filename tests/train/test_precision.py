@@ -169,7 +169,7 @@ def test_engine_holds_its_own_compute_dtype_copy():
     engine = JaxEngine(graphdef, params, max_slots=2, max_len=16)
     try:
         def matrices():
-            weights = engine._weights
+            weights = engine._device.weights
             return [weights.embed] + [w for layer in weights.layers for w in layer.values()]
 
         assert {x.dtype.name for x in matrices()} == {"bfloat16"}
@@ -179,8 +179,8 @@ def test_engine_holds_its_own_compute_dtype_copy():
         # The trainer donates its params after every sync: the engine's copy is its own.
         jax.tree.map(lambda x: x.delete(), new_params)
         assert {x.dtype.name for x in matrices()} == {"bfloat16"}
-        assert not any(x.is_deleted() for x in jax.tree.leaves(engine._weights))
-        np.testing.assert_array_equal(np.asarray(engine._weights.embed), expected_embed)
+        assert not any(x.is_deleted() for x in jax.tree.leaves(engine._device.weights))
+        np.testing.assert_array_equal(np.asarray(engine._device.weights.embed), expected_embed)
     finally:
         engine.close()
 

@@ -39,7 +39,7 @@ import numpy as np
 
 
 class Occupant(Protocol):
-    """What the table reads and writes on a sequence (the engine's `_Sequence`)."""
+    """What the table reads and writes on a sequence (the engine's `SequenceState`)."""
 
     input_ids: tuple[int, ...]
     outputs: list[int]
@@ -115,6 +115,10 @@ class PageTable:
         self._release_order = itertools.count(1)
 
     # ------------------------------------------------------------------ pages
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.refs)
 
     @property
     def in_use(self) -> int:

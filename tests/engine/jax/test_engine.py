@@ -337,6 +337,6 @@ def test_sharded_params_give_the_same_outputs(engine, tiny_model, tokenizer, eig
     with JaxEngine(graphdef, sharded, tokenizer=tokenizer, max_slots=2, max_len=MAX_LEN,
                    prefill_chunks=(16,), batch_buckets=(), decode_steps=3) as sharded_engine:
         [[out]] = _generate(sharded_engine, request)
-        assert sharded_engine._cache.k[0].sharding.mesh == mesh
+        assert sharded_engine._device.cache.k[0].sharding.mesh == mesh
     assert out.output_ids == reference.output_ids
     np.testing.assert_allclose(out.logprobs, reference.logprobs, atol=1e-4)

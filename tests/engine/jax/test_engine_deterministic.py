@@ -336,13 +336,13 @@ def test_overlap_runs_while_requests_wait_for_a_row(tiny_model, tokenizer):
         with JaxEngine.from_model(tiny_model, tokenizer=tokenizer, overlap=overlap,
                                   eos_token_ids=(), **DETERMINISTIC_KWARGS) as engine:
             waiting = []  # sequences waiting at each overlapped dispatch
-            follow = engine._dispatch_following
+            follow = engine._rounds._dispatch_following
 
             def spy(call, engine=engine, follow=follow):
-                waiting.append(len(engine._waiting))
+                waiting.append(len(engine._scheduler._waiting))
                 return follow(call)
 
-            engine._dispatch_following = spy
+            engine._rounds._dispatch_following = spy
             results = engine.generate_sync(requests)
             runs[overlap] = (_fingerprint([c for [c] in results]), waiting)
     assert runs[True][0] == runs[False][0]

@@ -78,11 +78,11 @@ def test_kv_heads_sharded_over_a_mesh_run_on_their_devices(pallas_engine, tiny_m
     [[reference]] = pallas_engine.generate_sync([request])
     with JaxEngine(graphdef, shard_params(params, mesh), tokenizer=tokenizer,
                    attention=pallas_engine.attention, **DETERMINISTIC_KWARGS) as sharded:
-        assert sharded._kernel_mesh == {"mesh": mesh, "kv_head_axis": "tensor"}
+        assert sharded._device.kernel_mesh == {"mesh": mesh, "kv_head_axis": "tensor"}
         [[out]] = sharded.generate_sync([request])
     assert out.output_ids == reference.output_ids
     np.testing.assert_allclose(out.logprobs, reference.logprobs, atol=1e-4)
-    assert pallas_engine._kernel_mesh == {}
+    assert pallas_engine._device.kernel_mesh == {}
 
 
 def test_bad_settings_are_refused(tiny_model, tokenizer):

@@ -81,7 +81,7 @@ def test_weights_on_a_one_device_mesh_compile_each_program_once():
     model = parallel.shard_model(_model(), mesh)
     with JaxEngine.from_model(model, max_slots=1, max_len=32, prefill_chunks=(8,),
                               decode_steps=2, page_size=8, eos_token_ids=()) as engine:
-        assert engine._cache.k[0].sharding.mesh == mesh
+        assert engine._device.cache.k[0].sharding.mesh == mesh
         request = GenerateRequest([3, 4, 5], SamplingParams(max_new_tokens=4))
         engine.generate_sync([request])
         compiles = engine.compile_counts
