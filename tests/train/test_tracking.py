@@ -158,18 +158,6 @@ def _jsonl(folder):
             for row in read_metrics(folder)]
 
 
-def _same(a, b):
-    """Equal rows, NaN equal to NaN and 0 to 0.0 (W&B writes 0.0 as 0)."""
-    def floats(value):
-        if isinstance(value, dict):
-            return {k: floats(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [floats(v) for v in value]
-        return float(value) if isinstance(value, (int, float)) else value
-
-    return json.dumps(floats(a), sort_keys=True) == json.dumps(floats(b), sort_keys=True)
-
-
 def test_wandb_offline_run_holds_every_row_once_and_the_config(tmp_path, wandb_offline):
     config = _config(tmp_path, wandb__mode="offline", group="grpo_search-kl",
                      tags="arm=kl0,algo.kl_coef=0.0", name="kl0/seed0")
@@ -182,9 +170,9 @@ def test_wandb_offline_run_holds_every_row_once_and_the_config(tmp_path, wandb_o
     assert records[0]["tags"] == ["arm=kl0", "algo.kl_coef=0.0"]
     assert records[0]["config"] == json.loads(json.dumps(flat_config(config)))
     history = tracker_files.wandb_history(first) + tracker_files.wandb_history(resumed)
-    assert _same(tracker_files.stage_rows(history, "rl"), _jsonl(workdir))
+    assert tracker_files.same_rows(tracker_files.stage_rows(history, "rl"), _jsonl(workdir))
     sft_rows = tracker_files.stage_rows(history, "sft")
-    assert _same([r for r in sft_rows if "loss" in r], _jsonl(workdir / "sft"))
+    assert tracker_files.same_rows([r for r in sft_rows if "loss" in r], _jsonl(workdir / "sft"))
     assert [r for r in sft_rows if "loss" not in r] == [
         {"step": 2, "success_greedy": 0.5, "success_greedy/hops=1": 0.25}]  # taken once
     assert [r["rl/step"] for r in tracker_files.wandb_history(resumed) if "rl/step" in r] == [6, 7]
@@ -210,7 +198,7 @@ def test_mlflow_file_store_run_holds_every_row_once_and_the_config(tmp_path, mon
     for stage, folder in (("rl", workdir), ("sft", workdir / "sft")):
         for key in ("loss", "kl"):
             history = client.get_metric_history(run.info.run_id, f"{stage}/{key}")
-            assert _same([(m.step, m.value) for m in history],
+            assert tracker_files.same_rows([(m.step, m.value) for m in history],
                          [(row["step"], row[key]) for row in _jsonl(folder)])
     grouped = client.get_metric_history(run.info.run_id, "sft/success_greedy.hops_1")
     assert [(m.step, m.value) for m in grouped] == [(2, 0.25)]

@@ -3,7 +3,11 @@ log.mlflow.experiment, its id in the workdir's tracking.json. The flattened conf
 run's params (and config.json an artifact, values unclipped), the group and tags run tags
 (a 'key=value' tag as tag key=value); metric keys are `mlflow_key`s; tables are JSON artifacts in pandas' "split" form
 (MLflow's own table format), a step's table <key>_<step>.json; the report's numbers are
-metrics at the last step."""
+metrics at the last step.
+
+The client is synchronous: when `log_batch` returns, the tracking server (or the file
+store) has the values. A resumed run reads the run's metric history back and drops
+the values it holds (a kill between a call's return and tracking.json's update)."""
 from __future__ import annotations
 
 import os
@@ -11,7 +15,7 @@ import re
 import time
 from typing import Mapping
 
-from agentjax.train.trackers.base import TRACKERS, RunInfo, Table
+from agentjax.train.trackers.base import TRACKERS, Held, RunInfo, Table
 
 PARAM_CHARS = 6000  # MLflow refuses longer param values
 BATCH = 100  # params per log_batch call (MLflow's limit; metrics allow 1000)
@@ -44,6 +48,12 @@ class MlflowRun:
         self.section, self.info = section, info
         self.where = f"{section.tracking_uri} experiment {section.experiment}"
         self._client = self._run_id = None
+        self.held = Held(key=mlflow_key)
+
+    durable_on_return = True  # a synchronous client (module docstring)
+
+    def new_run_id(self) -> None:
+        return None
 
     def start(self, run_id: str | None) -> str:
         uri = self.section.tracking_uri
@@ -57,6 +67,9 @@ class MlflowRun:
         if run_id is not None:
             client.update_run(run_id, status="RUNNING")
             self._run_id = run_id
+            self.held = Held(((key, metric.step) for key in client.get_run(run_id).data.metrics
+                              for metric in client.get_metric_history(run_id, key)),
+                             key=mlflow_key)
             return run_id
         experiment = client.get_experiment_by_name(self.section.experiment)
         experiment_id = (experiment.experiment_id if experiment is not None
@@ -78,14 +91,14 @@ class MlflowRun:
             self._client.log_batch(self._run_id, metrics=batch[start:start + 1000])
 
     def log_metrics(self, stage: str, step: int, metrics: Mapping[str, float]) -> None:
-        self._metrics(metrics, step)
+        self._metrics(self.held.new(step, metrics), step)
 
     def log_table(self, key: str, step: int | None, table: Table) -> None:
         name = key if step is None else f"{key}_{step:06d}"
         self._client.log_dict(self._run_id, table.as_dict(), f"{name}.json")
 
     def log_summary(self, metrics: Mapping[str, float], step: int) -> None:
-        self._metrics(metrics, step)
+        self._metrics(self.held.new(step, metrics), step)
 
     def log_artifact(self, folder: str, name: str) -> None:
         self._client.log_artifacts(self._run_id, folder, artifact_path=name)
