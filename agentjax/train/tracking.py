@@ -221,6 +221,7 @@ class Tracking:
         self.log = log
         self._workers = []
         if trackers:
+            os.makedirs(workdir, exist_ok=True)
             progress = _Progress(os.path.join(workdir, STATE_FILE))
             self._workers = [_Worker(name, tracker, progress, log)
                              for name, tracker in trackers.items()]

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -297,3 +298,91 @@ def test_neither_tracker_package_is_imported_until_a_tracker_starts():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_buffering_tracker_counts_a_step_taken_only_once_it_finished(tmp_path):
+    """Killed before `finish` (no close), the steps handed to a tracker that buffers
+    are not in tracking.json: the rerun sends them again (the tracker drops what its
+    store holds); a synchronous one's are, as each call returned."""
+    buffered, synchronous = FakeTracker(durable_on_return=False), FakeTracker()
+    tracking = Tracking({"buffered": buffered, "synchronous": synchronous},
+                        workdir=str(tmp_path))
+    _write(tmp_path, tracking, range(1, 4))
+    for worker in tracking._workers:  # killed: the calls were taken, nothing finished
+        worker.submit(None, None, lambda tracker: None)
+    deadline = time.monotonic() + 10
+    while len(synchronous.calls) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    state = json.loads((tmp_path / STATE_FILE).read_text())
+    assert state["buffered"]["done"] == {} and state["synchronous"]["done"] == {"rl": 3}
+    again = FakeTracker(durable_on_return=False)
+    tracking = Tracking({"buffered": again}, workdir=str(tmp_path))
+    _write(tmp_path, tracking, range(4, 6), resume_step=3)
+    tracking.close()
+    assert again.steps() == [1, 2, 3, 4, 5]
+    assert json.loads((tmp_path / STATE_FILE).read_text())["buffered"]["done"] == {"rl": 5}
+
+
+def test_mlflow_drops_what_its_store_holds_when_tracking_json_missed_it(tmp_path, monkeypatch):
+    """A kill after MLflow took a row but before tracking.json recorded it: the rerun
+    sends the row again and MLflow (its run's history read back) drops it."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    uri = f"file:{tmp_path / 'mlruns'}"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    config = _config(tmp_path, mlflow__tracking_uri=uri)
+    workdir = tmp_path / "run"
+    tracking = Tracking.start(config, str(workdir), enabled=True, log=print)
+    _write(workdir, tracking, range(1, 4))
+    tracking.close()
+    state = json.loads((workdir / STATE_FILE).read_text())
+    state["mlflow"]["done"] = {"rl": 1}
+    (workdir / STATE_FILE).write_text(json.dumps(state))
+    tracking = Tracking.start(config, str(workdir), enabled=True, log=print)
+    _write(workdir, tracking, range(4, 6), resume_step=3)
+    tracking.close()
+    client = MlflowClient(tracking_uri=uri)
+    history = client.get_metric_history(state["mlflow"]["run_id"], "rl/loss")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4, 5]
+
+
+def test_a_wandb_transaction_log_cut_anywhere_reads_as_its_first_records(
+        tmp_path, wandb_offline):
+    """A kill mid-write leaves a .wandb file cut short: it reads as the records before
+    the cut, as wandb-core reads it (a chunk with a bad checksum is dropped)."""
+    from agentjax.train.trackers.wandb_run import transaction_log
+
+    config = _config(tmp_path, wandb__mode="offline")
+    tracking = Tracking.start(config, str(tmp_path / "run"), enabled=True, log=print)
+    _write(tmp_path / "run", tracking, range(1, 40))
+    tracking.close()
+    (path,) = (tmp_path / "run" / "wandb").glob("offline-run-*/*.wandb")
+    data, records = path.read_bytes(), list(transaction_log(str(path)))
+    assert [r.num for r in records] == list(range(1, len(records) + 1))  # none skipped
+    cut = tmp_path / "cut.wandb"
+    for size in range(7, len(data), 97):
+        cut.write_bytes(data[:size])
+        got = list(transaction_log(str(cut)))
+        assert got == records[:len(got)], size
+    damaged = bytearray(data)
+    damaged[len(data) // 2] ^= 0xFF
+    cut.write_bytes(bytes(damaged))
+    assert len(list(transaction_log(str(cut)))) < len(records)
+
+
+def test_tensorboard_event_files_cut_anywhere_read_as_their_first_scalars(tmp_path):
+    from agentjax.train.trackers.tensorboard_events import scalars
+
+    config = default_config()
+    tracking = Tracking.start(config, str(tmp_path / "run"), enabled=True, log=print)
+    _write(tmp_path / "run", tracking, range(1, 6))
+    tracking.close()
+    (path,) = (tmp_path / "run" / "tb").glob("events.out.tfevents.*")
+    data, whole = path.read_bytes(), list(scalars(str(tmp_path / "run" / "tb")))
+    assert [s for s in whole if s[0] == "rl/loss"] == [
+        ("rl/loss", step, pytest.approx(step / 10)) for step in range(1, 6)]
+    for size in range(0, len(data), 13):
+        path.write_bytes(data[:size])
+        got = list(scalars(str(tmp_path / "run" / "tb")))
+        assert got == whole[:len(got)], size
