@@ -2,8 +2,8 @@
 resumed each time ends with every metrics.jsonl row of every stage in each tracker
 exactly once: in the W&B run's offline `.wandb` files (read as wandb's own Record
 protobufs), MLflow's metric history and TensorBoard's event files. The run is a
-miniature one (tracked_stages.py) with the real trackers; the end-to-end kill of
-scripts/train.py is in test_tracking_run.py."""
+miniature one (tracked_stages.py: MetricsWriter and Tracking as scripts/train.py uses
+them, seconds a process) with the real trackers."""
 import os
 import signal
 import subprocess
