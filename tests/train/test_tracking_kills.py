@@ -8,14 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from agentjax.train.metrics import read_metrics
 from agentjax.train.trackers.mlflow_run import mlflow_key
 from tests.train import tracker_files, tracked_stages
-from tests.train.runs import ROOT
+from tests.train.runs import ROOT, kill_tree
 
 # Where each attempt is killed: after the trackers were handed that row (and then the
 # run goes on to the end): before the first checkpoint, mid-SFT, the first RL step (the
@@ -33,20 +32,6 @@ def _env(home) -> dict:
                ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR")}}
 
 
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (W&B's service runs in a session of its own)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:  # it ended meanwhile
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry))
-    return found
-
-
 def kill_at(mark: str | None, workdir, uri: str, env: dict) -> str:
     """Runs tracked_stages.py in `workdir` and SIGKILLs its process group and its
     children once it printed `mark` (None: lets it finish). Its output."""
@@ -58,9 +43,7 @@ def kill_at(mark: str | None, workdir, uri: str, env: dict) -> str:
     for line in process.stdout:
         lines.append(line)
         if line.strip() == mark:
-            for child in _children(process.pid):
-                os.kill(child, signal.SIGKILL)
-            os.killpg(process.pid, signal.SIGKILL)
+            kill_tree(process.pid)
             break
     process.wait(timeout=120)
     out = "".join(lines)
