@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -308,11 +307,10 @@ def test_a_buffering_tracker_counts_a_step_taken_only_once_it_finished(tmp_path)
     tracking = Tracking({"buffered": buffered, "synchronous": synchronous},
                         workdir=str(tmp_path))
     _write(tmp_path, tracking, range(1, 4))
-    for worker in tracking._workers:  # killed: the calls were taken, nothing finished
-        worker.submit(None, None, lambda tracker: None)
-    deadline = time.monotonic() + 10
-    while len(synchronous.calls) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    drained = [threading.Event() for _ in tracking._workers]
+    for worker, event in zip(tracking._workers, drained):  # each took every call so far
+        worker.submit(None, None, lambda tracker, event=event: event.set())
+    assert all(event.wait(10) for event in drained)  # killed now: nothing finished
     state = json.loads((tmp_path / STATE_FILE).read_text())
     assert state["buffered"]["done"] == {} and state["synchronous"]["done"] == {"rl": 3}
     again = FakeTracker(durable_on_return=False)

@@ -16,10 +16,12 @@ from agentjax.train.trackers.mlflow_run import mlflow_key
 from tests.train import tracker_files, tracked_stages
 from tests.train.runs import ROOT, kill_tree
 
-# Where each attempt is killed: after the trackers were handed that row (and then the
-# run goes on to the end): before the first checkpoint, mid-SFT, the first RL step (the
-# reported loss), the last RL step, the report.
-KILLS = ("handed pretrain 1", "handed sft 3", "handed rl 1", "handed rl 4", "handed report")
+pytestmark = pytest.mark.slow  # five processes, each starting W&B (seconds)
+
+# Where each attempt is killed, once the trackers were handed that row: mid-SFT, the
+# first RL step (the rows of the stages before it were lost from W&B there), the last
+# RL step, the report (the trackers finishing).
+KILLS = ("handed sft 3", "handed rl 1", "handed rl 4", "handed report")
 
 
 def _env(home) -> dict:

@@ -24,7 +24,7 @@ from agentjax.train.trackers.wandb_run import WandbRun
 from agentjax.train.tracking import Table, Tracking
 
 STEPS = 4
-STEP_S = 0.25  # a step's time: the trackers take each row before the next one comes
+STEP_S = 0.2  # a step's time: the trackers take each row before the next one comes
 STAGES = {"pretrain": "pretrain", "sft": "sft", "rl": ""}  # stage -> folder in the workdir
 SFT_EVAL = {"sft/success_greedy": 0.5, "sft/success_greedy/hops=1": 0.25}
 
