@@ -115,8 +115,8 @@ def killed_in_rl(tmp_path_factory):
     runs.kill_when("grpo_search.py:test", workdir, *overrides, env=env, tree=True,
                    when=lambda w: os.path.exists(os.path.join(w, "metrics.jsonl"))
                    and len(read_metrics(w)) >= 1)
-    runs.train("grpo_search.py:test", workdir, *overrides, env=env)
-    return workdir
+    out = runs.train("grpo_search.py:test", workdir, *overrides, env=env)
+    return workdir, [line for line in out.splitlines() if "warning: " in line]
 
 
 def _comparable_rows(rows):
@@ -126,7 +126,8 @@ def _comparable_rows(rows):
 def test_a_run_killed_in_rl_has_every_row_once_in_every_tracker(killed_in_rl, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    workdir = killed_in_rl
+    workdir, warnings = killed_in_rl
+    assert not [w for w in warnings if "wandb" in w or "mlflow" in w], warnings
     files = tracker_files.wandb_runs(workdir)
     assert len(files) == 2
     history = [row for records in files for row in tracker_files.wandb_history(records)]

@@ -51,17 +51,22 @@ class Held:
     Args:
       entries: (key, step) pairs, keys as the tracker stores them.
       key: a key as the run logs it -> as the tracker stores it.
+      steps_of: a stored key -> the steps the store holds it at, asked the first time
+        the key comes (a store read one key at a time) instead of `entries`.
     """
 
     def __init__(self, entries: Iterable[tuple[str, int]] = (),
-                 key: Callable[[str], str] = lambda key: key):
-        self._entries, self._key = set(entries), key
-
-    def __len__(self) -> int:
-        return len(self._entries)
+                 key: Callable[[str], str] = lambda key: key,
+                 steps_of: Callable[[str], Iterable[int]] | None = None):
+        self._entries, self._key, self._steps_of = set(entries), key, steps_of
+        self._asked: set[str] = set()
 
     def holds(self, key: str, step: int) -> bool:
-        return (self._key(key), step) in self._entries
+        stored = self._key(key)
+        if self._steps_of is not None and stored not in self._asked:
+            self._asked.add(stored)
+            self._entries.update((stored, held) for held in self._steps_of(stored))
+        return (stored, step) in self._entries
 
     def new(self, step: int, values: Mapping[str, Any]) -> dict[str, Any]:
         """The entries of `values` at `step` the store does not hold."""

@@ -7,7 +7,8 @@ metrics at the last step.
 
 The client is synchronous: when `log_batch` returns, the tracking server (or the file
 store) has the values. A resumed run reads the run's metric history back and drops
-the values it holds (a kill between a call's return and tracking.json's update)."""
+the values it holds (a kill between a call's return and tracking.json's update, or
+during the call: a file store writes a batch one metric file at a time)."""
 from __future__ import annotations
 
 import os
@@ -65,11 +66,17 @@ class MlflowRun:
 
         self._client = client = MlflowClient(tracking_uri=uri)
         if run_id is not None:
-            client.update_run(run_id, status="RUNNING")
+            # A file store killed mid-`log_batch` can hold a metric file with no line
+            # yet, which `get_run` (and `update_run`, which reads the run first) refuses
+            # until the replay appends that metric; `finish` sets the status then.
+            try:
+                client.update_run(run_id, status="RUNNING")
+            except ValueError:
+                pass
             self._run_id = run_id
-            self.held = Held(((key, metric.step) for key in client.get_run(run_id).data.metrics
-                              for metric in client.get_metric_history(run_id, key)),
-                             key=mlflow_key)
+            # Key by key, as the keys come (so no `get_run`).
+            self.held = Held(key=mlflow_key, steps_of=lambda key: [
+                metric.step for metric in client.get_metric_history(run_id, key)])
             return run_id
         experiment = client.get_experiment_by_name(self.section.experiment)
         experiment_id = (experiment.experiment_id if experiment is not None
