@@ -50,6 +50,11 @@ class MlflowRun:
         self.where = f"{section.tracking_uri} experiment {section.experiment}"
         self._client = self._run_id = None
         self.held = Held(key=mlflow_key)
+        # Imported on the thread that makes the run's trackers, not the tracker's own:
+        # CPython 3.11 compiling on two threads at once can fail (`SystemError: AST
+        # constructor recursion depth mismatch`), and the training run imports meanwhile.
+        import mlflow.entities  # noqa: F401
+        import mlflow.tracking  # noqa: F401
 
     durable_on_return = True  # a synchronous client (module docstring)
 

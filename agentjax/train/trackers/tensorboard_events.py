@@ -51,6 +51,11 @@ class TensorBoardEvents:
 
     def __init__(self, folder: str):
         self.folder, self.where, self._writer, self.held = folder, folder, None, Held()
+        # Imported on the thread that makes the run's trackers, not the tracker's own:
+        # CPython 3.11 compiling on two threads at once can fail (`SystemError: AST
+        # constructor recursion depth mismatch`), and the training run imports meanwhile.
+        import tensorboardX  # noqa: F401
+        import tensorboardX.record_writer  # noqa: F401
 
     def new_run_id(self) -> None:
         return None

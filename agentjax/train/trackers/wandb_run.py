@@ -90,6 +90,11 @@ class WandbRun:
         self.section, self.info = section, info
         self.where = f"{section.entity or '(default entity)'}/{section.project}"
         self._run, self._axes, self.held = None, set(), Held()
+        # Imported on the thread that makes the run's trackers, not the tracker's own:
+        # CPython 3.11 compiling on two threads at once can fail (`SystemError: AST
+        # constructor recursion depth mismatch`), and the training run imports meanwhile.
+        import wandb  # noqa: F401
+        import wandb.sdk.wandb_init  # noqa: F401
 
     durable_on_return = False  # the transaction log is written in blocks (module docstring)
 
