@@ -23,14 +23,18 @@ it. `close` waits for them at most CLOSE_TIMEOUT_S.
 
 Resume: <workdir>/tracking.json keeps, per tracker, its run id (a rerun in the workdir
 continues the same tracker run, unless the tracker is somewhere else now: another
-server, project or experiment) and the last step of each stream it took (a stage's
-rows, its samples, an evaluation, the error rows). A call at a step the tracker took
-already is skipped, so the steps a resumed run redoes after its last checkpoint never
-appear twice; the rows a resumed stage keeps in its metrics.jsonl are passed again
-(MetricsWriter), so rows a kill kept from a tracker, or rows of a run that turned a
-tracker on later, reach it too. A tracker keeps what it took first: for a redone step,
-the values of the run that first logged it (equal, but for timings: runs are
-reproducible).
+server, project or experiment) and the last step of each stream its store has made
+durable (a stage's rows, its samples, an evaluation, the error rows): when the call
+returned for a synchronous client (MLflow), only once the run finished for one that
+buffers (W&B, TensorBoard), as a kill loses what it had not written. A call at a step
+the tracker has durably is skipped; the rows a resumed stage keeps in its
+metrics.jsonl are passed again (MetricsWriter), so rows a kill kept from a tracker, or
+rows of a run that turned a tracker on later, reach it too, and a tracker continuing
+its run reads back what its own store holds (`trackers.Held`: W&B's transaction logs
+or server, MLflow's metric history, TensorBoard's event files) and drops those values:
+after a kill at any point, each row is in each tracker once. A tracker keeps what it
+took first: for a step redone after the last checkpoint, the values of the run that
+first logged it (equal, but for timings: runs are reproducible).
 """
 from __future__ import annotations
 
@@ -74,9 +78,8 @@ def run_info(config: ml_collections.ConfigDict, workdir: str) -> RunInfo:
 
 class _Progress:
     """<workdir>/tracking.json: per tracker, {"run_id": ..., "where": ..., "done": {stream:
-    last step}},
-    rewritten atomically whenever a tracker took a call (from the trackers' threads:
-    each changes only its own entry, under the lock)."""
+    last step its store has made durable}}, rewritten atomically whenever that grows
+    (from the trackers' threads: each changes only its own entry, under the lock)."""
 
     def __init__(self, path: str):
         self.path, self._lock = path, threading.Lock()
@@ -87,15 +90,15 @@ class _Progress:
             return self.state.setdefault(tracker, {"run_id": None, "done": {}})
 
     def update(self, tracker: str, *, run: tuple[str | None, str] | None = None,
-               stream: str | None = None, step: int | None = None) -> None:
-        """Records a new run (id, where; the old run's progress is forgotten) or a
-        stream's step."""
+               done: Mapping[str, int] | None = None) -> None:
+        """Records a new run (id, where; the old run's progress is forgotten) or the
+        last durable step of streams."""
         with self._lock:
             mine = self.state[tracker]
             if run is not None:
                 (mine["run_id"], mine["where"]), mine["done"] = run, {}
             else:
-                mine["done"][stream] = step
+                mine["done"].update(done)
             atomic.write_json(self.path, self.state)
 
 
@@ -118,7 +121,8 @@ def _read_state(path: str) -> dict:
 
 
 class _Worker:
-    """One tracker on a thread of its own; started by its first call."""
+    """One tracker on a thread of its own, started at once: the tracker's run starts
+    (seconds, for W&B's service) while the training run builds its model."""
 
     _STOP = object()
 
@@ -127,26 +131,25 @@ class _Worker:
         self.name, self.tracker, self.progress, self.log = name, tracker, progress, log
         self.mine = progress.of(name)
         self.failed = False
+        # stream -> the last step handed to the tracker; of those, the ones not yet
+        # durable (recorded in tracking.json once the tracker finished).
+        self.taken: dict[str, int] = {}
+        self._unsaved: dict[str, int] = {}
         self._queue: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
+        self._thread = threading.Thread(target=self._work, name=f"tracker-{name}",
+                                        daemon=True)
+        self._thread.start()
 
     def submit(self, stream: str | None, step: int | None, call: Callable[[Tracker], None]):
         """Runs `call(tracker)` unless the tracker took `stream` at `step` or later."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name=f"tracker-{self.name}",
-                                            daemon=True)
-            self._thread.start()
         self._queue.put((stream, step, call))
 
     def stop(self, failed: bool) -> None:
-        if self._thread is not None:
-            self._queue.put((None, None, lambda tracker: tracker.finish(failed)))
-            self._queue.put(self._STOP)
+        self._queue.put((None, None, lambda tracker: self._finish(failed)))
+        self._queue.put(self._STOP)
 
     def join(self, timeout_s: float) -> bool:
-        """Whether the thread finished within `timeout_s` (or never started)."""
-        if self._thread is None:
-            return True
+        """Whether the thread finished within `timeout_s`."""
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
@@ -157,14 +160,23 @@ class _Worker:
             if item is self._STOP:
                 return
             stream, step, call = item
-            if self.failed or (stream is not None and step <= self.mine["done"].get(stream, -1)):
+            if self.failed or (stream is not None and step <= self.taken.get(stream, -1)):
                 continue
             self._guarded(lambda: self._take(stream, step, call))
 
     def _take(self, stream: str | None, step: int | None, call: Callable[[Tracker], None]):
         call(self.tracker)
         if stream is not None:
-            self.progress.update(self.name, stream=stream, step=step)
+            self.taken[stream] = step
+            if self.tracker.durable_on_return:
+                self.progress.update(self.name, done={stream: step})
+            else:
+                self._unsaved[stream] = step
+
+    def _finish(self, failed: bool) -> None:
+        self.tracker.finish(failed)
+        if self._unsaved:
+            self.progress.update(self.name, done=self._unsaved)
 
     def _start(self) -> None:
         where = self.tracker.where
@@ -172,9 +184,12 @@ class _Worker:
             self.log(f"{self.name}: the run's tracker is now {where} (was "
                      f"{self.mine['where']}): a new {self.name} run there")
             self.progress.update(self.name, run=(None, where))
+        if self.mine["run_id"] is None and (chosen := self.tracker.new_run_id()) is not None:
+            self.progress.update(self.name, run=(chosen, where))
         run_id = self.tracker.start(self.mine["run_id"])
         if run_id != self.mine["run_id"] or "where" not in self.mine:
             self.progress.update(self.name, run=(run_id, where))
+        self.taken = dict(self.mine["done"])
 
     def _guarded(self, fn: Callable[[], None]) -> bool:
         if self.failed:
@@ -206,6 +221,7 @@ class Tracking:
         self.log = log
         self._workers = []
         if trackers:
+            os.makedirs(workdir, exist_ok=True)
             progress = _Progress(os.path.join(workdir, STATE_FILE))
             self._workers = [_Worker(name, tracker, progress, log)
                              for name, tracker in trackers.items()]

@@ -150,13 +150,15 @@ def temporaries(workdir) -> list[str]:
 
 
 def _start_until(config: str, workdir, overrides, *, until, env, timeout_s: float,
-                 poll_s: float):
-    """Starts `config` in `workdir` (output in <workdir>.log) and returns (process, log
-    path) once `until(workdir)` holds or the run has exited."""
+                 poll_s: float, new_session: bool = False):
+    """Starts `config` in `workdir` (output in <workdir>.log; in a process group of its
+    own if `new_session`) and returns (process, log path) once `until(workdir)` holds
+    or the run has exited."""
     log_path = f"{workdir}.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(_argv(config, workdir, overrides), stdout=log,
-                                   stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+                                   stderr=subprocess.STDOUT, cwd=ROOT, env=env,
+                                   start_new_session=new_session)
     deadline = time.time() + timeout_s
     while process.poll() is None and not until(str(workdir)):
         assert time.time() < deadline, f"the condition did not hold in {timeout_s}s"
@@ -165,14 +167,32 @@ def _start_until(config: str, workdir, overrides, *, until, env, timeout_s: floa
 
 
 def kill_when(config: str, workdir, *overrides, when, env=ONE_DEVICE,
-              timeout_s: float = 600) -> None:
+              timeout_s: float = 600, tree: bool = False) -> None:
     """Runs `config` in `workdir` and SIGKILLs it as soon as `when(workdir)` holds
-    (asserting it was still running then)."""
+    (asserting it was still running then); with `tree`, its process group and its
+    children too (`kill_tree`)."""
     process, log_path = _start_until(config, workdir, overrides, until=when, env=env,
-                                     timeout_s=timeout_s, poll_s=0.02)
+                                     timeout_s=timeout_s, poll_s=0.02, new_session=tree)
     assert process.poll() is None, Path(log_path).read_text()[-4000:]
-    process.send_signal(signal.SIGKILL)
+    if tree:
+        kill_tree(process.pid)
+    else:
+        process.send_signal(signal.SIGKILL)
     process.wait()
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILLs the children of process `pid` (W&B's service, which runs in a session
+    of its own), then its process group (`pid` leads it)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:  # it ended meanwhile
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # its parent's id
+                os.kill(int(entry), signal.SIGKILL)
+    os.killpg(pid, signal.SIGKILL)
 
 
 def kill_campaign(config: str, workdir, *overrides, kills: int, seed: int,

@@ -158,18 +158,6 @@ def _jsonl(folder):
             for row in read_metrics(folder)]
 
 
-def _same(a, b):
-    """Equal rows, NaN equal to NaN and 0 to 0.0 (W&B writes 0.0 as 0)."""
-    def floats(value):
-        if isinstance(value, dict):
-            return {k: floats(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [floats(v) for v in value]
-        return float(value) if isinstance(value, (int, float)) else value
-
-    return json.dumps(floats(a), sort_keys=True) == json.dumps(floats(b), sort_keys=True)
-
-
 def test_wandb_offline_run_holds_every_row_once_and_the_config(tmp_path, wandb_offline):
     config = _config(tmp_path, wandb__mode="offline", group="grpo_search-kl",
                      tags="arm=kl0,algo.kl_coef=0.0", name="kl0/seed0")
@@ -182,9 +170,9 @@ def test_wandb_offline_run_holds_every_row_once_and_the_config(tmp_path, wandb_o
     assert records[0]["tags"] == ["arm=kl0", "algo.kl_coef=0.0"]
     assert records[0]["config"] == json.loads(json.dumps(flat_config(config)))
     history = tracker_files.wandb_history(first) + tracker_files.wandb_history(resumed)
-    assert _same(tracker_files.stage_rows(history, "rl"), _jsonl(workdir))
+    assert tracker_files.same_rows(tracker_files.stage_rows(history, "rl"), _jsonl(workdir))
     sft_rows = tracker_files.stage_rows(history, "sft")
-    assert _same([r for r in sft_rows if "loss" in r], _jsonl(workdir / "sft"))
+    assert tracker_files.same_rows([r for r in sft_rows if "loss" in r], _jsonl(workdir / "sft"))
     assert [r for r in sft_rows if "loss" not in r] == [
         {"step": 2, "success_greedy": 0.5, "success_greedy/hops=1": 0.25}]  # taken once
     assert [r["rl/step"] for r in tracker_files.wandb_history(resumed) if "rl/step" in r] == [6, 7]
@@ -210,7 +198,7 @@ def test_mlflow_file_store_run_holds_every_row_once_and_the_config(tmp_path, mon
     for stage, folder in (("rl", workdir), ("sft", workdir / "sft")):
         for key in ("loss", "kl"):
             history = client.get_metric_history(run.info.run_id, f"{stage}/{key}")
-            assert _same([(m.step, m.value) for m in history],
+            assert tracker_files.same_rows([(m.step, m.value) for m in history],
                          [(row["step"], row[key]) for row in _jsonl(folder)])
     grouped = client.get_metric_history(run.info.run_id, "sft/success_greedy.hops_1")
     assert [(m.step, m.value) for m in grouped] == [(2, 0.25)]
@@ -309,3 +297,98 @@ def test_neither_tracker_package_is_imported_until_a_tracker_starts():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_buffering_tracker_counts_a_step_taken_only_once_it_finished(tmp_path):
+    """Killed before `finish` (no close), the steps handed to a tracker that buffers
+    are not in tracking.json: the rerun sends them again (the tracker drops what its
+    store holds); a synchronous one's are, as each call returned."""
+    buffered, synchronous = FakeTracker(durable_on_return=False), FakeTracker()
+    tracking = Tracking({"buffered": buffered, "synchronous": synchronous},
+                        workdir=str(tmp_path))
+    _write(tmp_path, tracking, range(1, 4))
+    drained = [threading.Event() for _ in tracking._workers]
+    for worker, event in zip(tracking._workers, drained):  # each took every call so far
+        worker.submit(None, None, lambda tracker, event=event: event.set())
+    assert all(event.wait(10) for event in drained)  # killed now: nothing finished
+    state = json.loads((tmp_path / STATE_FILE).read_text())
+    assert state["buffered"]["done"] == {} and state["synchronous"]["done"] == {"rl": 3}
+    again = FakeTracker(durable_on_return=False)
+    tracking = Tracking({"buffered": again}, workdir=str(tmp_path))
+    _write(tmp_path, tracking, range(4, 6), resume_step=3)
+    tracking.close()
+    assert again.steps() == [1, 2, 3, 4, 5]
+    assert json.loads((tmp_path / STATE_FILE).read_text())["buffered"]["done"] == {"rl": 5}
+
+
+def test_mlflow_drops_what_its_store_holds_when_tracking_json_missed_it(tmp_path, monkeypatch):
+    """A kill after MLflow took a row but before tracking.json recorded it: the rerun
+    sends the row again and MLflow (its run's history read back) drops it; a key the
+    kill kept from the store (a file store writes a batch file by file) is sent."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    uri = f"file:{tmp_path / 'mlruns'}"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    config = _config(tmp_path, mlflow__tracking_uri=uri)
+    workdir = tmp_path / "run"
+    tracking = Tracking.start(config, str(workdir), enabled=True, log=print)
+    _write(workdir, tracking, range(1, 4))
+    tracking.close()
+    state = json.loads((workdir / STATE_FILE).read_text())
+    state["mlflow"]["done"] = {"rl": 1}
+    (workdir / STATE_FILE).write_text(json.dumps(state))
+    run_id = state["mlflow"]["run_id"]
+    # Killed mid-batch, the file store made rl/kl's file without writing its line.
+    (kl,) = (tmp_path / "mlruns").glob(f"*/{run_id}/metrics/rl/kl")
+    kl.write_text("")
+    warnings = []
+    tracking = Tracking.start(config, str(workdir), enabled=True, log=warnings.append)
+    _write(workdir, tracking, range(4, 6), resume_step=3)
+    tracking.close()
+    assert warnings == []
+    client = MlflowClient(tracking_uri=uri)
+    assert sorted(m.step for m in client.get_metric_history(run_id, "rl/loss")) == [
+        1, 2, 3, 4, 5]
+    assert sorted(m.step for m in client.get_metric_history(run_id, "rl/kl")) == [2, 3, 4, 5]
+
+
+def test_a_wandb_transaction_log_cut_anywhere_reads_as_its_first_records(
+        tmp_path, wandb_offline):
+    """A kill mid-write leaves a .wandb file cut short: it reads as the records before
+    the cut, as wandb-core reads it (a chunk with a bad checksum is dropped)."""
+    from agentjax.train.trackers.wandb_run import transaction_log
+
+    config = _config(tmp_path, wandb__mode="offline")
+    tracking = Tracking.start(config, str(tmp_path / "run"), enabled=True, log=print)
+    _write(tmp_path / "run", tracking, range(1, 40))
+    tracking.close()
+    (path,) = (tmp_path / "run" / "wandb").glob("offline-run-*/*.wandb")
+    data, records = path.read_bytes(), list(transaction_log(str(path)))
+    assert [r.num for r in records] == list(range(1, len(records) + 1))  # none skipped
+    cut = tmp_path / "cut.wandb"
+    for size in range(7, len(data), 97):
+        cut.write_bytes(data[:size])
+        got = list(transaction_log(str(cut)))
+        assert got == records[:len(got)], size
+    damaged = bytearray(data)
+    damaged[len(data) // 2] ^= 0xFF
+    cut.write_bytes(bytes(damaged))
+    assert len(list(transaction_log(str(cut)))) < len(records)
+
+
+def test_tensorboard_event_files_cut_anywhere_read_as_their_first_scalars(tmp_path):
+    from agentjax.train.trackers.tensorboard_events import scalars
+
+    config = default_config()
+    tracking = Tracking.start(config, str(tmp_path / "run"), enabled=True, log=print)
+    _write(tmp_path / "run", tracking, range(1, 6))
+    tracking.close()
+    (path,) = (tmp_path / "run" / "tb").glob("events.out.tfevents.*")
+    data, whole = path.read_bytes(), list(scalars(str(tmp_path / "run" / "tb")))
+    assert [s for s in whole if s[0] == "rl/loss"] == [
+        ("rl/loss", step, pytest.approx(step / 10)) for step in range(1, 6)]
+    for size in range(0, len(data), 13):
+        path.write_bytes(data[:size])
+        got = list(scalars(str(tmp_path / "run" / "tb")))
+        assert got == whole[:len(got)], size

@@ -96,3 +96,51 @@ def test_tensorboard_has_every_stage_once(workdir):
     for stage, folder in STAGES.items():
         steps = [step for tag, step, _ in scalars if tag == f"{stage}/loss"]
         assert steps == [r["step"] for r in read_metrics(workdir / folder)], stage
+
+
+@pytest.fixture(scope="module")
+def killed_in_rl(tmp_path_factory):
+    """The same run SIGKILLed (its process group and W&B's service) once RL logged its
+    first row, then resumed to the end."""
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    root = tmp_path_factory.mktemp("killed_in_rl")
+    env = {**runs.ONE_DEVICE, "WANDB_MODE": "offline",
+           **{name: str(root / "wandb_home") for name in
+              ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR")}}
+    workdir = root / "run"
+    overrides = ("--config.log.wandb.mode=offline",
+                 f"--config.log.mlflow.tracking_uri=file:{root / 'mlruns'}",
+                 "--config.log.tensorboard=True")
+    runs.kill_when("grpo_search.py:test", workdir, *overrides, env=env, tree=True,
+                   when=lambda w: os.path.exists(os.path.join(w, "metrics.jsonl"))
+                   and len(read_metrics(w)) >= 1)
+    out = runs.train("grpo_search.py:test", workdir, *overrides, env=env)
+    return workdir, [line for line in out.splitlines() if "warning: " in line]
+
+
+def _comparable_rows(rows):
+    return _floats(runs.comparable(rows))
+
+
+def test_a_run_killed_in_rl_has_every_row_once_in_every_tracker(killed_in_rl, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    workdir, warnings = killed_in_rl
+    assert not [w for w in warnings if "wandb" in w or "mlflow" in w], warnings
+    files = tracker_files.wandb_runs(workdir)
+    assert len(files) == 2
+    history = [row for records in files for row in tracker_files.wandb_history(records)]
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=f"file:{workdir.parent / 'mlruns'}")
+    run_id = json.loads((workdir / STATE_FILE).read_text())["mlflow"]["run_id"]
+    scalars = tracker_files.tensorboard_scalars(workdir / "tb")
+    for stage, folder in STAGES.items():
+        rows = _jsonl(workdir / folder)
+        got = [r for r in tracker_files.stage_rows(history, stage) if "loss" in r]
+        assert _comparable_rows(got) == _comparable_rows(rows), stage
+        mlflow = client.get_metric_history(run_id, mlflow_key(f"{stage}/loss"))
+        assert sorted((m.step, m.value) for m in mlflow) == [
+            (r["step"], pytest.approx(r["loss"])) for r in rows], stage
+        tensorboard = sorted((step, v) for tag, step, v in scalars if tag == f"{stage}/loss")
+        assert tensorboard == [(r["step"], pytest.approx(r["loss"])) for r in rows], stage

@@ -2,71 +2,30 @@
 tracker that records its calls.
 
 W&B offline: `<workdir>/wandb/offline-run-<time>-<id>/run-<id>.wandb`, one folder per
-process that ran (a resumed run adds one with the same id). In offline mode W&B writes
-no config.yaml nor wandb-summary.json (0.31), and the Python reader of these files is
-gone from the package (its Go core reads them), so they are read here: a `.wandb` file
-is LevelDB's log format — a 7-byte header (":W&B", magic 0xBEE1, version 0), then
-32 KiB blocks of chunks (crc32c, uint16 length, type: 1 full, 2 first, 3 middle, 4
-last) — holding one `wandb_internal_pb2.Record` protobuf per record: what `wandb sync`
-uploads. TensorBoard: TFRecord files of `Event` protobufs (uint64 length, crc, data,
-crc). MLflow: its own client over the file store.
+process that ran (a resumed run adds one with the same id), each the records
+`wandb sync` uploads: `wandb_internal_pb2.Record` protobufs, read as wandb-core reads
+them (trackers/wandb_run.py: `transaction_log`; wandb 0.31 has no Python reader). In
+offline mode W&B writes no config.yaml nor wandb-summary.json. TensorBoard: its event
+files (trackers/tensorboard_events.py: `scalars`). MLflow: its own client over the file
+store.
 """
 from __future__ import annotations
 
 import glob
 import json
 import os
-import struct
 
-_BLOCK = 32768
-_CHUNK_HEADER = 7  # crc32c (4), length (2), type (1)
-_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
-
-
-def _leveldb_records(data: bytes, start: int):
-    pos, pending = start, b""
-    while pos + _CHUNK_HEADER <= len(data):
-        left = _BLOCK - pos % _BLOCK
-        if left < _CHUNK_HEADER:  # a block's tail too short for a header is padding
-            pos += left
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + _CHUNK_HEADER])
-        if kind == 0:  # zeros to the block's end
-            pos += left
-            continue
-        chunk = data[pos + _CHUNK_HEADER:pos + _CHUNK_HEADER + length]
-        pos += _CHUNK_HEADER + length
-        if kind == _FULL:
-            yield chunk
-        elif kind == _FIRST:
-            pending = chunk
-        elif kind == _MIDDLE:
-            pending += chunk
-        else:
-            yield pending + chunk
-            pending = b""
+from agentjax.train.trackers import tensorboard_events, wandb_run
 
 
 def wandb_runs(workdir) -> list[list]:
     """The records of each offline run folder under `workdir`, oldest first (after the
     process's W&B service is torn down: it may still hold the end of the last file)."""
     import wandb
-    from wandb.proto import wandb_internal_pb2
 
     wandb.teardown()
-
-    runs = []
-    for path in sorted(glob.glob(os.path.join(workdir, "wandb", "offline-run-*", "*.wandb"))):
-        with open(path, "rb") as f:
-            data = f.read()
-        assert data[:4] == b":W&B", path
-        records = []
-        for raw in _leveldb_records(data, _CHUNK_HEADER):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(raw)
-            records.append(record)
-        runs.append(records)
-    return runs
+    return [list(wandb_run.transaction_log(path)) for path in sorted(
+        glob.glob(os.path.join(workdir, "wandb", "offline-run-*", "*.wandb")))]
 
 
 def _values(items) -> dict:
@@ -109,30 +68,33 @@ def wandb_table_steps(history: list[dict], key: str, stage: str) -> list[int]:
     return [row[f"{stage}/step"] for row in history if row.get(f"{key}/_type") == "table-file"]
 
 
+def same_rows(a, b) -> bool:
+    """Equal rows, NaN equal to NaN and 0 to 0.0 (W&B writes 0.0 as 0)."""
+    def floats(value):
+        if isinstance(value, dict):
+            return {k: floats(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [floats(v) for v in value]
+        return float(value) if isinstance(value, (int, float)) else value
+
+    return json.dumps(floats(a), sort_keys=True) == json.dumps(floats(b), sort_keys=True)
+
+
 def tensorboard_scalars(folder) -> list[tuple[str, int, float]]:
     """(tag, step, value) of every scalar in the event files under `folder`."""
-    from tensorboardX.proto import event_pb2
-
-    scalars = []
-    for path in sorted(glob.glob(os.path.join(folder, "events.out.tfevents.*"))):
-        with open(path, "rb") as f:
-            data = f.read()
-        pos = 0
-        while pos < len(data):
-            (length,) = struct.unpack("<Q", data[pos:pos + 8])
-            event = event_pb2.Event()
-            event.ParseFromString(data[pos + 12:pos + 12 + length])
-            pos += 12 + length + 4
-            scalars += [(v.tag, event.step, v.simple_value) for v in event.summary.value]
-    return scalars
+    return list(tensorboard_events.scalars(str(folder)))
 
 
 class FakeTracker:
     """Records its calls; `fail_at` (a metrics step) raises there, `block` waits."""
 
-    def __init__(self, run_id="fake-run", fail_at=None, block=None, where="fake server"):
+    def __init__(self, run_id="fake-run", fail_at=None, block=None, where="fake server",
+                 durable_on_return=True):
         self.calls, self.run_id, self.fail_at, self.block = [], run_id, fail_at, block
-        self.where = where
+        self.where, self.durable_on_return = where, durable_on_return
+
+    def new_run_id(self):
+        return None
 
     def start(self, run_id):
         self.calls.append(("start", run_id))

@@ -3,7 +3,12 @@ log.mlflow.experiment, its id in the workdir's tracking.json. The flattened conf
 run's params (and config.json an artifact, values unclipped), the group and tags run tags
 (a 'key=value' tag as tag key=value); metric keys are `mlflow_key`s; tables are JSON artifacts in pandas' "split" form
 (MLflow's own table format), a step's table <key>_<step>.json; the report's numbers are
-metrics at the last step."""
+metrics at the last step.
+
+The client is synchronous: when `log_batch` returns, the tracking server (or the file
+store) has the values. A resumed run reads the run's metric history back and drops
+the values it holds (a kill between a call's return and tracking.json's update, or
+during the call: a file store writes a batch one metric file at a time)."""
 from __future__ import annotations
 
 import os
@@ -11,7 +16,7 @@ import re
 import time
 from typing import Mapping
 
-from agentjax.train.trackers.base import TRACKERS, RunInfo, Table
+from agentjax.train.trackers.base import TRACKERS, Held, RunInfo, Table
 
 PARAM_CHARS = 6000  # MLflow refuses longer param values
 BATCH = 100  # params per log_batch call (MLflow's limit; metrics allow 1000)
@@ -44,6 +49,17 @@ class MlflowRun:
         self.section, self.info = section, info
         self.where = f"{section.tracking_uri} experiment {section.experiment}"
         self._client = self._run_id = None
+        self.held = Held(key=mlflow_key)
+        # Imported on the thread that makes the run's trackers, not the tracker's own:
+        # CPython 3.11 compiling on two threads at once can fail (`SystemError: AST
+        # constructor recursion depth mismatch`), and the training run imports meanwhile.
+        import mlflow.entities  # noqa: F401
+        import mlflow.tracking  # noqa: F401
+
+    durable_on_return = True  # a synchronous client (module docstring)
+
+    def new_run_id(self) -> None:
+        return None
 
     def start(self, run_id: str | None) -> str:
         uri = self.section.tracking_uri
@@ -55,8 +71,17 @@ class MlflowRun:
 
         self._client = client = MlflowClient(tracking_uri=uri)
         if run_id is not None:
-            client.update_run(run_id, status="RUNNING")
+            # A file store killed mid-`log_batch` can hold a metric file with no line
+            # yet, which `get_run` (and `update_run`, which reads the run first) refuses
+            # until the replay appends that metric; `finish` sets the status then.
+            try:
+                client.update_run(run_id, status="RUNNING")
+            except ValueError:
+                pass
             self._run_id = run_id
+            # Key by key, as the keys come (so no `get_run`).
+            self.held = Held(key=mlflow_key, steps_of=lambda key: [
+                metric.step for metric in client.get_metric_history(run_id, key)])
             return run_id
         experiment = client.get_experiment_by_name(self.section.experiment)
         experiment_id = (experiment.experiment_id if experiment is not None
@@ -78,14 +103,14 @@ class MlflowRun:
             self._client.log_batch(self._run_id, metrics=batch[start:start + 1000])
 
     def log_metrics(self, stage: str, step: int, metrics: Mapping[str, float]) -> None:
-        self._metrics(metrics, step)
+        self._metrics(self.held.new(step, metrics), step)
 
     def log_table(self, key: str, step: int | None, table: Table) -> None:
         name = key if step is None else f"{key}_{step:06d}"
         self._client.log_dict(self._run_id, table.as_dict(), f"{name}.json")
 
     def log_summary(self, metrics: Mapping[str, float], step: int) -> None:
-        self._metrics(metrics, step)
+        self._metrics(self.held.new(step, metrics), step)
 
     def log_artifact(self, folder: str, name: str) -> None:
         self._client.log_artifacts(self._run_id, folder, artifact_path=name)
