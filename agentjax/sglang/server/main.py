@@ -48,6 +48,7 @@ import uvicorn
 from flax import nnx
 
 from agentjax.config.rules import chunk_widths
+from agentjax.core import compiles
 from agentjax.models.hf import load_hf
 from agentjax.models.lora import TARGETS, add_adapters, fold_adapters
 from agentjax.models.peft import load_peft, read_peft_config
@@ -225,7 +226,7 @@ def main(argv=None) -> None:
     if not 2 <= context_length <= config.max_position_embeddings:
         sys.exit(f"error: --context-length {context_length} must be in [2, "
                  f"{config.max_position_embeddings}] (the model's max_position_embeddings)")
-    started = time.perf_counter()
+    started, before = time.perf_counter(), compiles.counts()
     engine = LanedEngine.build(
         *nnx.split(model), lanes=args.lanes, tokenizer=tokenizer,
         max_slots=args.max_running_requests, max_len=context_length,
@@ -235,8 +236,8 @@ def main(argv=None) -> None:
         deterministic_prefill_rows=args.deterministic_prefill_rows, seed=args.random_seed,
         overlap=not args.disable_overlap_schedule)
     if not args.skip_server_warmup:
-        programs = engine.warmup()
-        logging.info("compiled %d engine programs in %.1fs", programs,
+        engine.warmup()
+        logging.info("compiled %s in %.1fs", compiles.summary(compiles.since(before)),
                      time.perf_counter() - started)
     server_args = {name: value for name, value in vars(args).items()
                    if name not in ("prefill_chunks", "parent_pid")}
