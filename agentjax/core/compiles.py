@@ -119,11 +119,16 @@ def _natural(item) -> tuple:
     return (name, int(value) if value.isdigit() else 0, value)
 
 
-def metrics(programs: Mapping, prefix: str = "compile/") -> dict[str, int]:
+def metrics(programs: Mapping, functions=None, prefix: str = "compile/") -> dict[str, int]:
     """Flat numbers for a run's stats: "compile/programs" (the total) and
-    "compile/<function>" for each function."""
-    out = {f"{prefix}programs": sum(programs.values())}
-    out.update({f"{prefix}{function}": n for function, n in by_function(programs).items()})
+    "compile/<function>" for each function (of `functions` only, the rest summed as
+    "compile/other", if given)."""
+    total = sum(programs.values())
+    named = by_function(programs, functions)
+    out = {f"{prefix}programs": total}
+    out.update({f"{prefix}{function}": n for function, n in named.items()})
+    if functions is not None:
+        out[f"{prefix}other"] = total - sum(named.values())
     return out
 
 

@@ -35,6 +35,8 @@ def test_each_new_signature_counts_once_under_its_bucket():
     assert compiles.by_function(gained) == {"scale": 3}
     assert compiles.summary(gained) == "3 programs: scale 3 (rows=4: 1, rows=16: 1)"
     assert compiles.metrics(gained) == {"compile/programs": 3, "compile/scale": 3}
+    assert compiles.metrics(gained, {"decode"}) == {"compile/programs": 3,
+                                                    "compile/other": 3}
 
 
 def test_buckets_are_per_thread():
