@@ -12,7 +12,10 @@ How it measures (scripts/bench/timing.py), for a machine shared with other jobs:
 engine first compiles every program it can call (`warmup()`, time printed) and every
 measured configuration then runs once untimed, so it has met each shape it will meet;
 the compile counters (the engine's `COMPILE_COUNTS` and every JAX compilation in the
-process) must not move during a timed run, or the bench stops naming the run. The
+process, `core/compiles.py`) must not move during a timed run, or the bench stops naming
+the run. All sections run in one process, so their engines' programs add up (each
+keeps its code mapped): `planned_programs` states them, within a budget
+(tests/scripts/test_bench_rollout.py), and the end of a run prints what it compiled. The
 repeats of a table's configurations take turns (A B C, B C A, C A B, ...), so load from
 other processes hits them alike; each row shows its best run and its spread
 ((max - min) / min); a ratio is printed only when it differs from 1 by more
