@@ -163,10 +163,11 @@ def build_items(pages: list[list[int]], spans: list[int], rows: int, page_size: 
         first += [j * page_size for j in range(n)] + [_NEVER] * pad
     if len(row) > size:
         raise ValueError(f"{len(row)} attention items do not fit {size}")
-    pad = size - len(row)
-    return HostItems(row=np.asarray(row + [rows] * pad, np.int32),
-                     page=np.asarray(page + [0] * pad, np.int32),
-                     first_slot=np.asarray(first + [_NEVER] * pad, np.int32))
+    # The padding filled by numpy: a prefill call's list is padded to its rows' most.
+    out = HostItems(row=np.full(size, rows, np.int32), page=np.zeros(size, np.int32),
+                    first_slot=np.full(size, _NEVER, np.int32))
+    out.row[:len(row)], out.page[:len(row)], out.first_slot[:len(row)] = row, page, first
+    return out
 
 
 def items_needed(spans: list[int], page_size: int, tile: int = ITEM_TILE) -> int:

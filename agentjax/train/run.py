@@ -38,7 +38,8 @@ import ml_collections
 from agentjax.agents.evaluation import group_of
 from agentjax.config.preflight import check_runtime
 from agentjax.config import check_resume, validate
-from agentjax.core import atomic
+from agentjax.core import atomic, compiles
+from agentjax.engine.jax.programs import PROGRAMS as ENGINE_PROGRAMS
 from agentjax.envs.registry import TaskSuite, build_suite
 from agentjax.train.checkpoint import latest_committed_step
 from agentjax.train.policy import ADAPTER_DIR, HF_DIR, Policy
@@ -85,6 +86,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
     finally:
         rollouts.close()
     results["time/total_s"] = time.perf_counter() - started
+    # Every program this process compiled (a resumed run: since it resumed), the
+    # engine's by name: a run's compile cost, bounded by tests/train/test_run.py.
+    programs = compiles.counts()
+    results.update(compiles.metrics(programs, ENGINE_PROGRAMS))
+    runtime.log(f"compiled {compiles.summary(programs)}")
     agent = "RL agent" if config.stage in ("rl", "sft") else f"{config.stage.upper()} agent"
     if runtime.is_main:
         atomic.write_json(os.path.join(runtime.workdir, "final.json"), results)

@@ -12,7 +12,10 @@ How it measures (scripts/bench/timing.py), for a machine shared with other jobs:
 engine first compiles every program it can call (`warmup()`, time printed) and every
 measured configuration then runs once untimed, so it has met each shape it will meet;
 the compile counters (the engine's `COMPILE_COUNTS` and every JAX compilation in the
-process) must not move during a timed run, or the bench stops naming the run. The
+process, `core/compiles.py`) must not move during a timed run, or the bench stops naming
+the run. All sections run in one process, so their engines' programs add up (each
+keeps its code mapped): `planned_programs` states them, within a budget
+(tests/scripts/test_bench_rollout.py), and the end of a run prints what it compiled. The
 repeats of a table's configurations take turns (A B C, B C A, C A B, ...), so load from
 other processes hits them alike; each row shows its best run and its spread
 ((max - min) / min); a ratio is printed only when it differs from 1 by more
@@ -45,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import dataclasses
 import functools
 import itertools
@@ -105,6 +107,8 @@ from agentjax.models.hf import load_hf, make_tiny_hf  # noqa: E402
 from agentjax.models.tokenizer import build_tokenizer  # noqa: E402
 from agentjax.agents.loop import EpisodeLimits  # noqa: E402
 from agentjax.engine.jax.programs import COMPILE_COUNTS  # noqa: E402
+from agentjax.engine.jax.shapes import engine_shapes  # noqa: E402
+from agentjax.core import compiles  # noqa: E402
 from agentjax.engine.protocol import GenerateRequest, SamplingParams  # noqa: E402
 from agentjax.engine.jax.engine import JaxEngine  # noqa: E402
 from agentjax.engine.jax.lanes import LanedEngine  # noqa: E402
@@ -112,24 +116,62 @@ from agentjax.agents.pool import RolloutPool  # noqa: E402
 
 MODEL = dict(hidden_size=256, intermediate_size=1024, num_layers=4, num_heads=4,
              num_kv_heads=2, head_dim=64)
-
-# Every XLA compilation in this process, by jitted function: the engine's programs (also
-# in COMPILE_COUNTS) and the small host-side ones (PRNG key folding, ...) that
-# `JaxEngine.warmup` leaves to the first requests.
-ALL_COMPILES: collections.Counter = collections.Counter()
-
-
-def _count_compilations(event: str, duration: float, **kwargs) -> None:
-    if event == "/jax/core/compile/backend_compile_duration":
-        ALL_COMPILES[kwargs.get("fun_name", "?")] += 1
+# The workloads' sizes (module docstring), and the engines they are run on.
+GENERATE = dict(batch=32, prompt_len=32, new_tokens=128)
+MULTITURN = dict(sessions=16, turns=8, new_tokens=32, obs_tokens=32, prompt_len=64)
+POOL = dict(episodes=64, turns=4, new_tokens=48, latency=0.1, slots=64)
+DECODE_STEPS = 16
 
 
-jax.monitoring.register_event_duration_secs_listener(_count_compilations)
+def generate_engines(batch, prompt_len, new_tokens, lanes) -> dict[str, tuple[int, dict]]:
+    """The generate section's engines: name -> (lanes, 0 for a plain JaxEngine; engine
+    settings)."""
+    settings = dict(max_slots=batch, max_len=prompt_len + new_tokens,
+                    decode_steps=DECODE_STEPS, eos_token_ids=())
+    return {name: (n, dict(settings, deterministic=deterministic))
+            for name, n, deterministic in [
+                ("agentjax JaxEngine", 0, False),
+                ("agentjax JaxEngine (deterministic)", 0, True),
+                (f"agentjax LanedEngine ({lanes} lanes)", lanes, False),
+                (f"agentjax LanedEngine ({lanes} lanes, deterministic)", lanes, True)]}
+
+
+def multiturn_engine(sessions, turns, new_tokens, obs_tokens, prompt_len) -> dict:
+    return dict(max_slots=sessions, max_len=prompt_len + turns * (new_tokens + obs_tokens),
+                decode_steps=DECODE_STEPS, eos_token_ids=())
+
+
+def pool_engine(slots) -> dict:
+    return dict(max_slots=slots, max_len=512, decode_steps=DECODE_STEPS, eos_token_ids=())
+
+
+def planned_programs(lanes: int) -> dict[str, int]:
+    """The programs each engine of a default run with `lanes` lanes adds to those of the
+    engines built before it (`shapes.engine_shapes`; engines of the same model share a
+    program when their pools, rows and decode steps agree): what the run compiles for
+    its engines, its compile budget (tests/scripts/test_bench_rollout.py)."""
+    engines = dict(generate_engines(**GENERATE, lanes=lanes))
+    multiturn = multiturn_engine(**{k: MULTITURN[k] for k in (
+        "sessions", "turns", "new_tokens", "obs_tokens", "prompt_len")})
+    engines["multiturn JaxEngine"] = (0, multiturn)
+    engines[f"multiturn LanedEngine ({lanes} lanes)"] = (lanes, multiturn)
+    for deterministic in (False, True):
+        engines[f"pool{' (deterministic)' * deterministic}"] = (
+            0, dict(pool_engine(POOL["slots"]), deterministic=deterministic))
+    seen, added = set(), {}
+    for name, (lanes_, settings) in engines.items():
+        shapes = engine_shapes(**dict(settings, max_slots=settings["max_slots"]
+                                      // max(lanes_, 1)))
+        programs = {(shapes.max_slots, shapes.view_pages, settings["decode_steps"], program)
+                    for program in shapes.programs()}
+        added[name] = len(programs - seen)
+        seen |= programs
+    return added
 
 
 def compilations() -> tuple[dict, dict]:
     """(engine programs, every jitted function): compilations so far, process-wide."""
-    return dict(COMPILE_COUNTS), dict(ALL_COMPILES)
+    return dict(COMPILE_COUNTS), compiles.by_function(compiles.counts())
 
 
 def compile_line(before: tuple[dict, dict], timed_runs: int) -> str:
@@ -212,7 +254,8 @@ class HFWorker:
         self._stderr.close()
 
 
-def bench_generate(folder: Path, tokenizer, model, batch=32, prompt_len=32, new_tokens=128,
+def bench_generate(folder: Path, tokenizer, model, batch=GENERATE["batch"],
+                   prompt_len=GENERATE["prompt_len"], new_tokens=GENERATE["new_tokens"],
                    repeats=3):
     rng = np.random.default_rng(1)
     prompts = rng.integers(10, len(tokenizer), size=(batch, prompt_len)).tolist()
@@ -222,16 +265,10 @@ def bench_generate(folder: Path, tokenizer, model, batch=32, prompt_len=32, new_
     workers = {f"HF generate (torch, {threads} thread{'s' * (threads > 1)})":
                HFWorker(folder, new_tokens, threads, prompts)
                for threads in sorted({1, os.cpu_count()})}
-    lanes = _lanes()
-    laned = functools.partial(LanedEngine.from_model, lanes=lanes)
-    engines = {name: make(model, tokenizer=tokenizer, max_slots=batch,
-                          max_len=prompt_len + new_tokens, decode_steps=16, eos_token_ids=(),
-                          deterministic=deterministic)
-               for name, make, deterministic in [
-                   ("agentjax JaxEngine", JaxEngine.from_model, False),
-                   ("agentjax JaxEngine (deterministic)", JaxEngine.from_model, True),
-                   (f"agentjax LanedEngine ({lanes} lanes)", laned, False),
-                   (f"agentjax LanedEngine ({lanes} lanes, deterministic)", laned, True)]}
+    engines = {name: (functools.partial(LanedEngine.from_model, lanes=lanes) if lanes
+                      else JaxEngine.from_model)(model, tokenizer=tokenizer, **settings)
+               for name, (lanes, settings) in generate_engines(
+                   batch, prompt_len, new_tokens, _lanes()).items()}
 
     def engine_run(engine) -> tuple[float, int]:
         requests = [GenerateRequest(p, dataclasses.replace(sampling, seed=i))
@@ -282,11 +319,12 @@ def bench_generate(folder: Path, tokenizer, model, batch=32, prompt_len=32, new_
 
 # --------------------------------------------------------------------------- multi-turn
 
-def bench_multiturn(tokenizer, model, sessions=16, turns=8, new_tokens=32, obs_tokens=32,
-                    prompt_len=64, repeats=3, make=JaxEngine.from_model, name="JaxEngine"):
-    max_len = prompt_len + turns * (new_tokens + obs_tokens)
-    engine = make(model, tokenizer=tokenizer, max_slots=sessions, max_len=max_len,
-                  decode_steps=16, eos_token_ids=())
+def bench_multiturn(tokenizer, model, sessions=MULTITURN["sessions"],
+                    turns=MULTITURN["turns"], new_tokens=MULTITURN["new_tokens"],
+                    obs_tokens=MULTITURN["obs_tokens"], prompt_len=MULTITURN["prompt_len"],
+                    repeats=3, make=JaxEngine.from_model, name="JaxEngine"):
+    engine = make(model, tokenizer=tokenizer, **multiturn_engine(
+        sessions, turns, new_tokens, obs_tokens, prompt_len))
     rng = np.random.default_rng(2)
     vocab = len(tokenizer)
     prompts = rng.integers(10, vocab, size=(sessions, prompt_len)).tolist()
@@ -374,7 +412,8 @@ class LatencyEnv:
 PROGRAM_STATS = ("prefill_calls", "decode_calls", "prefill_s", "decode_s")
 
 
-def bench_pool(tokenizer, model, episodes=64, turns=4, new_tokens=48, latency=0.1, slots=64,
+def bench_pool(tokenizer, model, episodes=POOL["episodes"], turns=POOL["turns"],
+               new_tokens=POOL["new_tokens"], latency=POOL["latency"], slots=POOL["slots"],
                repeats=3):
     tasks = [Task(f"t{i}", f"question number {i} about the world") for i in range(episodes // 4)]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
@@ -383,8 +422,7 @@ def bench_pool(tokenizer, model, episodes=64, turns=4, new_tokens=48, latency=0.
 
     def make_engine(**options):
         """A warmed-up engine, its program count and its warm-up seconds."""
-        engine = JaxEngine.from_model(model, tokenizer=tokenizer, max_slots=slots,
-                                      max_len=512, decode_steps=16, eos_token_ids=(),
+        engine = JaxEngine.from_model(model, tokenizer=tokenizer, **pool_engine(slots),
                                       **options)
         start = time.perf_counter()
         programs = engine.warmup()
@@ -471,6 +509,9 @@ def main():
                             make=functools.partial(LanedEngine.from_model, lanes=_lanes()))
         if "pool" in chosen:
             bench_pool(tokenizer, model, repeats=args.repeats)
+    planned = planned_programs(_lanes())
+    print(f"\nthis process compiled {compiles.summary(compiles.counts())}; a default run's "
+          f"engines plan {sum(planned.values())} programs ({planned})")
 
 
 if __name__ == "__main__":

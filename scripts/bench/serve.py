@@ -179,6 +179,13 @@ def server_stats(urls) -> collections.Counter:
                collections.Counter())
 
 
+def counter_delta(after: dict, before: dict) -> dict:
+    """PROGRAM_STATS gained from `before` to `after`, every key kept: a Counter
+    difference drops the keys that did not move (a run without a prefill call had no
+    prefill_calls)."""
+    return {key: after.get(key, 0) - before.get(key, 0) for key in PROGRAM_STATS}
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process `pid` so far (/proc/<pid>/stat)."""
     with open(f"/proc/{pid}/stat") as f:
@@ -195,7 +202,7 @@ def rollout(engine, work: Workload, *, tasks=None, on_progress=None, programs=No
                        concurrency=work.config.rollout.concurrency,
                        reward_fn=work.suite.reward_fn, progress=on_progress)
     reissued = getattr(engine, "stats", {}).get("reissued", 0)
-    calls = programs() if programs else collections.Counter()
+    calls = programs() if programs else {}
     cpu = (time.process_time(), sum(map(cpu_seconds, server_pids)))
     with pool:
         start = time.perf_counter()
@@ -203,14 +210,14 @@ def rollout(engine, work: Workload, *, tasks=None, on_progress=None, programs=No
                                    sampling=work.sampling, first_group_id=0)
         seconds = time.perf_counter() - start
     cpu = (time.process_time() - cpu[0], sum(map(cpu_seconds, server_pids)) - cpu[1])
-    calls = programs() - calls if programs else calls
+    calls = counter_delta(programs(), calls) if programs else calls
     episodes = {(traj.task_id, traj.group_id, member): tuple(
                     (tuple(t.action_ids), tuple(t.observation_ids or ())) for t in traj.turns)
                 for group in groups for member, traj in enumerate(group)}
     trajs = [t for g in groups for t in g]
     return Rollout(seconds, len(trajs), sum(bool(t.metadata["failed"]) for t in trajs),
                    sum(len(t.action_ids) for x in trajs for t in x.turns), episodes,
-                   getattr(engine, "stats", {}).get("reissued", 0) - reissued, dict(calls), cpu)
+                   getattr(engine, "stats", {}).get("reissued", 0) - reissued, calls, cpu)
 
 
 class WithoutSessions:

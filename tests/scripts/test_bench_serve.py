@@ -4,6 +4,7 @@ import argparse
 import os
 import runpy
 import sys
+import types
 
 import pytest
 
@@ -41,3 +42,20 @@ def test_sync_seconds_take_the_slower_of_a_servers_link_and_the_shared_storage(b
     assert (write, read, broadcast) == pytest.approx((2.0, 3.2, 0.08))
     args.servers = 2  # 2 x 2 GB at 5 GB/s = 0.8 s: now a server's own link (1 s) limits
     assert bench["sync_seconds"](1_000_000_000, args)[2] == pytest.approx(1.0)
+
+
+def test_a_run_without_prefill_calls_gets_its_table_row(bench):
+    """Every sessionful turn's context was cached: no prefill call. The counters that
+    did not move stay in the run's delta at 0 (a Counter difference dropped them, and
+    the table raised KeyError: 'prefill_calls')."""
+    lane = types.SimpleNamespace(stats={"prefill_calls": 0, "decode_calls": 4,
+                                        "prefill_s": 0.0, "decode_s": 1.5})
+    before = bench["lane_stats"]([lane])
+    lane.stats.update(decode_calls=9, decode_s=2.0)
+    calls = bench["counter_delta"](bench["lane_stats"]([lane]), before)
+    assert calls == {"prefill_calls": 0, "decode_calls": 5, "prefill_s": 0, "decode_s": 0.5}
+    episodes = {("t0", 0, 0): ((1, 2),)}
+    run = bench["Rollout"](1.0, 1, 0, 2, episodes, calls=calls, cpu_s=(0.5, 0.0))
+    [row] = bench["rollout_rows"]({"in-process": [run, run]}, "in-process", 1, run,
+                                  work_columns=True)
+    assert row[0] == "in-process" and row[-3:] == ["0 / 5", "0.00 / 0.50", "0.50 / 0.00"]

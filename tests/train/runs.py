@@ -30,9 +30,9 @@ from agentjax.train.metrics import read_metrics
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "scripts", "train.py")
 # Wall-clock and scheduling keys differ between runs (which sequence reaches a shared
-# context first, what one engine lane or server caches); everything else must be
-# identical.
-TIMING = ("time/", "rollout/tokens_per_s", "rollout/cached_token_frac")
+# context first, what one engine lane or server caches), and so do the programs a
+# process compiled (a resumed run counts its own); everything else must be identical.
+TIMING = ("time/", "rollout/tokens_per_s", "rollout/cached_token_frac", "compile/")
 # RL from the initial model: no pretraining, no SFT (shorter runs).
 RL_ONLY = ("--config.pretrain.steps=0", "--config.sft.steps=0")
 

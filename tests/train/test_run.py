@@ -105,6 +105,25 @@ def test_sharded_run_matches_one_device(finished_run, tmp_path):
     assert rl["mask/leak"] == 0 and np.isfinite(rl["grad_norm"])
 
 
+# The main job's `test` variant, a fresh process: its engine plans 8 programs (a
+# deterministic engine of 8 rows: prefill at 4 rows x 3 chunks, one item count each;
+# decode at 8 rows x 8, 16, 32 and 48 items; a page copy: 3 + 4 + 1) and its episodes
+# reached 6; the trainer's programs (the update, prepare, the initialisers and eager ops
+# around them) were 46. 57 before prefill had one item count per row count.
+MAIN_JOB_BUDGET = {"engine": 8, "all": 46 + 8}
+
+
+@pytest.mark.slow
+def test_the_main_job_compiles_within_its_budget(finished_run):
+    workdir, out = finished_run("grpo_search.py:test")
+    final = json.loads((workdir / "final.json").read_text())
+    engine = sum(final.get(f"compile/{name}", 0) for name in ("prefill", "decode",
+                                                               "copy_pages"))
+    assert 0 < engine <= MAIN_JOB_BUDGET["engine"]
+    assert final["compile/programs"] <= MAIN_JOB_BUDGET["all"]
+    assert f"compiled {final['compile/programs']} programs: " in out
+
+
 def _script(name, *args):
     result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name), *args],
                             capture_output=True, text=True, timeout=600, cwd=ROOT,

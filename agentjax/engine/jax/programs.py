@@ -20,41 +20,48 @@ Static shapes, so XLA compiles a bounded set of programs once:
   take their last token and liveness from the carry (`src`).
 
 The programs are module-level jitted functions, shared by every engine with the same
-model and shapes; their XLA compilations are counted from JAX's compile events
-(`COMPILE_COUNTS`).
+model and shapes. Their compilations are counted by `core/compiles.py`, each under its
+shape bucket (rows, chunk width, attention items, decode steps), read from the
+arguments of the call that compiled it.
 """
 from __future__ import annotations
 
-import collections
 import functools
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from agentjax.core import compiles
 from agentjax.models.config import ModelConfig
 from agentjax.models.decoder import LayerwiseWeights
 from agentjax.models.paged import (AttentionItems, PagedKVCache, ViewItems, copy_slots,
                                    gather_view, init_paged_cache, view_index)
 from agentjax.engine.jax.sampling import sample
 
-# XLA compilations of the engine's jitted programs, by program name ("prefill",
-# "decode", "copy_pages"), counted from JAX's backend-compile events (a retrace and a
-# recompilation for new argument shardings / committedness both count).
-COMPILE_COUNTS: collections.Counter = collections.Counter()
-_PROGRAMS = {"jit(prefill)": "prefill", "jit(decode)": "decode",
-             "jit(copy_pages)": "copy_pages"}
+# The engine's programs: their compilations so far by name, process-wide (a recompile
+# for new argument shardings or committedness counts too).
+PROGRAMS = ("prefill", "decode", "copy_pages")
+COMPILE_COUNTS = compiles.FunctionCounts(PROGRAMS)
 
 
-def _count_compilations(event: str, duration: float, **kwargs) -> None:
-    program = _PROGRAMS.get(kwargs.get("fun_name"))
-    if event == "/jax/core/compile/backend_compile_duration" and program is not None:
-        COMPILE_COUNTS[program] += 1
+def _bucketed(fields: Callable[..., dict]):
+    """The jitted program's calls counted under the bucket `fields` gives for the
+    call's arguments (`compiles.bucket`)."""
+    def wrap(program):
+        @functools.wraps(program)
+        def call(*args, **kwargs):
+            with compiles.bucket(**fields(*args, **kwargs)):
+                return program(*args, **kwargs)
+        return call
+    return wrap
 
 
-jax.monitoring.register_event_duration_secs_listener(_count_compilations)
+def _item_count(items) -> int:
+    """Attention items of a call; 0 with block tables (their width is fixed)."""
+    return items.row.shape[0] if isinstance(items, AttentionItems) else 0
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -66,6 +73,8 @@ def engine_weights(graphdef: nnx.GraphDef, params: Any) -> LayerwiseWeights:
     return jax.tree.map(jnp.copy, nnx.merge(graphdef, params).layerwise_weights())
 
 
+@_bucketed(lambda weights, cache, tokens, slots, write, items: dict(
+    rows=tokens.shape[0], chunk=tokens.shape[1], items=_item_count(items)))
 @functools.partial(jax.jit, donate_argnames=("cache",))
 def prefill(weights: LayerwiseWeights, cache: PagedKVCache, tokens, slots, write,
             items: AttentionItems) -> PagedKVCache:
@@ -88,6 +97,8 @@ class DecodeCarry(NamedTuple):
         return cls(np.zeros(max_slots, np.int32), np.zeros(max_slots, bool))
 
 
+@_bucketed(lambda weights, cache, lengths, last_tokens, active, write, items, *args,
+           num_steps: dict(rows=lengths.shape[0], items=_item_count(items), steps=num_steps))
 @functools.partial(jax.jit, static_argnames=("num_steps",), donate_argnames=("cache",))
 def decode(weights: LayerwiseWeights, cache: PagedKVCache, lengths, last_tokens, active,
            write, items: AttentionItems, keys, steps, budget, stop_ids, temperature,
@@ -144,6 +155,7 @@ def decode(weights: LayerwiseWeights, cache: PagedKVCache, lengths, last_tokens,
     return cache, tokens, logprobs, emitted, carry
 
 
+@_bucketed(lambda cache, src, dst: dict(copies=src.shape[0]))
 @functools.partial(jax.jit, donate_argnames=("cache",))
 def copy_pages(cache: PagedKVCache, src, dst) -> PagedKVCache:
     """Copy-on-write: pages src[i] -> dst[i] (dst out of range: skipped)."""

@@ -48,6 +48,7 @@ import uvicorn
 from flax import nnx
 
 from agentjax.config.rules import chunk_widths
+from agentjax.core import compiles
 from agentjax.models.hf import load_hf
 from agentjax.models.lora import TARGETS, add_adapters, fold_adapters
 from agentjax.models.peft import load_peft, read_peft_config
@@ -189,6 +190,16 @@ def kv_pages_per_lane(args, context_length: int) -> int:
     return max(-(-args.max_total_tokens // (args.page_size * args.lanes)), per_sequence)
 
 
+def engine_settings(args, context_length: int) -> dict:
+    """LanedEngine.build's settings from the flags (the tokenizer aside)."""
+    return dict(lanes=args.lanes, max_slots=args.max_running_requests, max_len=context_length,
+                prefill_chunks=args.prefill_chunks, decode_steps=args.decode_steps,
+                page_size=args.page_size, kv_pages=kv_pages_per_lane(args, context_length),
+                deterministic=args.enable_deterministic_inference,
+                deterministic_prefill_rows=args.deterministic_prefill_rows,
+                seed=args.random_seed, overlap=not args.disable_overlap_schedule)
+
+
 def adapter_loader(dtype, *, max_rank: int, target_modules: list[str]):
     """`load_adapter` for build_app: (PEFT folder, base HF folder) -> the base's params
     with the adapter merged in (W + (alpha/r) A B in float32, cast once to `dtype`).
@@ -225,18 +236,12 @@ def main(argv=None) -> None:
     if not 2 <= context_length <= config.max_position_embeddings:
         sys.exit(f"error: --context-length {context_length} must be in [2, "
                  f"{config.max_position_embeddings}] (the model's max_position_embeddings)")
-    started = time.perf_counter()
-    engine = LanedEngine.build(
-        *nnx.split(model), lanes=args.lanes, tokenizer=tokenizer,
-        max_slots=args.max_running_requests, max_len=context_length,
-        prefill_chunks=args.prefill_chunks, decode_steps=args.decode_steps,
-        page_size=args.page_size, kv_pages=kv_pages_per_lane(args, context_length),
-        deterministic=args.enable_deterministic_inference,
-        deterministic_prefill_rows=args.deterministic_prefill_rows, seed=args.random_seed,
-        overlap=not args.disable_overlap_schedule)
+    started, before = time.perf_counter(), compiles.counts()
+    engine = LanedEngine.build(*nnx.split(model), tokenizer=tokenizer,
+                               **engine_settings(args, context_length))
     if not args.skip_server_warmup:
-        programs = engine.warmup()
-        logging.info("compiled %d engine programs in %.1fs", programs,
+        engine.warmup()
+        logging.info("compiled %s in %.1fs", compiles.summary(compiles.since(before)),
                      time.perf_counter() - started)
     server_args = {name: value for name, value in vars(args).items()
                    if name not in ("prefill_chunks", "parent_pid")}

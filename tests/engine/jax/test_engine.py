@@ -268,9 +268,10 @@ def test_warmup_compiled_every_program(engine, tokenizer):
     count compiles nothing new, and warming up again is free."""
     compiles = engine.compile_counts
     programs = engine.warmup()
-    # Rows 1 (bucket) and 4 (max_slots) x (prefill at the 1 chunk + decode); one row
-    # needs at most 6 pages (8 items), four rows 24 (8, 16 or 32 items).
-    assert programs == (1 + 3) * 2
+    # Rows 1 (bucket) and 4 (max_slots), prefill at the 1 chunk and decode. One row
+    # holds at most 6 pages: prefill 8 items (2 whole tiles), decode 8. Four rows 24:
+    # prefill 32, decode 8, 16 or 32.
+    assert programs == 2 + (1 + 3)
     prompts = _prompts(tokenizer)
     long_prompt = (prompts[0] * 4)[:70]  # > one 32-token chunk, 5 pages
     _generate(engine, GenerateRequest(prompts[1], GREEDY))                       # gathered

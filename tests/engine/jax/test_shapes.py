@@ -43,10 +43,11 @@ def test_deterministic_rows_do_not_depend_on_what_is_in_flight():
 
 
 @pytest.mark.parametrize("needed,rows,items", [
-    (1, 1, MIN_ITEMS), (8, 1, 8),        # one row holds at most 8 pages
-    (9, 4, 16), (17, 4, 32), (32, 4, 32),  # four rows up to 32
-    (100, 16, 128), (128, 16, 128)])
-def test_prefill_items_round_up_to_a_power_of_two(needed, rows, items):
+    (1, 1, 8), (8, 1, 8),                  # one row holds at most 8 pages: 2 tiles
+    (1, 4, 32), (9, 4, 32), (32, 4, 32),   # four rows: 32 whatever they hold
+    (1, 16, 128), (128, 16, 128)])
+def test_prefill_items_are_what_full_rows_need(needed, rows, items):
+    """One count per row count: the attention stops where the padding tiles start."""
     assert _shapes().items(needed, rows, "prefill") == items
 
 
@@ -60,8 +61,8 @@ def test_decode_items_also_take_the_midpoints(needed, rows, items):
 
 def test_item_sizes_end_at_what_full_rows_need():
     shapes = _shapes(max_len=96, page_size=16)  # 6 pages a row
-    assert shapes.item_sizes(1, "prefill") == [8]
-    assert shapes.item_sizes(4, "prefill") == [8, 16, 32]  # 24 pages: whole tiles, 32
+    assert shapes.item_sizes(1, "prefill") == [8]  # 6 pages: 2 whole tiles
+    assert shapes.item_sizes(4, "prefill") == [32]
     assert shapes.item_sizes(4, "decode") == [8, 16, 32]  # 24 pages, one by one
     assert _shapes(max_len=1024).item_sizes(16, "decode") == [8, 16, 32, 64, 96, 128, 192,
                                                               256]  # 16 rows x 16 pages
@@ -100,7 +101,7 @@ def test_programs_list_every_shape_the_engine_may_call():
     # 2 pages a row. Prefill: a tile of 4 items each, so 4 rows need 16 items, 16 rows
     # 64. Decode: items one by one, 8 and 32.
     shapes = _shapes(batch_buckets=(4,), prefill_chunks=(16, 64), max_len=128)
-    prefill = {4: (8, 16), 16: (8, 16, 32, 64)}
+    prefill = {4: (16,), 16: (64,)}
     decode = {4: (8,), 16: (8, 16, 32)}
     assert shapes.programs() == (
         [("prefill", r, w, n) for r in (4, 16) for w in (16, 64) for n in prefill[r]]
