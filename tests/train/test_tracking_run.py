@@ -28,14 +28,19 @@ def _floats(rows):
                         for k, v in row.items()} for row in rows], sort_keys=True)
 
 
+def _offline_wandb(root) -> dict:
+    """The environment of a run whose W&B is offline and writes only under `root`."""
+    return {**runs.ONE_DEVICE, "WANDB_MODE": "offline",
+            **{name: str(root / "wandb_home") for name in
+               ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR")}}
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     pytest.importorskip("wandb")
     pytest.importorskip("mlflow")
     root = tmp_path_factory.mktemp("tracked")
-    env = {**runs.ONE_DEVICE, "WANDB_MODE": "offline",
-           **{name: str(root / "wandb_home") for name in
-              ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR")}}
+    env = _offline_wandb(root)
     workdir = root / "run"
     out = runs.train("grpo_search.py:test", workdir, "--config.log.wandb.mode=offline",
                f"--config.log.mlflow.tracking_uri=file:{root / 'mlruns'}",
@@ -105,9 +110,7 @@ def killed_in_rl(tmp_path_factory):
     pytest.importorskip("wandb")
     pytest.importorskip("mlflow")
     root = tmp_path_factory.mktemp("killed_in_rl")
-    env = {**runs.ONE_DEVICE, "WANDB_MODE": "offline",
-           **{name: str(root / "wandb_home") for name in
-              ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR")}}
+    env = _offline_wandb(root)
     workdir = root / "run"
     overrides = ("--config.log.wandb.mode=offline",
                  f"--config.log.mlflow.tracking_uri=file:{root / 'mlruns'}",
