@@ -37,7 +37,7 @@ from agentjax.engine.jax.rounds import Rounds
 from agentjax.engine.jax.sampling import fold_in_data, prng_key_data
 from agentjax.engine.jax.scheduler import Scheduler
 from agentjax.engine.jax.sequences import SequenceState, StopStrings
-from agentjax.engine.jax.shapes import ProgramShapes
+from agentjax.engine.jax.shapes import default_kv_pages, engine_shapes
 from agentjax.engine.jax.stats import EngineStats
 from agentjax.engine.jax.weights import WeightLoader
 from agentjax.engine.protocol import Completion, GenerateRequest, check_request
@@ -146,15 +146,17 @@ class JaxEngine:
         self.attention = resolve_attention(
             attention, next(iter(jax.tree.leaves(weights)[0].devices())).platform, page_size)
         self.page_size = page_size
-        self.kv_pages = max_slots * -(-max_len // page_size) if kv_pages is None else kv_pages
+        self.kv_pages = (default_kv_pages(max_slots, max_len, page_size) if kv_pages is None
+                         else kv_pages)
         if self.kv_pages < 1:
             raise ValueError(f"kv_pages must be positive, got {kv_pages}")
         # A decode call's view holds at most the pool's page count (docs/design.md).
-        self._shapes = ProgramShapes(
-            max_slots, max_len, page_size, prefill_chunks=prefill_chunks,
+        self._shapes = engine_shapes(
+            max_slots=max_slots, max_len=max_len, page_size=page_size,
+            kv_pages=self.kv_pages, prefill_chunks=prefill_chunks,
             batch_buckets=batch_buckets, deterministic=deterministic,
             deterministic_prefill_rows=deterministic_prefill_rows,
-            block_tables=self.attention != "paged", view_pages=self.kv_pages)
+            block_tables=self.attention != "paged")
         self.batch_wait_s = batch_wait_s
         self.max_stop_ids = max_stop_ids
         if eos_token_ids is None:

@@ -157,6 +157,11 @@ class ProgramShapes:
                    for n in self.item_sizes(r, "decode")])
 
 
+def default_kv_pages(max_slots: int, max_len: int, page_size: int) -> int:
+    """The engine's pool when none is given: every slot can hold max_len tokens."""
+    return max_slots * -(-max_len // page_size)
+
+
 def engine_shapes(*, max_slots: int, max_len: int, page_size: int = 64,
                   kv_pages: int | None = None, prefill_chunks: Sequence[int] = (16, 64, 256),
                   batch_buckets: Sequence[int] | None = None, deterministic: bool = False,
@@ -165,7 +170,7 @@ def engine_shapes(*, max_slots: int, max_len: int, page_size: int = 64,
     """The ProgramShapes of a JaxEngine built with these keyword arguments (its
     defaults; arguments that set no shape are ignored): what a launcher or a bench
     states its compile budget from without building the engine."""
-    kv_pages = max_slots * -(-max_len // page_size) if kv_pages is None else kv_pages
+    kv_pages = default_kv_pages(max_slots, max_len, page_size) if kv_pages is None else kv_pages
     return ProgramShapes(max_slots, max_len, page_size, prefill_chunks=prefill_chunks,
                          batch_buckets=batch_buckets, deterministic=deterministic,
                          deterministic_prefill_rows=deterministic_prefill_rows,
