@@ -353,6 +353,38 @@ def test_mlflow_drops_what_its_store_holds_when_tracking_json_missed_it(tmp_path
     assert sorted(m.step for m in client.get_metric_history(run_id, "rl/kl")) == [2, 3, 4, 5]
 
 
+def test_mlflow_run_killed_while_its_file_store_rewrote_meta_yaml_is_whole_again(
+        tmp_path, monkeypatch):
+    """A file store rewrites a run's meta.yaml in place when its status changes (at the
+    resume, at the end): killed in between, meta.yaml is empty and MLflow can neither read
+    nor list the run; the rerun restores the copy saved before the rewrite."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    uri = f"file:{tmp_path / 'mlruns'}"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    config = _config(tmp_path, mlflow__tracking_uri=uri)
+    workdir = tmp_path / "run"
+    tracking = Tracking.start(config, str(workdir), enabled=True, log=print)
+    _write(workdir, tracking, range(1, 3))
+    tracking.close()
+    run_id = json.loads((workdir / STATE_FILE).read_text())["mlflow"]["run_id"]
+    (meta,) = (tmp_path / "mlruns").glob(f"*/{run_id}/meta.yaml")
+    meta.write_text("")  # killed mid-rewrite
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("agentjax").experiment_id
+    with pytest.raises(AttributeError):  # what MLflow does with it: the experiment breaks
+        client.search_runs([experiment])
+    warnings = []
+    tracking = Tracking.start(config, str(workdir), enabled=True, log=warnings.append)
+    _write(workdir, tracking, range(3, 5), resume_step=2)
+    tracking.close()
+    assert warnings == []
+    (run,) = client.search_runs([experiment])
+    assert (run.info.run_id, run.info.status) == (run_id, "FINISHED")
+    assert sorted(m.step for m in client.get_metric_history(run_id, "rl/loss")) == [1, 2, 3, 4]
+
+
 def test_a_wandb_transaction_log_cut_anywhere_reads_as_its_first_records(
         tmp_path, wandb_offline):
     """A kill mid-write leaves a .wandb file cut short: it reads as the records before

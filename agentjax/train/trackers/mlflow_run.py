@@ -8,18 +8,27 @@ metrics at the last step.
 The client is synchronous: when `log_batch` returns, the tracking server (or the file
 store) has the values. A resumed run reads the run's metric history back and drops
 the values it holds (a kill between a call's return and tracking.json's update, or
-during the call: a file store writes a batch one metric file at a time)."""
+during the call: a file store writes a batch one metric file at a time).
+
+A file store also rewrites a run's meta.yaml in place (truncate, then write) whenever the
+run's status changes; a kill in between leaves an empty meta.yaml, and MLflow then can
+neither read nor list the run (`search_runs` fails on the whole experiment). So before
+each such rewrite the tracker copies meta.yaml atomically beside it (`META_BACKUP`), and a
+resumed run whose meta.yaml is empty restores that copy first."""
 from __future__ import annotations
 
+import glob
 import os
 import re
 import time
 from typing import Mapping
 
+from agentjax.core import atomic
 from agentjax.train.trackers.base import TRACKERS, Held, RunInfo, Table
 
 PARAM_CHARS = 6000  # MLflow refuses longer param values
 BATCH = 100  # params per log_batch call (MLflow's limit; metrics allow 1000)
+META_BACKUP = "meta.yaml.agentjax"  # a file store run's meta.yaml before a rewrite
 
 
 def mlflow_key(key: str) -> str:
@@ -71,10 +80,12 @@ class MlflowRun:
 
         self._client = client = MlflowClient(tracking_uri=uri)
         if run_id is not None:
+            self._restore_meta(run_id)
             # A file store killed mid-`log_batch` can hold a metric file with no line
             # yet, which `get_run` (and `update_run`, which reads the run first) refuses
             # until the replay appends that metric; `finish` sets the status then.
             try:
+                self._save_meta(run_id)
                 client.update_run(run_id, status="RUNNING")
             except ValueError:
                 pass
@@ -116,7 +127,31 @@ class MlflowRun:
         self._client.log_artifacts(self._run_id, folder, artifact_path=name)
 
     def finish(self, failed: bool) -> None:
+        self._save_meta(self._run_id)
         self._client.set_terminated(self._run_id, "FAILED" if failed else "FINISHED")
+
+    def _meta_path(self, run_id: str) -> str | None:
+        """The run's meta.yaml in a file store (<root>/<experiment id>/<run id>/), else
+        None (a tracking server or a database keeps its own records whole)."""
+        uri = self.section.tracking_uri
+        if not uri.startswith("file:"):
+            return None
+        root = uri.removeprefix("file:").removeprefix("//")
+        found = glob.glob(os.path.join(glob.escape(root), "*", run_id, "meta.yaml"))
+        return found[0] if found else None
+
+    def _save_meta(self, run_id: str) -> None:
+        path = self._meta_path(run_id)
+        if path is not None and os.path.getsize(path):
+            with open(path) as f:
+                atomic.write_text(os.path.join(os.path.dirname(path), META_BACKUP), f.read())
+
+    def _restore_meta(self, run_id: str) -> None:
+        path = self._meta_path(run_id)
+        backup = path and os.path.join(os.path.dirname(path), META_BACKUP)
+        if path is not None and not os.path.getsize(path) and os.path.exists(backup):
+            with open(backup) as f:
+                atomic.write_text(path, f.read())
 
 
 @TRACKERS.register("mlflow")
