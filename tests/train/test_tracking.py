@@ -321,6 +321,19 @@ def test_a_buffering_tracker_counts_a_step_taken_only_once_it_finished(tmp_path)
     assert json.loads((tmp_path / STATE_FILE).read_text())["buffered"]["done"] == {"rl": 5}
 
 
+def _file_store_run(tmp_path, monkeypatch, steps):
+    """A finished run whose MLflow is a file store under tmp_path, `steps` logged:
+    (config, workdir, uri)."""
+    uri = f"file:{tmp_path / 'mlruns'}"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    config = _config(tmp_path, mlflow__tracking_uri=uri)
+    workdir = tmp_path / "run"
+    tracking = Tracking.start(config, str(workdir), enabled=True, log=print)
+    _write(workdir, tracking, steps)
+    tracking.close()
+    return config, workdir, uri
+
+
 def test_mlflow_drops_what_its_store_holds_when_tracking_json_missed_it(tmp_path, monkeypatch):
     """A kill after MLflow took a row but before tracking.json recorded it: the rerun
     sends the row again and MLflow (its run's history read back) drops it; a key the
@@ -328,13 +341,7 @@ def test_mlflow_drops_what_its_store_holds_when_tracking_json_missed_it(tmp_path
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
-    uri = f"file:{tmp_path / 'mlruns'}"
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    config = _config(tmp_path, mlflow__tracking_uri=uri)
-    workdir = tmp_path / "run"
-    tracking = Tracking.start(config, str(workdir), enabled=True, log=print)
-    _write(workdir, tracking, range(1, 4))
-    tracking.close()
+    config, workdir, uri = _file_store_run(tmp_path, monkeypatch, range(1, 4))
     state = json.loads((workdir / STATE_FILE).read_text())
     state["mlflow"]["done"] = {"rl": 1}
     (workdir / STATE_FILE).write_text(json.dumps(state))
@@ -361,13 +368,7 @@ def test_mlflow_run_killed_while_its_file_store_rewrote_meta_yaml_is_whole_again
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
-    uri = f"file:{tmp_path / 'mlruns'}"
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    config = _config(tmp_path, mlflow__tracking_uri=uri)
-    workdir = tmp_path / "run"
-    tracking = Tracking.start(config, str(workdir), enabled=True, log=print)
-    _write(workdir, tracking, range(1, 3))
-    tracking.close()
+    config, workdir, uri = _file_store_run(tmp_path, monkeypatch, range(1, 3))
     run_id = json.loads((workdir / STATE_FILE).read_text())["mlflow"]["run_id"]
     (meta,) = (tmp_path / "mlruns").glob(f"*/{run_id}/meta.yaml")
     meta.write_text("")  # killed mid-rewrite
