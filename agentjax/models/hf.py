@@ -31,7 +31,7 @@ import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -140,6 +140,12 @@ def _hf_names(tmap: _TensorMap, num_layers: int) -> list[str]:
     if tmap.stacked:
         return [tmap.hf_name.format(i=i) for i in range(num_layers)]
     return [tmap.hf_name]
+
+
+def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape, for every tensor of a checkpoint of `cfg`."""
+    return {name: tmap.hf_shape for tmap in _tensor_maps(cfg)
+            for name in _hf_names(tmap, cfg.num_layers)}
 
 
 def _read_header(file: Path) -> dict[str, Any]:
@@ -351,36 +357,17 @@ def save_hf(model: Decoder, config: ModelConfig, path: str | os.PathLike, *,
         raise TypeError(f"save_hf expects a Decoder, got {type(model).__name__} "
                         "(pass ActorCritic.policy for the policy)")
     dtype = jnp.dtype(config.param_dtype if dtype is None else dtype)
-    maps = _tensor_maps(config)
-    sizes = {name: math.prod(t.hf_shape) * dtype.itemsize
-             for t in maps for name in _hf_names(t, config.num_layers)}
-    shards = _plan_shards(sizes, max_shard_bytes)
+    sizes = {name: math.prod(shape) * dtype.itemsize
+             for name, shape in hf_tensor_shapes(config).items()}
     # Every process joins the gathers; process 0 writes, into a folder that replaces
     # `path` only once complete (a killed export leaves the previous one or none).
     is_writer = jax.process_index() == 0
     with atomic.folder(path) if is_writer else contextlib.nullcontext() as out:
-        shard_of = {name: k for k, names in enumerate(shards) for name in names}
-        pending: dict[int, dict[str, np.ndarray]] = {}
-        files = [SINGLE_FILE] if len(shards) == 1 else [
-            f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
-        for name, array in _hf_tensors(model, config, dtype):
-            k = shard_of[name]
-            pending.setdefault(k, {})[name] = array
-            if len(pending[k]) == len(shards[k]):
-                tensors = pending.pop(k)
-                if is_writer:
-                    file = os.path.join(out, files[k])
-                    save_file(tensors, file, metadata={"format": "pt"})
-                    # safetensors creates 0600 files; inference servers often run as
-                    # another user on the shared checkpoint folder.
-                    os.chmod(file, 0o644)
+        write_safetensors(out, _hf_tensors(model, config, dtype), sizes, max_shard_bytes,
+                          write=is_writer)
         if not is_writer:
             return
         out = Path(out)
-        if len(shards) > 1:
-            index = {"metadata": {"total_size": sum(sizes.values())},
-                     "weight_map": {name: files[k] for name, k in shard_of.items()}}
-            (out / INDEX_FILE).write_text(json.dumps(index, indent=2))
         hf_config = config.to_hf()
         hf_config["torch_dtype"] = dtype.name
         (out / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2))
@@ -388,6 +375,48 @@ def save_hf(model: Decoder, config: ModelConfig, path: str | os.PathLike, *,
             _save_tokenizer(tokenizer, config, out)
         for name, text in (extra_files or {}).items():
             (out / name).write_text(text)
+
+
+def write_safetensors(path: str | os.PathLike, tensors: Iterable[tuple[str, np.ndarray]],
+                      sizes: Mapping[str, int], max_shard_bytes: int, *,
+                      write: bool = True) -> None:
+    """Writes named arrays as `model.safetensors`, or as model-0000k-of-0000n.safetensors
+    files plus `model.safetensors.index.json` when their total passes max_shard_bytes.
+
+    Args:
+      path: an existing folder.
+      tensors: (HF name, array) pairs, each name of `sizes` once, in any order; a shard
+        is written (and dropped) as soon as its last tensor arrives, so a caller that
+        yields them in `sizes`' order holds one shard in memory at a time.
+      sizes: name -> bytes of every tensor, in checkpoint order (`_plan_shards`).
+      max_shard_bytes: the most bytes of one file (a bigger tensor gets a file of its
+        own).
+      write: False consumes `tensors` without writing (the processes other than the
+        writer join the gathers `tensors` does).
+    """
+    shards = _plan_shards(sizes, max_shard_bytes)
+    shard_of = {name: k for k, names in enumerate(shards) for name in names}
+    pending: dict[int, dict[str, np.ndarray]] = {}
+    files = [SINGLE_FILE] if len(shards) == 1 else [
+        f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+    for name, array in tensors:
+        k = shard_of[name]
+        pending.setdefault(k, {})[name] = array
+        if len(pending[k]) == len(shards[k]):
+            shard = pending.pop(k)
+            if write:
+                file = os.path.join(path, files[k])
+                save_file(shard, file, metadata={"format": "pt"})
+                # safetensors creates 0600 files; inference servers often run as
+                # another user on the shared checkpoint folder.
+                os.chmod(file, 0o644)
+    if pending:
+        raise ValueError(f"tensors {sorted(n for s in pending.values() for n in s)[:8]} "
+                         "came without the rest of their shard")
+    if write and len(shards) > 1:
+        index = {"metadata": {"total_size": sum(sizes.values())},
+                 "weight_map": {name: files[k] for name, k in shard_of.items()}}
+        Path(path, INDEX_FILE).write_text(json.dumps(index, indent=2))
 
 
 def _tokenizer_source(tokenizer: Any) -> Path | None:
