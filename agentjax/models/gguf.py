@@ -18,7 +18,9 @@ chat template: transformers loads it as well. No torch is imported. What comes f
   - config.json: from the metadata (`{arch}.block_count`, `.attention.head_count_kv`,
     `.rope.freq_base`, ...) and the tensors (head_dim from attn_q's rows, vocabulary from
     token_embd, tied embeddings when output.weight is absent, q/k/v biases when present),
-    written by `ModelConfig.to_hf`.
+    written by `ModelConfig.to_hf`. Llama 3.1+ files keep their rope scaling only as a
+    table of frequency divisors (`rope_freqs.weight`); `_rope` recognizes Llama 3's
+    scaling in it (transformers' GGUF loading ignores the table).
   - tokenizer: transformers' own GGUF converter (`convert_gguf_tokenizer`, which needs no
     torch), fed from the metadata `GGUFReader` read; special tokens, `add_bos_token` and
     the chat template (`tokenizer.chat_template`) as transformers' GGUF loading sets them.
@@ -77,6 +79,8 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# Llama 3.1+ files: the rope scaling as a table (`_rope`), not a weight.
+ROPE_FREQS = "rope_freqs.weight"
 # Turn-ending ids a file may state besides its eos.
 _STOP_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
               "tokenizer.ggml.eom_token_id")
@@ -99,17 +103,19 @@ def hf_name(gguf_name: str) -> str | None:
 
 
 def model_config(metadata: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]],
+                 rope_freqs: np.ndarray | None = None,
                  source: str = "the GGUF file") -> ModelConfig:
     """The ModelConfig a GGUF file describes.
 
     Args:
       metadata: `read_metadata`'s dict.
       tensors: GGUF tensor name -> shape in HF (row-major) order.
+      rope_freqs: the file's `rope_freqs.weight`, if it has one (Llama 3.1+).
       source: named in errors.
 
     Raises:
-      ValueError: an architecture other than SUPPORTED_ARCHS, a missing key, rope scaling
-        or a layout this decoder does not implement.
+      ValueError: an architecture other than SUPPORTED_ARCHS, a missing key, a rope
+        scaling or layout this decoder does not implement.
     """
     arch = metadata.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
@@ -126,16 +132,6 @@ def model_config(metadata: Mapping[str, Any], tensors: Mapping[str, tuple[int, .
         if metadata.get(f"{arch}.{key}"):
             raise ValueError(f"{source}: {arch}.{key} is set; mixture-of-experts and "
                              "sliding-window attention are not supported")
-    scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", "linear") or "rope_freqs.weight" in tensors:
-        raise ValueError(f"{source}: rope scaling {scaling!r}"
-                         f"{' (a rope_freqs tensor)' if 'rope_freqs.weight' in tensors else ''}"
-                         " is not supported; supported: none, linear")
-    rope = RopeConfig(theta=float(metadata.get(f"{arch}.rope.freq_base", 10000.0)))
-    if scaling == "linear":
-        rope = RopeConfig(theta=rope.theta, type="linear",
-                          factor=float(need("rope.scaling.factor")))
-
     for name in ("token_embd.weight", "blk.0.attn_q.weight"):
         if name not in tensors:
             raise ValueError(f"{source}: tensor {name!r} is missing")
@@ -156,7 +152,7 @@ def model_config(metadata: Mapping[str, Any], tensors: Mapping[str, tuple[int, .
         num_heads=num_heads,
         num_kv_heads=int(metadata.get(f"{arch}.attention.head_count_kv", num_heads)),
         head_dim=head_dim,
-        rope=rope,
+        rope=_rope(metadata, arch, head_dim, rope_freqs, source),
         rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
         qkv_bias=arch == "qwen2" or attention_bias,
         o_bias=arch != "qwen2" and "blk.0.attn_output.bias" in tensors,
@@ -167,6 +163,39 @@ def model_config(metadata: Mapping[str, Any], tensors: Mapping[str, tuple[int, .
         eos_token_id=eos,
         pad_token_id=metadata.get("tokenizer.ggml.padding_token_id"),
     )
+
+
+# llama.cpp's converter keeps Llama 3.1+ rope scaling only as a tensor of per-frequency
+# divisors (`rope_freqs`), computed from HF's `rope_scaling`; these band edges are those
+# of every Llama 3.x release.
+_LLAMA3_BANDS = dict(low_freq_factor=1.0, high_freq_factor=4.0,
+                     original_max_position_embeddings=8192)
+
+
+def _rope(metadata: Mapping[str, Any], arch: str, head_dim: int,
+          rope_freqs: np.ndarray | None, source: str) -> RopeConfig:
+    """The rotary settings: the metadata's theta and linear scaling, or Llama 3's scaling
+    recognized from `rope_freqs` (its divisors recomputed and compared)."""
+    theta = float(metadata.get(f"{arch}.rope.freq_base", 10000.0))
+    scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
+    if rope_freqs is not None:
+        rope = RopeConfig(theta=theta, type="llama3", factor=float(np.max(rope_freqs)),
+                          **_LLAMA3_BANDS)
+        scaled = RopeConfig(theta=theta).inv_freq(head_dim) / rope_freqs.reshape(-1)
+        if rope_freqs.size != head_dim // 2 or not np.allclose(
+                scaled, rope.inv_freq(head_dim), rtol=1e-5, atol=0):
+            raise ValueError(f"{source}: rope_freqs.weight is not Llama 3's rope scaling "
+                             f"(factor {rope.factor}, band edges {_LLAMA3_BANDS}); other "
+                             "frequency tables are not supported")
+        return rope
+    if scaling == "none":
+        return RopeConfig(theta=theta)
+    if scaling == "linear" and f"{arch}.rope.scaling.factor" in metadata:
+        return RopeConfig(theta=theta, type="linear",
+                          factor=float(metadata[f"{arch}.rope.scaling.factor"]))
+    raise ValueError(f"{source}: rope scaling {scaling!r} (factor "
+                     f"{metadata.get(f'{arch}.rope.scaling.factor')}) is not supported; "
+                     "supported: none, linear with a factor, Llama 3's (a rope_freqs tensor)")
 
 
 def _unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:
@@ -188,8 +217,17 @@ def _check_types(reader: gguf.GGUFReader, source: str) -> None:
 
 
 def _hf_shapes(reader: gguf.GGUFReader) -> dict[str, tuple[int, ...]]:
-    """GGUF tensor name -> shape in HF order (GGUF lists dimensions fastest first)."""
-    return {t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors}
+    """GGUF tensor name -> shape in HF order (GGUF lists dimensions fastest first), of
+    every weight (not the rope table)."""
+    return {t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors
+            if t.name != ROPE_FREQS}
+
+
+def _rope_freqs(reader: gguf.GGUFReader) -> np.ndarray | None:
+    for tensor in reader.tensors:
+        if tensor.name == ROPE_FREQS:
+            return gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    return None
 
 
 def _validate(shapes: Mapping[str, tuple[int, ...]], cfg: ModelConfig, source: str) -> None:
@@ -217,6 +255,8 @@ def hf_tensors(reader: gguf.GGUFReader, cfg: ModelConfig) -> Iterator[tuple[str,
     """(HF name, float32 array in HF layout) of every tensor, in file order, one
     dequantized tensor at a time."""
     for tensor in reader.tensors:
+        if tensor.name == ROPE_FREQS:
+            continue
         name = hf_name(tensor.name)
         shape = tuple(int(d) for d in reversed(tensor.shape))
         w = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
@@ -286,7 +326,7 @@ def import_gguf(gguf_path: str | os.PathLike, out: str | os.PathLike, *,
         raise ValueError(f"{source}: not a readable GGUF file ({e})") from e
     metadata = read_metadata(reader)
     shapes = _hf_shapes(reader)
-    cfg = model_config(metadata, shapes, source)
+    cfg = model_config(metadata, shapes, _rope_freqs(reader), source)
     _check_types(reader, source)
     _validate(shapes, cfg, source)
     tokenizer = gguf_tokenizer(metadata)

@@ -19,7 +19,8 @@ import transformers
 from gguf import GGMLQuantizationType as Q
 from safetensors.numpy import load_file
 
-from agentjax.models.gguf import SUPPORTED_TYPES, import_gguf
+from agentjax.models.config import RopeConfig
+from agentjax.models.gguf import SUPPORTED_TYPES, hf_name, import_gguf
 from agentjax.models.hf import load_hf
 from agentjax.models.tokenizer import build_tokenizer, load_tokenizer
 from tests.models.test_hf import _our_logits, _torch_logits
@@ -125,10 +126,10 @@ def _tokenizer_metadata(writer: gguf.GGUFWriter, tokenizer, pre: str) -> None:
     writer.add_chat_template(tokenizer.chat_template)
 
 
-def write_gguf(path: Path, arch: str, types, seed: int = 0):
+def write_gguf(path: Path, arch: str, types, seed: int = 0, rope_freqs=None):
     """A tiny `arch` GGUF file; matrix k of the file is stored as types[k % len(types)],
-    1-D tensors as F32 (as llama.cpp does). Returns (HF-layout weights by GGUF name,
-    the tokenizer written)."""
+    1-D tensors as F32 (as llama.cpp does); `rope_freqs` the Llama 3 rope table if given.
+    Returns (HF-layout weights by GGUF name, the tokenizer written)."""
     spec, rng = ARCHS[arch], np.random.default_rng(seed)
     tokenizer = build_tokenizer(TEXTS, vocab_size=VOCAB, style=spec["style"])
     assert len(tokenizer) == VOCAB
@@ -148,6 +149,8 @@ def write_gguf(path: Path, arch: str, types, seed: int = 0):
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(VOCAB)
     _tokenizer_metadata(writer, tokenizer, spec["pre"])
+    if rope_freqs is not None:
+        writer.add_tensor("rope_freqs.weight", rope_freqs)
     matrices = 0
     for name, w in weights.items():
         if arch == "llama" and ".attn_q." in name:
@@ -236,8 +239,6 @@ def test_float32_file_gives_back_the_weights_written(arch, tmp_path):
     weights, _ = write_gguf(tmp_path / "f32.gguf", arch, [Q.F32], seed=2)
     import_gguf(tmp_path / "f32.gguf", tmp_path / "hf", max_shard_bytes=1_000_000)
     assert (tmp_path / "hf" / "model.safetensors.index.json").exists()
-    model, _ = load_hf(tmp_path / "hf")
-    from agentjax.models.gguf import hf_name
     index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
     ours = {}
     for shard in set(index["weight_map"].values()):
@@ -245,6 +246,36 @@ def test_float32_file_gives_back_the_weights_written(arch, tmp_path):
     assert sorted(ours) == sorted(hf_name(n) for n in weights)
     for name, w in weights.items():
         np.testing.assert_array_equal(ours[hf_name(name)], w, err_msg=name)
+
+
+def _llama_cpp_rope_freqs(theta: float, head_dim: int, factor: float) -> np.ndarray:
+    """The table llama.cpp's convert_hf_to_gguf.py writes for Llama 3's rope_scaling
+    (low_freq_factor 1, high_freq_factor 4, original context 8192)."""
+    freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    wavelen = 2 * np.pi / freqs
+    smooth = (8192 / wavelen - 1.0) / (4.0 - 1.0)
+    table = np.where(wavelen < 8192 / 4.0, 1.0, np.where(
+        wavelen > 8192 / 1.0, factor, 1 / ((1 - smooth) / factor + smooth)))
+    return table.astype(np.float32)
+
+
+def test_llama3_rope_table_becomes_llama3_rope_scaling(tmp_path):
+    table = _llama_cpp_rope_freqs(50000.0, ARCHS["llama"]["head_dim"], 32.0)
+    # All three bands at these sizes: kept, interpolated, divided by the factor.
+    assert table.min() == 1.0 and table.max() == 32.0 and ((table > 1) & (table < 32)).any()
+    write_gguf(tmp_path / "l3.gguf", "llama", [Q.Q8_0], rope_freqs=table)
+    cfg = import_gguf(tmp_path / "l3.gguf", tmp_path / "hf")
+    assert cfg.rope == RopeConfig(theta=50000.0, type="llama3", factor=32.0, low_freq_factor=1.0,
+                                  high_freq_factor=4.0, original_max_position_embeddings=8192)
+    # (transformers' GGUF loading ignores the table; its loading of the folder reads it.)
+    rope = transformers.AutoConfig.from_pretrained(tmp_path / "hf").rope_parameters
+    assert (rope["rope_type"], rope["factor"], rope["original_max_position_embeddings"]) == (
+        "llama3", 32.0, 8192)
+
+    table[3] *= 1.5   # not Llama 3's bands
+    write_gguf(tmp_path / "other.gguf", "llama", [Q.Q8_0], rope_freqs=table)
+    with pytest.raises(ValueError, match="rope_freqs.weight is not Llama 3's rope scaling"):
+        import_gguf(tmp_path / "other.gguf", tmp_path / "other")
 
 
 def _gpt2_file(path: Path) -> None:
