@@ -39,7 +39,6 @@ from typing import Any, Iterator, Mapping
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
-
 from transformers import PreTrainedTokenizerFast
 from transformers.integrations.gguf.gguf_tokenizer_mapping import (GGUF_TOKENIZER_MAPPING,
                                                                    convert_gguf_tokenizer)
@@ -128,10 +127,11 @@ def model_config(metadata: Mapping[str, Any], tensors: Mapping[str, tuple[int, .
             raise ValueError(f"{source}: metadata key {arch}.{key!r} is missing")
         return metadata[f"{arch}.{key}"]
 
-    for key in ("expert_count", "attention.sliding_window"):
-        if metadata.get(f"{arch}.{key}"):
-            raise ValueError(f"{source}: {arch}.{key} is set; mixture-of-experts and "
-                             "sliding-window attention are not supported")
+    # (A sliding window in the metadata is left out as llama.cpp's llama/qwen2/qwen3
+    # graphs leave it out: they attend to the whole context.)
+    if metadata.get(f"{arch}.expert_count"):
+        raise ValueError(f"{source}: {arch}.expert_count is set: mixture-of-experts models "
+                         "(Mixtral is stored as 'llama') are not supported")
     for name in ("token_embd.weight", "blk.0.attn_q.weight"):
         if name not in tensors:
             raise ValueError(f"{source}: tensor {name!r} is missing")
@@ -267,7 +267,8 @@ def hf_tensors(reader: gguf.GGUFReader, cfg: ModelConfig) -> Iterator[tuple[str,
         yield name, np.ascontiguousarray(w, dtype=np.float32)
 
 
-def gguf_tokenizer(metadata: Mapping[str, Any]) -> PreTrainedTokenizerFast:
+def gguf_tokenizer(metadata: Mapping[str, Any],
+                   source: str = "the GGUF file") -> PreTrainedTokenizerFast:
     """The HF fast tokenizer a GGUF file describes, as transformers builds it from the
     file (`AutoTokenizer.from_pretrained(folder, gguf_file=...)`), chat template included.
 
@@ -276,7 +277,7 @@ def gguf_tokenizer(metadata: Mapping[str, Any]) -> PreTrainedTokenizerFast:
         convert (its message names the supported ones).
     """
     if "tokenizer.ggml.tokens" not in metadata:
-        raise ValueError("the GGUF file has no tokenizer (tokenizer.ggml.tokens)")
+        raise ValueError(f"{source}: no tokenizer in the metadata (tokenizer.ggml.tokens)")
     # Grouped and defaulted as transformers' `get_gguf_tokenizer` does (that function
     # reads the file with a reader that imports torch).
     tokenizer_dict, tokenizer_config = (
@@ -325,11 +326,15 @@ def import_gguf(gguf_path: str | os.PathLike, out: str | os.PathLike, *,
     except ValueError as e:  # the reader's own errors: magic, version, truncation
         raise ValueError(f"{source}: not a readable GGUF file ({e})") from e
     metadata = read_metadata(reader)
+    if metadata.get("split.count", 1) > 1:
+        raise ValueError(f"{source}: one part of a split GGUF model (split.count="
+                         f"{metadata['split.count']}); merge the parts first with llama.cpp's "
+                         "`llama-gguf-split --merge FIRST_PART OUT.gguf`")
     shapes = _hf_shapes(reader)
     cfg = model_config(metadata, shapes, _rope_freqs(reader), source)
     _check_types(reader, source)
     _validate(shapes, cfg, source)
-    tokenizer = gguf_tokenizer(metadata)
+    tokenizer = gguf_tokenizer(metadata, source)
     cfg.to_hf()  # raises on a bias layout config.json cannot state, before writing
 
     sizes = {hf_name(n): math.prod(shape) * 4 for n, shape in shapes.items()}

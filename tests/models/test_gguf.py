@@ -278,9 +278,12 @@ def test_llama3_rope_table_becomes_llama3_rope_scaling(tmp_path):
         import_gguf(tmp_path / "other.gguf", tmp_path / "other")
 
 
-def _gpt2_file(path: Path) -> None:
-    writer = gguf.GGUFWriter(str(path), "gpt2")
+def _minimal_file(path: Path, arch: str, split_count: int | None = None) -> None:
+    """A file with one tensor and an architecture (and a split count)."""
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
+    if split_count is not None:
+        writer.add_uint16("split.count", split_count)
     writer.add_tensor("token_embd.weight", np.ones((4, 256), np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -289,7 +292,7 @@ def _gpt2_file(path: Path) -> None:
 
 
 def test_bad_files_are_named(tmp_path):
-    _gpt2_file(tmp_path / "gpt2.gguf")
+    _minimal_file(tmp_path / "gpt2.gguf", "gpt2")
     with pytest.raises(ValueError, match=r"architecture 'gpt2' is not supported; "
                                          r"supported: llama, qwen2, qwen3"):
         import_gguf(tmp_path / "gpt2.gguf", tmp_path / "out")
@@ -300,6 +303,10 @@ def test_bad_files_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"token_embd.weight \(IQ4_NL\); supported: F32, "
                                          r"F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K"):
         import_gguf(tmp_path / "iq.gguf", tmp_path / "out")
+
+    _minimal_file(tmp_path / "part.gguf", "llama", split_count=3)
+    with pytest.raises(ValueError, match=r"split GGUF model \(split.count=3\); merge"):
+        import_gguf(tmp_path / "part.gguf", tmp_path / "out")
 
     (tmp_path / "text.gguf").write_text("not a gguf file")
     with pytest.raises(ValueError, match="not a readable GGUF file"):
@@ -328,7 +335,7 @@ def test_cli(tmp_path):
     _, cfg = load_hf(out)
     assert cfg.arch == "qwen2" and cfg.num_layers == LAYERS
 
-    _gpt2_file(tmp_path / "gpt2.gguf")
+    _minimal_file(tmp_path / "gpt2.gguf", "gpt2")
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         assert cli.main([str(tmp_path / "gpt2.gguf"), str(tmp_path / "new")]) == 1
