@@ -6,7 +6,8 @@
 Modules: config.py (ModelConfig), decoder.py (Decoder, apply, positions helpers),
 cache.py (KVCache), value.py (ValueModel, ActorCritic), hf.py (load_hf, save_hf,
 make_tiny_hf), tokenizer.py (imports transformers' tokenizer classes, so it is not
-re-exported here).
+re-exported here), gguf.py (import_gguf: GGUF files -> HF folders; imports transformers
+too).
 """
 from agentjax.models.cache import KVCache, cache_positions, init_cache
 from agentjax.models.config import ModelConfig, RopeConfig
