@@ -126,10 +126,38 @@ def _tokenizer_metadata(writer: gguf.GGUFWriter, tokenizer, pre: str) -> None:
     writer.add_chat_template(tokenizer.chat_template)
 
 
-def write_gguf(path: Path, arch: str, types, seed: int = 0, rope_freqs=None):
+def _sentencepiece_metadata(writer: gguf.GGUFWriter) -> None:
+    """A Llama-2-style sentencepiece vocabulary of VOCAB tokens (unk, bos, eos, the 256
+    byte tokens, then the characters and prefixes of TEXTS' first words, best first) as
+    llama.cpp stores it: no merges, scores instead."""
+    budget, pieces = VOCAB - 259, []
+    for word in dict.fromkeys(w for text in TEXTS for w in text.split()):
+        new = list(dict.fromkeys([c for c in word if c not in pieces] + [
+            p for p in ("\u2581" + word[:i] for i in range(len(word) + 1)) if p not in pieces]))
+        if len(pieces) + len(new) > budget:
+            break
+        pieces += new
+    pieces += [f"<unused{i}>" for i in range(budget - len(pieces))]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(tokens) - 259)])
+    writer.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL,
+                            gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+                           + [gguf.TokenType.NORMAL] * (len(tokens) - 259))
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_chat_template("{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }}"
+                             " [/INST]{{ eos_token }}{% endfor %}")
+
+
+def write_gguf(path: Path, arch: str, types, seed: int = 0, rope_freqs=None,
+               sentencepiece: bool = False):
     """A tiny `arch` GGUF file; matrix k of the file is stored as types[k % len(types)],
-    1-D tensors as F32 (as llama.cpp does); `rope_freqs` the Llama 3 rope table if given.
-    Returns (HF-layout weights by GGUF name, the tokenizer written)."""
+    1-D tensors as F32 (as llama.cpp does); `rope_freqs` the Llama 3 rope table if given;
+    a byte-level BPE tokenizer, or a sentencepiece one. Returns (HF-layout weights by
+    GGUF name, the BPE tokenizer written)."""
     spec, rng = ARCHS[arch], np.random.default_rng(seed)
     tokenizer = build_tokenizer(TEXTS, vocab_size=VOCAB, style=spec["style"])
     assert len(tokenizer) == VOCAB
@@ -148,7 +176,10 @@ def write_gguf(path: Path, arch: str, types, seed: int = 0, rope_freqs=None):
     writer.add_rope_freq_base(50000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(VOCAB)
-    _tokenizer_metadata(writer, tokenizer, spec["pre"])
+    if sentencepiece:
+        _sentencepiece_metadata(writer)
+    else:
+        _tokenizer_metadata(writer, tokenizer, spec["pre"])
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", rope_freqs)
     matrices = 0
@@ -246,6 +277,22 @@ def test_float32_file_gives_back_the_weights_written(arch, tmp_path):
     assert sorted(ours) == sorted(hf_name(n) for n in weights)
     for name, w in weights.items():
         np.testing.assert_array_equal(ours[hf_name(name)], w, err_msg=name)
+
+
+def test_sentencepiece_tokenizer_equals_transformers(tmp_path):
+    """Llama 2 / Mistral files: a sentencepiece vocabulary (merges from the scores, bos
+    added by default)."""
+    write_gguf(tmp_path / "sp.gguf", "llama", [Q.F16], sentencepiece=True)
+    import_gguf(tmp_path / "sp.gguf", tmp_path / "hf")
+    ours = load_tokenizer(tmp_path / "hf")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="sp.gguf")
+    text = "the cat sat on the mat, 347 * 29"
+    assert ours(text)["input_ids"] == theirs(text)["input_ids"]
+    assert ours(text)["input_ids"][0] == ours.bos_token_id == 1
+    assert ours.convert_ids_to_tokens(ours(text)["input_ids"])[1:3] == ["\u2581the", "\u2581cat"]
+    kwargs = dict(tokenize=True, return_dict=False)
+    assert (ours.apply_chat_template(CONVERSATION, **kwargs)
+            == theirs.apply_chat_template(CONVERSATION, **kwargs))
 
 
 def _llama_cpp_rope_freqs(theta: float, head_dim: int, factor: float) -> np.ndarray:
