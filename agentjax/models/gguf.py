@@ -31,12 +31,14 @@ chat template: transformers loads it as well. No torch is imported. What comes f
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import gguf
+import jinja2
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from transformers import PreTrainedTokenizerFast
@@ -48,6 +50,8 @@ from agentjax.models.config import ModelConfig, RopeConfig
 from agentjax.models.hf import (CONFIG_FILE, GENERATION_CONFIG_FILE, _save_tokenizer,
                                 hf_tensor_shapes, write_safetensors)
 from agentjax.models.tokenizer import stop_token_ids
+
+log = logging.getLogger(__name__)
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
 # Types whose import the tests check against transformers' GGUF loading. gguf's dequantize
@@ -297,6 +301,20 @@ def gguf_tokenizer(metadata: Mapping[str, Any],
     return PreTrainedTokenizerFast(tokenizer_object=backend, **tokenizer_config)
 
 
+def _stop_ids(tokenizer: PreTrainedTokenizerFast, metadata: Mapping[str, Any],
+              source: str) -> list[int]:
+    """generation_config.json's eos list: the file's eos / eot / eom ids and the chat
+    template's end-of-turn token; the file's ids alone (with a warning) when the template
+    cannot be read for one (the weights are imported regardless)."""
+    file_stops = [int(metadata[k]) for k in _STOP_KEYS if k in metadata]
+    try:
+        return list(stop_token_ids(tokenizer, file_stops))
+    except (ValueError, jinja2.TemplateError) as e:
+        log.warning("%s: no end-of-turn token from the chat template (%s); "
+                    "generation_config.json lists the file's eos ids %s", source, e, file_stops)
+        return sorted(set(file_stops))
+
+
 def import_gguf(gguf_path: str | os.PathLike, out: str | os.PathLike, *,
                 max_shard_bytes: int = 4 * 2**30) -> ModelConfig:
     """Writes the HF folder of a GGUF file (module docstring), replacing `out` atomically.
@@ -344,9 +362,8 @@ def import_gguf(gguf_path: str | os.PathLike, out: str | os.PathLike, *,
         hf_config = cfg.to_hf()
         hf_config["torch_dtype"] = "float32"
         (folder / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2))
-        file_stops = [metadata[k] for k in _STOP_KEYS if k in metadata]
         generation = {"bos_token_id": cfg.bos_token_id,
-                      "eos_token_id": list(stop_token_ids(tokenizer, file_stops)),
+                      "eos_token_id": _stop_ids(tokenizer, metadata, source),
                       "pad_token_id": cfg.pad_token_id}
         (folder / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2))
         _save_tokenizer(tokenizer, cfg, folder)

@@ -105,7 +105,8 @@ def _encode(w: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.ndarray:
     return raw.reshape(rows, blocks * size)
 
 
-def _tokenizer_metadata(writer: gguf.GGUFWriter, tokenizer, pre: str) -> None:
+def _tokenizer_metadata(writer: gguf.GGUFWriter, tokenizer, pre: str,
+                        chat_template: str) -> None:
     """The tokenizer as llama.cpp's converter stores a byte-level BPE."""
     spec = json.loads(tokenizer.backend_tokenizer.to_str())
     vocab = tokenizer.get_vocab()
@@ -123,7 +124,7 @@ def _tokenizer_metadata(writer: gguf.GGUFWriter, tokenizer, pre: str) -> None:
         if getattr(tokenizer, f"{token}_token_id") is not None:
             add(getattr(tokenizer, f"{token}_token_id"))
     writer.add_add_bos_token(False)
-    writer.add_chat_template(tokenizer.chat_template)
+    writer.add_chat_template(chat_template)
 
 
 def _sentencepiece_metadata(writer: gguf.GGUFWriter) -> None:
@@ -153,10 +154,11 @@ def _sentencepiece_metadata(writer: gguf.GGUFWriter) -> None:
 
 
 def write_gguf(path: Path, arch: str, types, seed: int = 0, rope_freqs=None,
-               sentencepiece: bool = False):
+               sentencepiece: bool = False, chat_template: str | None = None):
     """A tiny `arch` GGUF file; matrix k of the file is stored as types[k % len(types)],
     1-D tensors as F32 (as llama.cpp does); `rope_freqs` the Llama 3 rope table if given;
-    a byte-level BPE tokenizer, or a sentencepiece one. Returns (HF-layout weights by
+    a byte-level BPE tokenizer (with its chat template, or `chat_template`), or a
+    sentencepiece one. Returns (HF-layout weights by
     GGUF name, the BPE tokenizer written)."""
     spec, rng = ARCHS[arch], np.random.default_rng(seed)
     tokenizer = build_tokenizer(TEXTS, vocab_size=VOCAB, style=spec["style"])
@@ -179,7 +181,8 @@ def write_gguf(path: Path, arch: str, types, seed: int = 0, rope_freqs=None,
     if sentencepiece:
         _sentencepiece_metadata(writer)
     else:
-        _tokenizer_metadata(writer, tokenizer, spec["pre"])
+        _tokenizer_metadata(writer, tokenizer, spec["pre"],
+                            chat_template or tokenizer.chat_template)
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", rope_freqs)
     matrices = 0
@@ -293,6 +296,19 @@ def test_sentencepiece_tokenizer_equals_transformers(tmp_path):
     kwargs = dict(tokenize=True, return_dict=False)
     assert (ours.apply_chat_template(CONVERSATION, **kwargs)
             == theirs.apply_chat_template(CONVERSATION, **kwargs))
+
+
+def test_template_without_an_end_of_turn_token_still_imports(tmp_path, caplog):
+    """generation_config.json falls back to the file's eos ids, said in a warning."""
+    file = tmp_path / "plain.gguf"
+    write_gguf(file, "qwen2", [Q.Q8_0], chat_template="{% for m in messages %}"
+               "{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    with caplog.at_level("WARNING", logger="agentjax.models.gguf"):
+        import_gguf(file, tmp_path / "hf")
+    assert "no end-of-turn token from the chat template" in caplog.text
+    eos = gguf.GGUFReader(file).fields["tokenizer.ggml.eos_token_id"].contents()
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == [eos]
 
 
 def _llama_cpp_rope_freqs(theta: float, head_dim: int, factor: float) -> np.ndarray:
