@@ -27,6 +27,10 @@ chat template: transformers loads it as well. No torch is imported. What comes f
     Saved by `hf.save_hf`'s tokenizer writer (transformers 4 and 5 both load it).
   - generation_config.json: bos / pad from the metadata; eos: every id that ends a turn
     (the file's eos, eot and eom ids and the template's end-of-turn token).
+
+Every type of SUPPORTED_TYPES is tested against transformers' GGUF loading (the same
+tensors bit for bit; the K-quants as random blocks, since gguf-py cannot quantize to
+them), and SmolLM2's Q4_1 file (tests/models/test_gguf.py).
 """
 from __future__ import annotations
 
