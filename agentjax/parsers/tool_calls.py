@@ -23,15 +23,17 @@ calls, name and arguments. Where SGLang is silent or lossy, these are loud:
 Parsing takes time linear in the text whatever it holds: the policy can write a megabyte
 of unclosed tags or brackets, and a regex like SGLang's `<tool_call>\\n(.*?)\\n</tool_call>`
 rescans the rest of the text from every unclosed tag. Delimiters are found with
-`str.find`, each from where the last search stopped; JSON is decoded by `json`, and a
-bracket scanner runs only when decoding failed, to tell a cut value from a bad one.
+`str.find`, each from where the last search stopped; JSON is decoded by `json`, whose
+error position tells a cut value from a bad one.
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
+import itertools
 import json
 import math
+import operator
 import re
 import threading
 import warnings
@@ -40,6 +42,9 @@ from typing import Any, Callable, Mapping, Sequence
 from agentjax.core.registry import Registry
 from agentjax.parsers.actions import MAX_JSON_DEPTH, echo, exceeds_depth, load_json
 
+# More calls than this in one turn is no tool use: the rest of the turn is not read, which
+# bounds the work and the errors an adversarial turn costs.
+MAX_CALLS = 64
 # OpenAI function schemas, {"type": "function", "function": {"name", "parameters"}} (the
 # bare function object is taken too); None when the caller has none.
 Tools = Sequence[Mapping[str, Any]] | None
@@ -140,6 +145,17 @@ class _Turn:
         self.errors: list[str] = []
         self.truncated = False
         self._attempts = 0  # calls seen, well-formed or not: errors name them by number
+        self._stopped = False
+
+    def room(self) -> bool:
+        """Whether another call may be read; past MAX_CALLS, says why not (once)."""
+        if self._attempts < MAX_CALLS:
+            return True
+        if not self._stopped:
+            self._stopped = True
+            self.errors.append(f"more than {MAX_CALLS} tool calls in one turn: the rest "
+                               "were not read")
+        return False
 
     def error(self, problem: str) -> None:
         self._attempts += 1
@@ -209,50 +225,33 @@ def _split_blocks(text: str, opening: str, closing: str
 
 
 _DECODER = json.JSONDecoder()
-# Outside a JSON string: a quote or a run of brackets; inside one: a quote or a backslash.
-_JSON_STRUCTURE = re.compile(r'"|[\[{]+|[\]}]+')
-_JSON_STRING_END = re.compile(r'["\\]')
+# What a cut JSON value may end with after the decoder's error position: part of a
+# number or of a literal (true, false, null, NaN, Infinity).
+_CUT_TOKEN = re.compile(r"[-+.\deE]*|t(r(ue?)?)?|f(a(l(se?)?)?)?|n(u(ll?)?)?|N(aN?)?"
+                        r"|-?I(n(f(i(n(i(ty?)?)?)?)?)?)?")
 
 
 def _decode_json(text: str, start: int) -> tuple[Any, int, str | None]:
-    """(value, end, problem) of the JSON value at text[start] ("{" or "[").
+    """(value, end, problem) of the JSON value at text[start].
 
-    end is -1 when the value's brackets do not close before the text ends (a cut value);
-    problem says why a closed value is not JSON any tool can take.
+    end is -1 when the text ends inside the value (a cut value). A value that is not JSON
+    any tool can take has a problem, and end is the text's end: where such a value stops
+    is unknown.
     """
     try:
         value, end = _DECODER.raw_decode(text, start)
-    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
-        end = _json_end(text, start)
-        if end < 0:
+    except json.JSONDecodeError as error:
+        rest = text[error.pos:].strip()
+        if error.msg.startswith("Unterminated string") or _CUT_TOKEN.fullmatch(rest):
             return None, -1, None
-        value, problem = load_json(text[start:end])
-        return value, end, problem or "not valid JSON"
+        return None, len(text), f"{error.msg} at char {error.pos - start}"
+    except RecursionError:
+        return None, len(text), f"nested deeper than {MAX_JSON_DEPTH} levels"
+    except ValueError as error:  # an integer too long to convert
+        return None, len(text), str(error).split(";")[0]
     if exceeds_depth(value, MAX_JSON_DEPTH):
         return None, end, f"nested deeper than {MAX_JSON_DEPTH} levels"
     return value, end, None
-
-
-def _json_end(text: str, start: int) -> int:
-    """The end of the bracketed value at text[start] (string-aware), or -1 if it stays
-    open to the end of the text. Brackets of either kind count alike: a mismatch is for
-    the decoder to report."""
-    depth, pos = 0, start
-    while match := _JSON_STRUCTURE.search(text, pos):
-        pos, run = match.end(), match.group()
-        if run == '"':
-            while (quote := _JSON_STRING_END.search(text, pos)) and quote.group() == "\\":
-                pos = quote.end() + 1
-            if quote is None:
-                return -1
-            pos = quote.end()
-        elif run[0] in "[{":
-            depth += len(run)
-        elif depth <= len(run):
-            return match.start() + depth
-        else:
-            depth -= len(run)
-    return -1
 
 
 # hermes (Qwen2.5, Qwen3, Hermes 2 Pro): <tool_call>\n{"name": ..., "arguments": {...}}
@@ -266,8 +265,9 @@ def _parse_hermes(text: str, tools: Tools) -> ParsedTurn:
     outside, bodies, tail = _split_blocks(text, _TOOL_CALL, _TOOL_CALL_END)
     turn.content += outside
     for body in bodies:
-        _hermes_block(body, turn)
-    if tail is not None:
+        if turn.room():
+            _hermes_block(body, turn)
+    if tail is not None and turn.room():
         # An unclosed last block whose JSON is whole is a call, as for SGLang (a sampler
         # that stops at "</tool_call>" leaves it out); otherwise the turn was cut in it.
         if load_json(tail.strip())[1] is None:
@@ -286,7 +286,8 @@ def _hermes_block(body: str, turn: _Turn) -> None:
     if not value:
         return turn.error("<tool_call> holds an empty list")
     for item in value:
-        turn.add_object(item)
+        if turn.room():
+            turn.add_object(item)
 
 
 # qwen3_coder (Qwen3-Coder): <tool_call>\n<function=NAME>\n<parameter=P>\nvalue\n
@@ -304,8 +305,9 @@ def _parse_qwen3_coder(text: str, tools: Tools) -> ParsedTurn:
     turn.content += outside
     properties = _tool_properties(tools)
     for body in bodies:
-        _xml_block(body, properties, turn, closed=True)
-    if tail is not None:
+        if turn.room():
+            _xml_block(body, properties, turn, closed=True)
+    if tail is not None and turn.room():
         _xml_block(tail, properties, turn, closed=False)
     return turn.result()
 
@@ -315,7 +317,7 @@ def _xml_block(body: str, properties: dict, turn: _Turn, closed: bool) -> None:
     runs to the block's end (as SGLang reads it); in the unclosed last block it means the
     turn was cut there."""
     pos, found = 0, False
-    while (at := body.find(_FUNCTION, pos)) >= 0:
+    while (at := body.find(_FUNCTION, pos)) >= 0 and turn.room():
         found, start = True, at + len(_FUNCTION)
         end = body.find(_FUNCTION_END, start)
         if end < 0 and not closed:
@@ -350,23 +352,19 @@ def _xml_parameters(text: str) -> list[tuple[str | None, str]]:
     also ends where the next parameter opens, or at the text's end (before a final
     newline, as `$` matches); one newline is dropped at each end of the value."""
     found = []
-    at, close = text.find(_PARAMETER), text.find(_PARAMETER_END)
-    while at >= 0:
-        start = at + len(_PARAMETER)
-        following = text.find(_PARAMETER, start)
-        if 0 <= close < start:
-            close = text.find(_PARAMETER_END, start)
-        ends = [p for p in (close, following) if p >= 0]
-        end = min(ends) if ends else len(text) - (text.endswith("\n") and len(text) > start)
-        segment = text[start:end]
+    pieces = text.split(_PARAMETER)[1:]  # each runs to the next parameter's opening
+    for i, piece in enumerate(pieces):
+        end = piece.find(_PARAMETER_END)
+        if end < 0 and i == len(pieces) - 1 and piece.endswith("\n"):
+            end = len(piece) - 1
+        segment = piece if end < 0 else piece[:end]
         name_end = segment.find(">")
         if name_end < 0:
             found.append((None, segment))
-        else:
-            value = segment[name_end + 1:]
-            value = value[1:] if value.startswith("\n") else value
-            found.append((segment[:name_end], value[:-1] if value.endswith("\n") else value))
-        at = following  # the next parameter, whether this one closed or not
+            continue
+        value = segment[name_end + 1:]
+        value = value[1:] if value.startswith("\n") else value
+        found.append((segment[:name_end], value[:-1] if value.endswith("\n") else value))
     return found
 
 
@@ -507,7 +505,7 @@ def _parse_llama3_json(text: str, tools: Tools) -> ParsedTurn:
                    '{"name": ..., "parameters": {...}} (built-in tool calls and code are '
                    f"not parsed): {echo(region[pos:].strip())}")
         return turn.result()
-    while pos < len(region) and region[pos] == "{":
+    while pos < len(region) and region[pos] == "{" and turn.room():
         value, end, problem = _decode_json(region, pos)
         if end < 0:
             turn.truncated = True
@@ -544,9 +542,11 @@ def _parse_mistral(text: str, tools: Tools) -> ParsedTurn:
     pieces = text.split(_TOOL_CALLS)
     turn.content.append(pieces[0])
     for i, piece in enumerate(pieces[1:], 1):
+        if not turn.room():
+            break
         last = i == len(pieces) - 1
         start = _skip_space(piece, 0)
-        if piece.startswith(("[", "{"), start):
+        if piece.startswith(("[", "{"), start) and not piece.startswith(_ARGS, start):
             _mistral_json(piece, start, last, turn)
         else:
             _mistral_named(piece, last, turn)
@@ -564,7 +564,8 @@ def _mistral_json(piece: str, start: int, last: bool, turn: _Turn) -> None:
     if isinstance(value, list) and not value:
         return turn.error(f"{_TOOL_CALLS} holds an empty list")
     for item in value if isinstance(value, list) else [value]:
-        turn.add_object(item, with_id=True)
+        if turn.room():
+            turn.add_object(item, with_id=True)
 
 
 def _mistral_named(piece: str, last: bool, turn: _Turn) -> None:
@@ -608,9 +609,18 @@ def _cut(turn: _Turn, last: bool, problem: str) -> None:
 # <|python_start|> ... <|python_end|>.
 _PYTHON_MARKERS = ("<|python_start|>", "<|python_end|>")
 # A list that opens with a call taking no or named arguments, as SGLang's pattern wants.
-_CALL_LIST = re.compile(r"\[[A-Za-z]\w*\((?=\s*\)|\s*[A-Za-z_]\w*\s*=)")
-_PYTHON_STRUCTURE = re.compile(r"'''|\"\"\"|['\"]|[\[({]+|[\])}]+")
-_PYTHON_STRING_END = {q: re.compile(r"\\|" + re.escape(q)) for q in ("'", '"', "'''", '"""')}
+_CALL_LIST = re.compile(r"\[\s*[A-Za-z]\w*\((?=\s*\)|\s*[A-Za-z_]\w*\s*=)")
+# A string literal, triple-quoted first (loops unrolled: a long string is one tight scan);
+# captured, so that `split` hands the strings and the code between them apart.
+_PYTHON_STRINGS = re.compile("(" + "|".join((
+    r"'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''", r'"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""',
+    r"'[^'\\]*(?:\\.[^'\\]*)*'", r'"[^"\\]*(?:\\.[^"\\]*)*"')) + ")")
+_QUOTE = re.compile("['\"]")
+_BRACKET, _NOT_BRACKET = re.compile(r"[][(){}]"), re.compile(r"[^][(){}]+")
+_BRACKET_STEPS = dict.fromkeys("[({", 1) | dict.fromkeys("])}", -1)
+# Python's parser refuses brackets nested deeper (its tokenizer's MAXLEVEL).
+_MAX_PYTHON_NESTING = 200
+_FIRST_WINDOW = 4096
 
 
 def _parse_pythonic(text: str, tools: Tools) -> ParsedTurn:
@@ -619,7 +629,7 @@ def _parse_pythonic(text: str, tools: Tools) -> ParsedTurn:
     for marker in _PYTHON_MARKERS:
         text = text.replace(marker, "")
     pos = 0
-    while match := _CALL_LIST.search(text, pos):
+    while (match := _CALL_LIST.search(text, pos)) and turn.room():
         end = _python_end(text, match.start())
         if end < 0:
             turn.content.append(text[pos:match.start()])
@@ -634,24 +644,29 @@ def _parse_pythonic(text: str, tools: Tools) -> ParsedTurn:
 
 def _python_end(text: str, start: int) -> int:
     """The end of the bracketed Python expression at text[start], or -1 if it stays open
-    to the end of the text (string-aware)."""
-    depth, pos = 0, start
-    while match := _PYTHON_STRUCTURE.search(text, pos):
-        pos, run = match.end(), match.group()
-        if run[0] in "'\"":
-            ending = _PYTHON_STRING_END[run]
-            while (close := ending.search(text, pos)) and close.group() == "\\":
-                pos = close.end() + 1
-            if close is None:
-                return -1
-            pos = close.end()
-        elif run[0] in "[({":
-            depth += len(run)
-        elif depth <= len(run):
-            return match.start() + depth
-        else:
-            depth -= len(run)
-    return -1
+    to the end of the text; the text's end where it nests deeper than Python parses.
+
+    Every step runs in C, none per character or per string in Python: string literals
+    are blanked (a quote left opens a string that does not close in the window), and
+    the depth is a running sum over the brackets left. The window grows fourfold until
+    the expression closes, so the work is linear in the expression's length."""
+    size = _FIRST_WINDOW
+    while True:
+        parts = _PYTHON_STRINGS.split(text[start:start + size])
+        parts[1::2] = map(operator.mul, itertools.repeat("_"), map(len, parts[1::2]))
+        code = "".join(parts)
+        if quote := _QUOTE.search(code):
+            code = code[:quote.start()]
+        brackets = _NOT_BRACKET.sub("", code)
+        depths = list(itertools.accumulate(map(_BRACKET_STEPS.__getitem__, brackets)))
+        if 0 in depths:
+            closing = itertools.islice(_BRACKET.finditer(code), depths.index(0), None)
+            return start + next(closing).end()
+        if depths and max(depths) > _MAX_PYTHON_NESTING:
+            return len(text)  # no Python list: the rest is its text
+        if start + size >= len(text):
+            return -1
+        size *= 4
 
 
 def _python_calls(source: str, turn: _Turn) -> None:
@@ -666,6 +681,8 @@ def _python_calls(source: str, turn: _Turn) -> None:
             and all(isinstance(e, ast.Call) for e in tree.body.elts)):
         return turn.error(f"{echo(source)} is not a list of calls f(a=1)")
     for call in tree.body.elts:
+        if not turn.room():
+            break
         if not isinstance(call.func, ast.Name):
             turn.error(f"{echo(ast.unparse(call.func))} is not a plain function name")
         elif call.args or any(k.arg is None for k in call.keywords):
