@@ -18,9 +18,8 @@ import pytest
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
-from agentjax.config import choices
 from agentjax.parsers.actions import MAX_JSON_DEPTH
-from agentjax.parsers.tool_calls import (TOOL_PARSERS, ParsedTurn, ToolCall,
+from agentjax.parsers.tool_calls import (MAX_CALLS, TOOL_PARSERS, ParsedTurn, ToolCall,
                                          detect_tool_parser, parse_tool_calls)
 from tests.models.qwen_tokenizers import QWEN3_TEMPLATE, QWEN25_TEMPLATE
 
@@ -367,10 +366,9 @@ def test_every_format_has_each_kind_of_case():
         assert sum(c.sglang for c in cases) >= 5, parser
 
 
-def test_registry_names_and_config_choices():
+def test_registry_names():
     assert set(TOOL_PARSERS.names()) == {"hermes", "qwen3_coder", "llama3_json", "mistral",
                                          "pythonic"}
-    assert TOOL_PARSERS.names() == choices.TOOL_PARSERS
     with pytest.raises(ValueError, match="unknown tool parser 'gpt-oss'.*hermes"):
         parse_tool_calls("gpt-oss", "text")
 
@@ -395,6 +393,23 @@ def test_arguments_deeper_than_the_json_limit_are_an_error():
         turn = parse_tool_calls(parser, text, tools=CODER_TOOLS)
         assert not turn.calls and len(turn.errors) == 1, (parser, turn)
         assert "nested deeper than" in turn.errors[0], (parser, turn.errors)
+
+
+def test_a_turn_is_read_up_to_max_calls():
+    many = {"hermes": f"<tool_call>{TEMPERATURE}</tool_call>",
+            "qwen3_coder": coder_call("get_weather", city="Paris"),
+            "llama3_json": CONDITIONS_CALL + ";",
+            "mistral": "[TOOL_CALLS]now[ARGS]{}",
+            "pythonic": "[now()] "}
+    for parser, unit in many.items():
+        turn = parse_tool_calls(parser, unit * (MAX_CALLS + 5), tools=CODER_TOOLS)
+        assert len(turn.calls) == MAX_CALLS, parser
+        assert turn.errors == (f"more than {MAX_CALLS} tool calls in one turn: the rest "
+                               "were not read",), parser
+        # Malformed calls count too: the errors of an adversarial turn stay few.
+        bad = parse_tool_calls(parser, unit.replace("now", "").replace(
+            "get_weather", "").replace("get_current_conditions", "") * 10_000)
+        assert len(bad.errors) <= MAX_CALLS + 1, parser
 
 
 # detect_tool_parser reads the chat template. Qwen's are the real ones; of the others,
