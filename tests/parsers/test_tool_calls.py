@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import json
 import pathlib
+import random
 import sys
 import time
 import types
@@ -533,7 +534,6 @@ def test_parsers_never_raise(text):
 # the packages are entered without running their __init__ and sglang.utils's one
 # function the OpenAI protocol module takes is given. Install for these tests:
 #   pip install --no-deps sglang && pip install openai partial-json-parser orjson msgspec
-# (pybase64 too where sglang.srt.environ asks for it).
 SGLANG_DETECTORS = {"hermes": ("hermes_detector", "HermesDetector"),
                     "qwen3_coder": ("qwen3_coder_detector", "Qwen3CoderDetector"),
                     "llama3_json": ("llama32_detector", "Llama32Detector"),
@@ -606,3 +606,111 @@ def test_calls_agree_with_sglangs_parser_of_the_same_name(sglang, parser, name):
     assert ours == sglang_calls(detectors[parser], case, tools)
     if parser == "hermes" and name in QWEN_FORMAT:
         assert ours == sglang_calls(qwen25, case, tools)
+
+
+def random_value(rng: random.Random, depth: int = 0):
+    """A JSON value such as tool arguments hold: text with markup and escapes in it,
+    numbers, booleans, null, lists and objects."""
+    kinds = ["text", "int", "float", "bool", "null"] + (["list", "dict"] if depth < 3 else [])
+    kind = rng.choice(kinds)
+    if kind == "text":
+        return "".join(rng.choice(["a", "Z", " ", "\n", "<", ">", '"', "'", "\\", "{", "]",
+                                   "é", "天", "\t", "x=1", "#"])
+                       for _ in range(rng.randrange(12)))
+    if kind == "int":
+        return rng.randrange(0, 10**6)
+    if kind == "float":
+        return rng.randrange(1, 10**4) / 8
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "null":
+        return None
+    if kind == "list":
+        return [random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {f"k{i}": random_value(rng, depth + 1) for i in range(rng.randrange(4))}
+
+
+def random_calls(rng: random.Random) -> list[tuple[str, dict]]:
+    return [(rng.choice(["search", "get_weather", "run_code", "f2"]),
+             {rng.choice(["q", "city", "n", "x_1"]) + str(i): random_value(rng)
+              for i in range(rng.randrange(4))})
+            for _ in range(rng.randrange(1, 4))]
+
+
+def write_turn(parser: str, rng: random.Random) -> tuple[str, list[tuple[str, dict]]]:
+    """A well-formed turn in the format, as the model's template writes calls, and the
+    calls it holds."""
+    calls = random_calls(rng)
+    before = rng.choice(["", "Let me check.\n", "<think>\nplan\n</think>\n\n"])
+    if parser == "hermes":
+        return before + "\n".join(f"<tool_call>\n{call_json(n, a)}\n</tool_call>"
+                                  for n, a in calls), calls
+    if parser == "llama3_json":
+        return (rng.choice(["", "<|python_tag|>"])
+                + ";".join(call_json(n, a, "parameters") for n, a in calls)), calls
+    if parser == "mistral":
+        if rng.random() < 0.5:
+            return before + "[TOOL_CALLS] " + json.dumps(
+                [{"name": n, "arguments": a} for n, a in calls]), calls
+        return before + "".join(f"[TOOL_CALLS]{n}[ARGS]{json.dumps(a)}" for n, a in calls), calls
+    if parser == "pythonic":  # Python literals: no negative numbers (SGLang drops them)
+        calls = [(n, {k: v for k, v in a.items()}) for n, a in calls]
+        return before + "[" + ", ".join(
+            f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items()) + ")"
+            for n, a in calls) + "]", calls
+    raise ValueError(parser)
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "mistral", "pythonic"])
+def test_random_well_formed_turns_agree_with_sglang(sglang, parser):
+    """Seeded turns as the templates write them: the same calls as SGLang's parser."""
+    detectors, _, tool_model = sglang
+    rng = random.Random(0)
+    for _ in range(150):
+        text, calls = write_turn(parser, rng)
+        case = Case(text, calls)
+        tools = sglang_tools(tool_model, parser, case)
+        ours = tuple((c.name, c.arguments) for c in parse_tool_calls(parser, text).calls)
+        assert ours == tuple(calls), text
+        assert ours == sglang_calls(detectors[parser], case, tools), text
+
+
+def coder_value(rng: random.Random, schema_type: str):
+    """A value of the type, and the text the Qwen3-Coder template writes for it."""
+    value = {"string": lambda: random_value(rng, 3) if rng.random() < 0.5 else "line 1\n"
+             "  if a < b and c > d:\n    print('x')",
+             "integer": lambda: rng.randrange(-10**6, 10**6),
+             "number": lambda: rng.randrange(-10**4, 10**4) / 8,
+             "boolean": lambda: rng.random() < 0.5,
+             "array": lambda: [random_value(rng, 2) for _ in range(rng.randrange(3))],
+             "object": lambda: {"k": random_value(rng, 2)}}[schema_type]()
+    if schema_type == "string":
+        value = str(value)
+    if value is None or isinstance(value, (list, dict)):
+        return value, json.dumps(value)
+    return value, str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def test_random_qwen3_coder_turns_agree_with_sglang(sglang):
+    detectors, _, tool_model = sglang
+    properties = {"s": "string", "i": "integer", "n": "number", "b": "boolean",
+                  "a": "array", "o": "object"}
+    schema = {"name": "typed", "parameters": {"type": "object", "properties": {
+        name: {"type": kind} for name, kind in properties.items()}}}
+    tools = [{"type": "function", "function": schema}]
+    rng = random.Random(0)
+    for _ in range(150):
+        calls, blocks = [], []
+        for _ in range(rng.randrange(1, 4)):
+            chosen = rng.sample(sorted(properties), rng.randrange(len(properties) + 1))
+            values = {name: coder_value(rng, properties[name]) for name in chosen}
+            if any(v[1].strip().lower() == "null" for v in values.values()):
+                continue
+            calls.append(("typed", {name: v[0] for name, v in values.items()}))
+            blocks.append(coder_call("typed", **{name: v[1] for name, v in values.items()}))
+        text = rng.choice(["", "I will run it.\n"]) + "\n".join(blocks)
+        ours = tuple((c.name, c.arguments)
+                     for c in parse_tool_calls("qwen3_coder", text, tools=tools).calls)
+        assert ours == tuple(calls), text
+        sglang_tools_ = [tool_model(type="function", function=schema)]
+        assert ours == sglang_calls(detectors["qwen3_coder"], Case(text), sglang_tools_), text
