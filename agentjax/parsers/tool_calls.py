@@ -33,7 +33,6 @@ import dataclasses
 import itertools
 import json
 import math
-import operator
 import re
 import threading
 import warnings
@@ -610,14 +609,16 @@ def _cut(turn: _Turn, last: bool, problem: str) -> None:
 _PYTHON_MARKERS = ("<|python_start|>", "<|python_end|>")
 # A list that opens with a call taking no or named arguments, as SGLang's pattern wants.
 _CALL_LIST = re.compile(r"\[\s*[A-Za-z]\w*\((?=\s*\)|\s*[A-Za-z_]\w*\s*=)")
-# A string literal, triple-quoted first (loops unrolled: a long string is one tight scan);
-# captured, so that `split` hands the strings and the code between them apart.
-_PYTHON_STRINGS = re.compile("(" + "|".join((
-    r"'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''", r'"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""',
-    r"'[^'\\]*(?:\\.[^'\\]*)*'", r'"[^"\\]*(?:\\.[^"\\]*)*"')) + ")")
-_QUOTE = re.compile("['\"]")
-_BRACKET, _NOT_BRACKET = re.compile(r"[][(){}]"), re.compile(r"[^][(){}]+")
-_BRACKET_STEPS = dict.fromkeys("[({", 1) | dict.fromkeys("])}", -1)
+# String literals (loops unrolled: a long string is one tight scan), each kind closed or
+# open to the end of the window of the turn it is matched in: a kind that does not close
+# in the window is taken open, never as shorter strings ('' then '...'). Brackets are
+# captured: `findall` gives each bracket, and "" for each string.
+_STRING_BODIES = (r"'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*", r'"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*',
+                  r"'[^'\\]*(?:\\.[^'\\]*)*", r'"[^"\\]*(?:\\.[^"\\]*)*')
+_PYTHON_TOKENS = re.compile("|".join(
+    f"{body}{re.escape(body[:body.index('[')])}|{body}\\\\?\\Z" for body in _STRING_BODIES)
+    + r"|([][(){}])")
+_DEPTH_STEPS = {"": 0} | dict.fromkeys("[({", 1) | dict.fromkeys("])}", -1)
 # Python's parser refuses brackets nested deeper (its tokenizer's MAXLEVEL).
 _MAX_PYTHON_NESTING = 200
 _FIRST_WINDOW = 4096
@@ -646,21 +647,17 @@ def _python_end(text: str, start: int) -> int:
     """The end of the bracketed Python expression at text[start], or -1 if it stays open
     to the end of the text; the text's end where it nests deeper than Python parses.
 
-    Every step runs in C, none per character or per string in Python: string literals
-    are blanked (a quote left opens a string that does not close in the window), and
-    the depth is a running sum over the brackets left. The window grows fourfold until
-    the expression closes, so the work is linear in the expression's length."""
+    Every step runs in C, none per character or per string in Python: the regex reads
+    the window's brackets and strings (a string open at the window's end runs to it),
+    and the depth is a running sum over them. The window grows fourfold until the
+    expression closes, so the work is linear in the expression's length."""
     size = _FIRST_WINDOW
     while True:
-        parts = _PYTHON_STRINGS.split(text[start:start + size])
-        parts[1::2] = map(operator.mul, itertools.repeat("_"), map(len, parts[1::2]))
-        code = "".join(parts)
-        if quote := _QUOTE.search(code):
-            code = code[:quote.start()]
-        brackets = _NOT_BRACKET.sub("", code)
-        depths = list(itertools.accumulate(map(_BRACKET_STEPS.__getitem__, brackets)))
+        window = text[start:start + size]
+        tokens = _PYTHON_TOKENS.findall(window)
+        depths = list(itertools.accumulate(map(_DEPTH_STEPS.__getitem__, tokens)))
         if 0 in depths:
-            closing = itertools.islice(_BRACKET.finditer(code), depths.index(0), None)
+            closing = itertools.islice(_PYTHON_TOKENS.finditer(window), depths.index(0), None)
             return start + next(closing).end()
         if depths and max(depths) > _MAX_PYTHON_NESTING:
             return len(text)  # no Python list: the rest is its text
