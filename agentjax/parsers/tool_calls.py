@@ -327,7 +327,9 @@ def _xml_block(body: str, properties: dict, turn: _Turn, closed: bool) -> None:
         _xml_function(function, properties, turn)
     if not found:
         if closed:
-            turn.error("<tool_call> holds no <function=NAME>")
+            turn.error("<tool_call> holds no <function=NAME>; a call is <tool_call>\n"
+                       "<function=NAME>\n<parameter=P>\nvalue\n</parameter>\n</function>\n"
+                       "</tool_call>")
         else:
             turn.truncated = True
 

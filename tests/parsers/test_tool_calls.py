@@ -291,6 +291,7 @@ MISTRAL = {
                                    sglang=False),
 }
 
+LONG_CODE = "print(f(x='1')]" + "\n" * 2 + "y = ')]'\n" * 600
 # Llama 4's and the Llama 3.2 pythonic templates: "[func_name1(params_name1=
 # params_value1, ...), func_name2(params)]"; Llama 4 may wrap it in python_start/end.
 PYTHONIC = {
@@ -313,6 +314,9 @@ PYTHONIC = {
     # SGLang's pattern wants the name right after "[".
     "multi-line": Case('[\n  get_weather(city="Paris"),\n  now()\n]',
                        [("get_weather", {"city": "Paris"}), ("now", {})], sglang=False),
+    # Longer than the first window the list's end is looked for in, with "')]" inside.
+    "long code in triple quotes": Case("[run_code(code='''" + LONG_CODE + "''')]",
+                                       [("run_code", {"code": LONG_CODE})]),
     "no call": Case("See [1] and the list [a, b].", content="See [1] and the list [a, b]."),
     # SGLang takes only constants: it drops a call with a negative number.
     "negative number": Case("[move(dx=-3, dy=+2.5)]", [("move", {"dx": -3, "dy": 2.5})],
