@@ -85,3 +85,6 @@ ON_NONFINITE = ("skip", "rollback")
 # engine/protocol.py: Completion.meta["logprob_distribution"], reported_distribution (what
 # an engine's log-probs are; rollout.sglang.logprob_distribution names the servers').
 LOGPROB_DISTRIBUTIONS = ("sampling", "temperature", "raw")
+# parsers/tool_calls.py: TOOL_PARSERS (the tool-call formats, SGLang's and vLLM's names;
+# env.tool_parser also takes "auto": detect_tool_parser reads the chat template).
+TOOL_PARSERS = ("qwen3_coder", "hermes", "mistral", "pythonic", "llama3_json")

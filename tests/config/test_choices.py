@@ -13,6 +13,7 @@ from agentjax.envs import registry as suites
 from agentjax.envs import tools
 from agentjax.envs.python import env as python_env
 from agentjax.envs.search import suite as search_suite
+from agentjax.parsers import tool_calls
 from agentjax.rewards import composite
 
 
@@ -77,3 +78,7 @@ def test_every_dpo_pairs_choice_names_pair_levels():
     assert tuple(offline.PAIR_LEVELS_OF) == choices.DPO_PAIRS
     assert {level for levels in offline.PAIR_LEVELS_OF.values() for level in levels} == set(
         offline_jsonl.PAIR_LEVELS)
+
+
+def test_every_tool_parser_is_registered():
+    assert tool_calls.TOOL_PARSERS.names() == choices.TOOL_PARSERS

@@ -5,7 +5,8 @@ an action to an observation and a reward holds up against it.
     result = run_fuzz(actions)                         # FuzzResult
     result.counts["huge"]                              # (tried, held, seconds)
 
-A case *held* when, for the parsers, `SearchEnv.step` (tags and tool-call formats),
+A case *held* when, for the parsers (every tool-call format of
+parsers/tool_calls.py too), `SearchEnv.step` (tags and tool-call formats),
 `PythonEnv.step` and the composite reward over each resulting episode log: no exception
 escaped, every observation came back as valid UTF-8 within its env's
 `max_observation_chars`, and each step took less than `max_step_s`. Used by
@@ -21,6 +22,7 @@ from typing import Callable
 
 from agentjax.core.task import Task
 from agentjax.parsers.actions import parse_search_r1, parse_tool_call
+from agentjax.parsers.tool_calls import TOOL_PARSERS, parse_tool_calls
 from agentjax.envs.python.env import PythonEnv, default_sandbox
 from agentjax.envs.retrieval import BM25Retriever
 from agentjax.envs.sandbox import Sandbox
@@ -178,6 +180,42 @@ def _malformed_json(rng: random.Random) -> str:
     return f"<tool_call>{body}</tool_call>"
 
 
+# The tool-call formats' markup (parsers/tool_calls.py) and the pieces that break it.
+_NATIVE_MARKUP = ("<tool_call>", "</tool_call>", "<tool_call>\n", "\n</tool_call>",
+                  "<function=", "</function>", "<parameter=", "</parameter>", ">",
+                  "[TOOL_CALLS]", "[TOOL_CALLS] [", "[ARGS]", "[CALL_ID]",
+                  "<|python_tag|>", "<|python_start|>", "<|python_end|>", ";",
+                  "[f(", "a=", ")]", "'''", '"""', "'", '"', "\\", "{", "}", "[", "]", "(",
+                  ")", '"name"', '"arguments"', '"parameters"', ":", ",", "python", "null",
+                  "true", "1e999", "-1", "\ud800", "\x00", "\n", " ", "x")
+# Tool schemas for the formats that type values by them (qwen3_coder).
+NATIVE_TOOLS = [{"type": "function", "function": {"name": "python", "parameters": {
+    "type": "object", "properties": {"code": {"type": "string"}, "n": {"type": "integer"},
+                                     "x": {"type": "number"}, "on": {"type": "boolean"},
+                                     "a": {"type": "array"}, "o": {"type": "object"}}}}}]
+
+
+def _native_tool_calls(rng: random.Random) -> str:
+    markup = _NATIVE_MARKUP
+    shape = rng.choice([
+        lambda: "".join(rng.choice(markup) for _ in range(rng.randrange(1, 80))),
+        lambda: rng.choice(markup[:17]) * rng.randrange(1000, 50_000),
+        lambda: "<tool_call>\n<function=python>\n" + "".join(
+            f"<parameter={rng.choice('noxacq')}>\n{rng.choice(markup)}\n</parameter>\n"
+            for _ in range(rng.randrange(1, 20))) + rng.choice(["</function>\n</tool_call>",
+                                                                 ""]),
+        lambda: "[TOOL_CALLS]" + rng.choice(["python[ARGS]", " [", "python[CALL_ID]ab[ARGS]"])
+        + json.dumps({"code": "x" * rng.randrange(10_000), "n": [1] * 100}),
+        lambda: "<|python_tag|>" + ";".join(
+            json.dumps({"name": "python", "parameters": {"code": rng.choice(markup)}})
+            for _ in range(rng.randrange(1, 100))),
+        lambda: "[" + ", ".join(f"python(code={rng.choice(markup)!r}, n={rng.randrange(-9, 9)})"
+                                for _ in range(rng.randrange(1, 100))) + rng.choice(["]", ""]),
+        lambda: "[f(a=" + "[" * rng.randrange(1, 500) + "'x'" * rng.randrange(1, 500),
+    ])
+    return shape()
+
+
 def _hostile_python(rng: random.Random) -> str:
     return _tool_call("python", {"code": rng.choice(HOSTILE_PROGRAMS)})
 
@@ -193,6 +231,7 @@ GENERATORS: dict[str, tuple[float, Callable[[random.Random], str]]] = {
     "null_bytes": (10, _null_bytes),
     "malformed_json": (20, _malformed_json),
     "hostile_python": (4, _hostile_python),
+    "native_tool_calls": (12, _native_tool_calls),
 }
 
 
@@ -256,6 +295,17 @@ def run_fuzz(actions: list[tuple[str, str]], *, sandbox: Sandbox | None = None,
 def _check_case(action: str, envs: list, reward_fn: RewardFn,
                 max_step_s: float) -> str | None:
     """None when the action held everywhere, else what broke."""
+    start = time.perf_counter()
+    for parser in TOOL_PARSERS:
+        try:
+            turn = parse_tool_calls(parser, action, tools=NATIVE_TOOLS)
+        except Exception as error:  # noqa: BLE001 - what escaped is the finding
+            return f"tool parser {parser} raised {type(error).__name__}: {str(error)[:200]}"
+        if not all(isinstance(call.arguments, dict) for call in turn.calls):
+            return f"tool parser {parser} gave arguments that are not a dict"
+    elapsed = time.perf_counter() - start
+    if elapsed >= max_step_s:
+        return f"the tool parsers took {elapsed:.2f} s"
     for env in envs:
         start = time.perf_counter()
         try:
