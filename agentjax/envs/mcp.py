@@ -199,6 +199,13 @@ class _Hub:
             await asyncio.gather(*(s.close() for s in list(self.sessions)),
                                  return_exceptions=True)
 
+        if threading.current_thread() is self.thread:
+            # A finalizer the garbage collector ran on the loop's own thread: waiting
+            # here would block the loop, so the close runs and then stops it.
+            def stop(_):
+                self.loop.stop()
+            self.loop.create_task(close_all()).add_done_callback(stop)
+            return
         try:
             self.run(close_all(), timeout=30)
         except Exception as error:  # noqa: BLE001 - the loop stops all the same
@@ -313,6 +320,9 @@ class _Connection:
     async def _live_session(self) -> _Session:
         self._lock = self._lock or asyncio.Lock()
         async with self._lock:
+            session = self.session
+            if session is not None and not self.broken and session.client is None:
+                self._failed(session)  # it ended between calls (the process died idle)
             if self.gone:
                 raise ToolError(self.gone, summary="server gone", extra=self._extra("gone"))
             if self.session is not None and not self.broken:
@@ -324,16 +334,19 @@ class _Connection:
             try:
                 await session.open()
             except Exception as error:  # noqa: BLE001 - told to the policy, counted
-                self._failed()
+                self._failed(None)
                 raise ToolError(f"MCP server {self.server.name!r} could not be (re)started: "
                                 f"{_short(error)}; {self._next()}",
                                 extra=self._extra("start_failed")) from None
             self.session, self.broken = session, False
             return session
 
-    def _failed(self) -> None:
-        """Counts a crash, a dead hang or a failed start; past `max_restarts` in a row
-        the server is gone for the rest of the run."""
+    def _failed(self, session: _Session | None) -> None:
+        """Counts a failure of `session` (a crash, a dead hang; None: a start that
+        failed); past `max_restarts` in a row the server is gone for the rest of the
+        run. A session's failure counts once, however many concurrent calls saw it."""
+        if session is not None and (session is not self.session or self.broken):
+            return
         self.broken = True
         self.failures_in_a_row += 1
         if self.failures_in_a_row > self.server.max_restarts:
@@ -363,14 +376,14 @@ class _Connection:
             if error.code == REQUEST_TIMEOUT:
                 alive = await self._answers(session)
                 if not alive:
-                    self._failed()
+                    self._failed(session)
                 raise ToolError(
                     f"{name}: {tool!r} did not answer within {self.server.timeout_s:g} s"
                     + ("" if alive else "; the server stopped answering and is restarted "
                        "for the next call"),
                     summary="timeout", extra=self._extra("timeout")) from None
             if error.code == CONNECTION_CLOSED:
-                self._failed()
+                self._failed(session)
                 raise ToolError(f"{name} stopped during the call to {tool!r} (connection "
                                 f"closed); {self._next()}", summary="server crashed",
                                 extra=self._extra("crashed")) from None
@@ -385,7 +398,7 @@ class _Connection:
             # The transport failed (connection refused or reset, broken pipe), or the
             # SDK refused the result (structured content against the tool's schema):
             # the session is started afresh.
-            self._failed()
+            self._failed(session)
             raise ToolError(f"{name}: the call to {tool!r} failed: {_short(error)}; "
                             f"{self._next()}", extra=self._extra("transport")) from None
         self.failures_in_a_row = 0

@@ -11,6 +11,7 @@ import gc
 import importlib.metadata
 import importlib.util
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -310,11 +311,18 @@ def test_a_crashing_server_is_restarted_then_given_up():
     manager = McpManager([stdio("tools", max_restarts=1, timeout_s=10)])
     tools = manager.tools()
     first = episode(tools, "pid")[0]
-    observation, error = episode(tools, "crash")
-    assert observation == ("MCP server 'tools' stopped during the call to 'crash' "
-                           "(connection closed); it is restarted for the next call")
-    assert error == "crash: server crashed"
-    second = episode(tools, "pid")[0]  # restarted: a success resets the count
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # calls in flight see the crash
+        slow = [pool.submit(episode, tools, "slow", seconds=5) for _ in range(3)]
+        time.sleep(0.5)
+        observation, error = episode(tools, "crash")
+        assert observation == ("MCP server 'tools' stopped during the call to 'crash' "
+                               "(connection closed); it is restarted for the next call")
+        assert error == "crash: server crashed"
+        for future in slow:
+            assert future.result()[1] == "slow: server crashed"
+    # One crash however many calls saw it: max_restarts=1 allows this restart, and a
+    # success resets the count.
+    second = episode(tools, "pid")[0]
     assert second != first and not alive(int(first))
     episode(tools, "crash")
     observation, _ = episode(tools, "crash")  # restarted once more, crashed again: gone
@@ -339,6 +347,32 @@ def test_a_server_that_stops_answering_is_restarted():
     assert second != first and wait_gone([first]) == []
     manager.close()
     assert wait_gone([second]) == []
+
+
+@pytest.mark.slow  # ~15 s: a fresh interpreter imports agentjax and starts two servers
+def test_no_server_outlives_a_run_that_exits_without_closing(tmp_path):
+    """The manager's finalizer runs at interpreter exit: a shared server with a call
+    still hanging and an episode's own server both stop."""
+    servers = json.dumps([{"name": "tools", "command": sys.executable,
+                           "args": [SERVER, "stdio"], "timeout_s": 60},
+                          {"name": "own", "command": sys.executable, "prefix": "own_",
+                           "args": [SERVER, "stdio"], "isolation": "episode"}])
+    script = tmp_path / "run.py"
+    script.write_text(f"""
+import threading
+from agentjax.config.mcp_servers import parse_mcp_servers
+from agentjax.envs.mcp import McpManager
+manager = McpManager(parse_mcp_servers({servers!r}))
+tools = {{tool.name: tool for tool in manager.tools()}}
+print(tools["pid"]({{}}), tools["own_pid"]({{}}), flush=True)
+threading.Thread(target=tools["hang"], args=({{}},), daemon=True).start()
+""")
+    root = pathlib.Path(__file__).parents[2]
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    assert run.returncode == 0, run.stderr
+    pids = [int(p) for p in run.stdout.split()]
+    assert len(pids) == 2 and wait_gone(pids) == []
 
 
 # -- isolation -------------------------------------------------------------------------
