@@ -8,8 +8,10 @@ Each server is a JSON object:
     {"name": "search", "url": "http://127.0.0.1:8000/mcp", "tools": ["web_search"]}
 
 Fields: `name` (required; names the server in errors and logs), either `command` with
-optional `args`, `env` and `cwd` (a stdio server started as a subprocess) or `url` (a
-streamable-HTTP server already running), and optionally `tools` (an allow-list: only
+optional `args`, `env` and `cwd` (a stdio server started as a subprocess; it inherits only
+HOME, PATH, SHELL, TERM, USER and LOGNAME besides `env`, whose values may name variables
+of the run's environment as ${VAR}, so a secret stays out of the saved config) or `url`
+(a streamable-HTTP server already running), and optionally `tools` (an allow-list: only
 these of the server's tools are offered; each must exist), `prefix` (put before every
 tool name, so two servers' tools cannot clash), `isolation` ("shared": one session for
 the whole run; "episode": a fresh session, for a stdio server a fresh process, per

@@ -52,6 +52,7 @@ import dataclasses
 import importlib.metadata
 import json
 import logging
+import os
 import tempfile
 import threading
 import weakref
@@ -247,8 +248,11 @@ class _Session:
         server = self.server
         if server.transport == "http":
             return server.url
+        # ${VAR} in an env value is read from this process's environment when the
+        # server starts, so a secret stays out of the saved config.
+        env = {key: os.path.expandvars(value) for key, value in server.env.items()}
         return stdio_client(StdioServerParameters(
-            command=server.command, args=list(server.args), env=dict(server.env) or None,
+            command=server.command, args=list(server.args), env=env or None,
             cwd=server.cwd or None), errlog=self.stderr)
 
     async def _hold(self, ready: asyncio.Future) -> None:

@@ -12,7 +12,8 @@ Tools: `echo` and `count` (a counter kept in the server process, to tell a share
 from one per episode), `slow` (sleeps), `hang` (never answers), `wedge` (blocks the whole
 server), `crash` (the process exits mid-call), `fail` (an `isError` result), `huge` (a
 result of `chars` characters), `image` (an image, audio, a resource link and an embedded
-resource), `structured` (structuredContent beside its text), `pid` (the process id).
+resource), `structured` (structuredContent beside its text), `pid` and `getenv` (the process's id and
+environment).
 """
 from __future__ import annotations
 
@@ -43,6 +44,11 @@ def build_server():
         """How many times count was called on this server process."""
         calls["count"] += 1
         return str(calls["count"])
+
+    @server.tool()
+    def getenv(name: str) -> str:
+        """An environment variable of the server process ('' when unset)."""
+        return os.environ.get(name, "")
 
     @server.tool()
     def pid() -> str:

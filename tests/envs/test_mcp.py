@@ -60,11 +60,11 @@ def tools_of(manager: McpManager) -> dict[str, McpTool]:
     return {tool.name: tool for tool in manager.tools()}
 
 
-def episode(tools, name: str, **arguments):
+def episode(tools, tool: str, **arguments):
     """One tool call through a PythonEnv episode: (observation, the turn's error)."""
     env = PythonEnv(tools=tools, max_turns=3)
     env.reset(TASK)
-    call = json.dumps({"name": name, "arguments": arguments})
+    call = json.dumps({"name": tool, "arguments": arguments})
     observation, done, _, _ = env.step(f"<tool_call>{call}</tool_call>")
     assert not done
     return observation, env.log.turns[-1].error
@@ -214,22 +214,26 @@ def _epoch(iso: str) -> float:
     return datetime.datetime.fromisoformat(iso).timestamp()
 
 
-def test_the_python_suite_offers_the_configured_servers_tools(tmp_path):
+def test_the_python_suite_offers_the_configured_servers_tools(tmp_path, monkeypatch):
     from agentjax.config import presets
     from agentjax.envs import registry as suites
 
     config = presets.python_config("grpo", "test")
     config.sft.steps = 0
-    config.env.mcp_servers = json.dumps([{"name": "tools", "command": sys.executable,
-                                          "args": [SERVER, "stdio"],
-                                          "tools": ["echo", "pid"]}])
+    config.env.mcp_servers = json.dumps([{
+        "name": "tools", "command": sys.executable, "args": [SERVER, "stdio"],
+        "env": {"TOKEN": "${MCP_TEST_TOKEN}"}, "tools": ["echo", "getenv", "pid"]}])
+    monkeypatch.setenv("MCP_TEST_TOKEN", "s3cret")  # read when the server starts
     validate(config)
     suite = suites.build_suite(config, str(tmp_path / "data"))
     env = suite.make_env()
-    assert list(env.tools) == ["python", "echo", "pid"]
-    assert [s["function"]["name"] for s in env.tool_schemas] == ["python", "echo", "pid"]
-    assert episode(list(env.tools.values())[1:], "echo", text="hi") == ("hi", None)
-    pid = int(episode(list(env.tools.values())[1:], "pid")[0])
+    names = ["python", "echo", "getenv", "pid"]
+    assert list(env.tools) == names
+    assert [s["function"]["name"] for s in env.tool_schemas] == names
+    mcp_tools = list(env.tools.values())[1:]
+    assert episode(mcp_tools, "echo", text="hi") == ("hi", None)
+    assert episode(mcp_tools, "getenv", name="TOKEN") == ("s3cret", None)
+    pid = int(episode(mcp_tools, "pid")[0])
     del suite, env
     gc.collect()  # the suite's manager is released: its servers stop
     assert wait_gone([pid]) == []
@@ -378,6 +382,7 @@ threading.Thread(target=tools["hang"], args=({{}},), daemon=True).start()
 # -- isolation -------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~10 s (19 s on a loaded machine): three server processes
 def test_shared_servers_keep_state_across_episodes_episode_servers_do_not():
     manager = McpManager([stdio("shared"), stdio("own", prefix="own_", isolation="episode")])
     try:
