@@ -39,7 +39,8 @@ on):
     restarted (a stdio server's process respawned) at the next call, at most
     `max_restarts` times in a row without a successful call in between; after that the
     server is gone and its tools answer every call with a ToolError saying so;
-  * a result the SDK cannot parse (not a CallToolResult) or a protocol error: ToolError.
+  * a result the SDK cannot parse (not a CallToolResult, or structuredContent against
+    the tool's output schema) or a protocol error: ToolError.
 The SDK parses a result whole (a 10 MB result is 10 MB for a moment); the manager keeps
 only what the observation shows. `close()` stops every session and server process (the
 SDK closes stdin, then terminates the process tree); it runs at interpreter exit too.
@@ -228,7 +229,8 @@ class _Session:
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
         # The server's stderr: quoted by setup errors, kept off the run's own stderr.
-        self.stderr = tempfile.TemporaryFile("w+") if server.transport == "stdio" else None
+        self.stderr = tempfile.TemporaryFile() if server.transport == "stdio" else None
+        self._last_stderr = ""
 
     async def open(self) -> None:
         """Starts the server (stdio) or connects (http) and does the handshake, within
@@ -286,15 +288,17 @@ class _Session:
             except (asyncio.TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001
                 task.cancel()
         self.hub.sessions.discard(self)
+        if self.stderr is not None and task is not None and task.done():
+            self._last_stderr = self.stderr_tail()
+            self.stderr.close()  # the process is gone
 
     def stderr_tail(self) -> str:
-        if self.stderr is None:
-            return ""
-        self.stderr.flush()
+        """The end of what the server wrote to stderr ('' for a URL server)."""
+        if self.stderr is None or self.stderr.closed:
+            return self._last_stderr
         self.stderr.seek(0, 2)
-        size = self.stderr.tell()
-        self.stderr.seek(max(0, size - STDERR_TAIL_CHARS))
-        return self.stderr.read().strip()
+        self.stderr.seek(max(0, self.stderr.tell() - STDERR_TAIL_CHARS))
+        return self.stderr.read().decode("utf-8", "replace").strip()
 
 
 async def _list_tools(session: _Session) -> list:
@@ -399,9 +403,13 @@ class _Connection:
                             f"{_short(error)}", summary="malformed result",
                             extra=self._extra("malformed")) from None
         except Exception as error:  # noqa: BLE001 - told to the policy
-            # The transport failed (connection refused or reset, broken pipe), or the
-            # SDK refused the result (structured content against the tool's schema):
-            # the session is started afresh.
+            # The SDK refused the result (structuredContent against the tool's output
+            # schema) from a server that still answers; or the transport failed
+            # (connection refused or reset, broken pipe): the session starts afresh.
+            if session.client is not None and await self._answers(session):
+                raise ToolError(f"{name}: {tool!r} returned a malformed result: "
+                                f"{_short(error)}", summary="malformed result",
+                                extra=self._extra("malformed")) from None
             self._failed(session)
             raise ToolError(f"{name}: the call to {tool!r} failed: {_short(error)}; "
                             f"{self._next()}", extra=self._extra("transport")) from None

@@ -5,8 +5,10 @@ what the client sees is what a real server sends. Run it as
 
     python tests/envs/mcp_server.py stdio
     python tests/envs/mcp_server.py http PORT       (streamable HTTP at /mcp)
-    python tests/envs/mcp_server.py malformed       (hand-written stdio JSON-RPC whose
-                                                     tools/call result is not a result)
+    python tests/envs/mcp_server.py malformed       (hand-written stdio JSON-RPC: `broken`
+                                                     answers what is not a result,
+                                                     `unstructured` no structuredContent
+                                                     for its output schema)
 
 Tools: `echo` and `count` (a counter kept in the server process, to tell a shared server
 from one per episode), `slow` (sleeps), `hang` (never answers), `wedge` (blocks the whole
@@ -111,8 +113,9 @@ def build_server():
 
 
 def serve_malformed() -> None:
-    """A hand-written stdio server: lists one tool, answers its calls with a result
-    whose `content` is not a list (no SDK would send it)."""
+    """A hand-written stdio server: `broken` answers with a result whose `content` is
+    not a list, `unstructured` with text but not the structuredContent its output
+    schema promises (no SDK server would send either)."""
     for line in sys.stdin:
         message = json.loads(line)
         if "id" not in message:
@@ -123,8 +126,14 @@ def serve_malformed() -> None:
                                "capabilities": {"tools": {}},
                                "serverInfo": {"name": "malformed", "version": "0"}}
         elif method == "tools/list":
-            reply["result"] = {"tools": [{"name": "broken", "description": "Malformed.",
-                                          "inputSchema": {"type": "object"}}]}
+            reply["result"] = {"tools": [
+                {"name": "broken", "description": "Malformed.",
+                 "inputSchema": {"type": "object"}},
+                {"name": "unstructured", "description": "No structuredContent.",
+                 "inputSchema": {"type": "object"}, "outputSchema": {
+                     "type": "object", "properties": {"a": {"type": "integer"}}}}]}
+        elif method == "tools/call" and message["params"]["name"] == "unstructured":
+            reply["result"] = {"content": [{"type": "text", "text": "a is 1"}]}
         elif method == "tools/call":
             reply["result"] = {"content": "not a list of content blocks", "isError": 7}
         else:

@@ -306,6 +306,12 @@ def test_a_malformed_result_is_an_error_observation():
         assert observation.startswith("MCP server 'raw': 'broken' returned a malformed "
                                       "result: ValidationError")
         assert error == "broken: malformed result"
+        observation, error = episode(manager.tools(), "unstructured")
+        assert observation.startswith("MCP server 'raw': 'unstructured' returned a malformed "
+                                      "result: RuntimeError: Tool unstructured has an output "
+                                      "schema but did not return structured content")
+        assert error == "unstructured: malformed result"
+        assert episode(manager.tools(), "broken")[1] == "broken: malformed result"
     finally:
         manager.close()
 
@@ -474,7 +480,8 @@ def test_a_server_that_cannot_start_is_a_setup_error_naming_it():
 
 def test_missing_allowed_tools_and_clashing_names_are_setup_errors():
     with pytest.raises(McpSetupError, match=r"'raw' .* has no tool\(s\) \['fix'\] of its "
-                                            r"allow-list; it offers \['broken'\]"):
+                                            r"allow-list; it offers \['broken', "
+                                            r"'unstructured'\]"):
         McpManager([stdio("raw", mode="malformed", tools=["fix"])])
     with pytest.raises(McpSetupError, match="offers tool 'broken', which MCP server 'one' "
                                             "already has: give the server a 'prefix'"):
@@ -483,7 +490,7 @@ def test_missing_allowed_tools_and_clashing_names_are_setup_errors():
         McpManager([stdio("one", mode="malformed")], reserved=("broken",))
     manager = McpManager([stdio("one", mode="malformed"),
                           stdio("two", mode="malformed", prefix="two_")])
-    assert manager.tool_names == ["broken", "two_broken"]
+    assert manager.tool_names == ["broken", "unstructured", "two_broken", "two_unstructured"]
     manager.close()
 
 
