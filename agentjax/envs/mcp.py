@@ -39,10 +39,12 @@ on):
     restarted (a stdio server's process respawned) at the next call, at most
     `max_restarts` times in a row without a successful call in between; after that the
     server is gone and its tools answer every call with a ToolError saying so;
-  * a result the SDK cannot parse (not a CallToolResult, or structuredContent against
-    the tool's output schema) or a protocol error: ToolError.
-The SDK parses a result whole (a 10 MB result is 10 MB for a moment); the manager keeps
-only what the observation shows. `close()` stops every session and server process (the
+  * a result the SDK cannot parse (not a CallToolResult) or refuses (structuredContent
+    against the tool's output schema) from a server that still answers, or an MCP
+    protocol error: ToolError, no restart.
+The SDK parses a result whole (a 10 MB result is 10 MB for a moment, and over stdio its
+line reassembly takes seconds: give such a server a `timeout_s` to match); the manager
+keeps only what the observation shows. `close()` stops every session and server process (the
 SDK closes stdin, then terminates the process tree); it runs at interpreter exit too.
 """
 from __future__ import annotations
@@ -74,9 +76,12 @@ INSTALL = "pip install 'mcp>=2.3,<3'  (or pip install -e '.[mcp]' from the check
 # A server that answered no call within its timeout gets this long to answer a
 # tools/list; one that does not is treated as dead (restarted).
 PROBE_TIMEOUT_S = 5.0
-# Beyond a call's own timeout: a restart (connect_timeout_s), the probe, and the SDK's
-# bounded shutdown of the old process (stdin closed, SIGTERM, SIGKILL: 2 s each).
-CALL_MARGIN_S = PROBE_TIMEOUT_S + 10.0
+# A session's close: the SDK closes a stdio server's stdin, waits 2 s, sends SIGTERM,
+# waits 2 s, kills; this is the most it is waited for.
+CLOSE_TIMEOUT_S = 15.0
+# Beyond a call's own timeout and a restart's connect_timeout_s: the probe and the close
+# of the old session.
+CALL_MARGIN_S = PROBE_TIMEOUT_S + CLOSE_TIMEOUT_S
 # How much of a server's stderr a setup error quotes.
 STDERR_TAIL_CHARS = 2000
 # tools/list pages read at most (a server whose cursor never ends cannot hang setup).
@@ -284,7 +289,7 @@ class _Session:
             if self.client is None:  # still connecting: nothing to wind down politely
                 task.cancel()
             try:
-                await asyncio.wait_for(asyncio.shield(task), 15)
+                await asyncio.wait_for(asyncio.shield(task), CLOSE_TIMEOUT_S)
             except (asyncio.TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001
                 task.cancel()
         self.hub.sessions.discard(self)
@@ -508,15 +513,18 @@ class McpManager:
         self.max_result_chars = int(max_result_chars)
         self._hub = _Hub()
         self._finalizer = weakref.finalize(self, self._hub.shutdown)
+        # Each server's setup is bounded by its connect_timeout_s plus a session's close;
+        # this bound only catches an SDK that ignores cancellation.
+        bound = max([s.connect_timeout_s for s in self.servers] or [0.0]) + 2 * CLOSE_TIMEOUT_S
         try:
-            listed = self._hub.run(self._setup_all(), timeout=max(
-                [s.connect_timeout_s * 2 + CALL_MARGIN_S for s in self.servers] or [1.0]))
+            listed = self._hub.run(self._setup_all(), timeout=bound)
         except BaseException as error:
             self.close()
             if isinstance(error, McpSetupError):
                 raise
-            raise McpSetupError(
-                f"MCP servers did not finish their setup: {_short(error)}") from None
+            names = ", ".join(describe_server(s) for s in self.servers)
+            raise McpSetupError(f"MCP servers {names} did not finish their setup within "
+                                f"{bound:g} s: {_short(error)}") from None
         self._specs: list[_ToolSpec] = []
         self._shared: dict[str, _Connection] = {}
         owner = {name: "the env" for name in reserved}
@@ -569,9 +577,13 @@ class McpManager:
         """Connects to `server` and lists its tools; an episode server's probe session is
         closed again. Returns (session or None, tools)."""
         session = _Session(server, self._hub)
-        try:
+
+        async def start_and_list():
             await session.open()
-            tools = await asyncio.wait_for(_list_tools(session), server.connect_timeout_s)
+            return await _list_tools(session)
+
+        try:
+            tools = await asyncio.wait_for(start_and_list(), server.connect_timeout_s)
         except BaseException as error:  # noqa: BLE001 - named and re-raised
             tail = session.stderr_tail()
             await session.close()
