@@ -241,6 +241,8 @@ class _Session:
         """Starts the server (stdio) or connects (http) and does the handshake, within
         `connect_timeout_s`."""
         ready = asyncio.get_running_loop().create_future()
+        # Read even when open() gave up on it first (no "exception never retrieved").
+        ready.add_done_callback(lambda done: done.cancelled() or done.exception())
         self.hub.sessions.add(self)
         self._task = asyncio.create_task(self._hold(ready))
         try:
@@ -436,6 +438,10 @@ class _Connection:
 
 
 def _short(error: BaseException) -> str:
+    """`Type: first line` of an error; of an exception group (the SDK's task groups
+    raise them), its first leaf's."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
     text = str(error).strip().splitlines()
     return clip(f"{type(error).__name__}: {text[0] if text else ''}", 500)
 

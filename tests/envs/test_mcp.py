@@ -465,14 +465,16 @@ def test_a_server_that_cannot_start_is_a_setup_error_naming_it():
     dies = parse_mcp_servers(json.dumps([{
         "name": "dies", "command": sys.executable,
         "args": ["-c", "import sys; sys.exit('no API key given')"]}]))
-    with pytest.raises(McpSetupError, match=r"(?s)'dies'.*its stderr ends with:\nno API key"):
+    with pytest.raises(McpSetupError, match=r"(?s)'dies'.*failed: MCPError: Connection "
+                                            r"closed\nits stderr ends with:\nno API key"):
         McpManager(dies)
     silent = parse_mcp_servers(json.dumps([{
         "name": "silent", "command": sys.executable, "connect_timeout_s": 1,
         "args": ["-c", "import time; print('started', flush=True); time.sleep(60)"]}]))
     with pytest.raises(McpSetupError, match="'silent'.*did not start and answer within 1 s"):
         McpManager(silent)
-    with pytest.raises(McpSetupError, match=r"MCP server 'away' \(http: http://127.0.0.1:"):
+    with pytest.raises(McpSetupError, match=r"MCP server 'away' \(http: http://127.0.0.1:"
+                                            r".*failed: ConnectError"):
         McpManager(parse_mcp_servers(json.dumps([{
             "name": "away", "url": f"http://127.0.0.1:{free_port()}/mcp",
             "connect_timeout_s": 5}])))
