@@ -393,9 +393,8 @@ def test_shared_servers_keep_state_across_episodes_episode_servers_do_not():
     manager = McpManager([stdio("shared"), stdio("own", prefix="own_", isolation="episode")])
     try:
         first, second = manager.tools(), manager.tools()  # two episodes' envs
-        count = {name: tool for name, tool in tools_of(manager).items()}
         assert [episode(first, "count")[0], episode(second, "count")[0],
-                count["count"]({})] == ["1", "2", "3"]
+                tools_of(manager)["count"]({})] == ["1", "2", "3"]
         assert [episode(first, "own_count")[0], episode(first, "own_count")[0],
                 episode(second, "own_count")[0]] == ["1", "2", "1"]
         pids = [int(episode(tools, "own_pid")[0]) for tools in (first, second)]
