@@ -5,8 +5,8 @@ first time it renders a chat template (the first demonstration, after minutes of
 pretraining), tensorboardX when the first metrics row is written, pyarrow when a parquet
 file is read, bubblewrap when the first Python tool call runs. A missing one must fail
 before any work, with the command that installs it. The trackers' packages (wandb,
-mlflow) are no requirement of agentjax: a run that turns one on without it installed
-fails here the same way.
+mlflow) and the MCP SDK are no requirement of agentjax: a run that turns one on
+without it installed fails here the same way.
 """
 from __future__ import annotations
 
@@ -60,6 +60,10 @@ def optional_modules(config) -> dict[str, tuple[str, str]]:
         needed["wandb"] = (f"log.wandb.mode={config.log.wandb.mode!r}", "pip install wandb")
     if config.log.mlflow.tracking_uri:
         needed["mlflow"] = ("log.mlflow.tracking_uri", "pip install mlflow-skinny")
+    if config.env.mcp_servers:
+        # envs/mcp.py is written against the 2.x API (its SDK_RANGE); the suite checks
+        # the installed version when it starts the servers.
+        needed["mcp"] = ("env.mcp_servers", "pip install 'mcp>=2.3,<3'")
     return needed
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import ml_collections
 
 from agentjax.config.algorithms import ALGORITHMS
+from agentjax.config.mcp_servers import MCP_SERVERS
 from agentjax.config.choices import (
     ADVANTAGES,
     AGGREGATIONS,
@@ -271,6 +272,9 @@ ENV = Section(
     Key("loss_on_observations", False, Flag(), "True puts the observation tokens (what "
         "the tools returned) into the loss, an ablation; False trains only the agent's "
         "own tokens"),
+    Key("mcp_servers", "", MCP_SERVERS, "MCP servers whose tools the env offers besides its "
+        "own, a JSON list ('' = none), e.g. '[{\"name\": \"time\", \"command\": "
+        "\"mcp-server-time\"}]' (config/mcp_servers.py: the fields; envs/mcp.py)"),
 )
 
 RETRIEVAL = Section(

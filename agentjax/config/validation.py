@@ -22,8 +22,11 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """
     for where, ref, val in leaves(default_config(), config):
         _check_type(where, ref, val)
-        if not RULES[where].allows(val):
-            reject(where, val, f"allowed: {RULES[where].allowed}")
+        rule = RULES[where]
+        if not rule.allows(val):
+            # A rule with `why_not` (a structured value) says what is wrong with this one.
+            problem = rule.why_not(val) if hasattr(rule, "why_not") else None
+            reject(where, val, (f"{problem}; " if problem else "") + f"allowed: {rule.allowed}")
     check_combinations(config)
     return config
 

@@ -7,7 +7,7 @@ import ml_collections
 import pytest
 
 from agentjax import config as config_lib
-from agentjax.config import rules, schema
+from agentjax.config import mcp_servers, rules, schema
 from agentjax.config.rules import Integer, Real
 from agentjax.config.validation import leaves
 from agentjax.models.tokenizer import build_tokenizer
@@ -36,6 +36,7 @@ BAD_TEXT = {
     rules.TITLE: ["", "  ", "two\nlines"],
     rules.TAGS: [",", "a,,b", "x" * 65],
     rules.TRACKING_URI: ["./mlruns", "mlruns", "file:", "http://a b"],
+    mcp_servers.MCP_SERVERS: ["{", "{}", '[{"name": "a"}]', '[{"name": "a", "url": "x"}]'],
 }
 
 

@@ -11,6 +11,7 @@ from agentjax.core.task import Task
 from agentjax.data.demonstrations import Demonstration, DemoTurn
 from agentjax.envs.python.arith import make_arith_splits
 from agentjax.envs.base import Env
+from agentjax.envs.mcp import mcp_manager
 from agentjax.envs.python.env import DEFAULT_INSTRUCTION, PythonEnv
 from agentjax.envs.registry import (TaskSuite, parse_counts, register_env, reward_fn,
                                     turn_texts)
@@ -45,9 +46,11 @@ def build_python_suite(config, data_dir: str) -> TaskSuite:
         sum(counts.values()), sum(parse_counts(config.data.test_questions).values()),
         seed=config.data.world_seed)
     env_kwargs = dict(max_turns=config.env.max_turns)
+    # Started (and their tools listed) here, before any training; one set of tools per env.
+    mcp = mcp_manager(config.env.mcp_servers, reserved=("python",))
 
     def make_env():
-        return PythonEnv(**env_kwargs)
+        return PythonEnv(**env_kwargs, tools=mcp.tools() if mcp else ())
 
     rewards = reward_fn(config)
     rng = np.random.default_rng(config.data.world_seed)
