@@ -56,6 +56,12 @@ def test_outputs_match_full_forwards_and_the_paged_engine(pallas_engine, paged_e
 
 
 def test_deterministic_mode_is_bitwise_batch_invariant(pallas_engine, tokenizer):
+    if pallas_engine.attention == "pallas_tpu" and missing_backend() is None:
+        # The engine's invariance rests on the kernel's rows being bitwise independent
+        # of each other, tested for the TPU kernel in tests/models
+        # (test_a_row_is_bitwise_independent_of_the_other_rows); the rest is the engine's
+        # own, run here on the GPU kernel's interpreter in a tenth of the TPU one's time.
+        pytest.skip("run on the GPU kernel")
     alone, crowded = _alone_then_crowded(pallas_engine, tokenizer, crowd_seed=0)
     assert pallas_engine.stats["max_decode_batch"] >= 4
     assert alone == crowded
