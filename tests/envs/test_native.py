@@ -1,0 +1,102 @@
+"""Native tool calling in the turn envs: schemas for the template, several calls a turn,
+each result a tool message with its call id, malformed and cut calls, the final answer."""
+import pytest
+
+from agentjax.core.task import Task
+from agentjax.envs.python.env import PythonEnv
+from tests import hermes_calls
+
+TASK = Task("t1", "What is 6 * 7?", ("42",))
+
+
+@pytest.fixture(autouse=True)
+def tool_calls():
+    hermes_calls.install()
+
+
+class Lookup:
+    """An ordinary Tool object, as envs/mcp.py makes them."""
+
+    name = "lookup"
+    description = "Looks a word up."
+    parameters = {"type": "object", "properties": {"word": {"type": "string"}},
+                  "required": ["word"]}
+
+    def __call__(self, arguments):
+        return f"{arguments['word']}: a word"
+
+
+def _env(**kwargs):
+    return PythonEnv(tools=[Lookup()], tool_format="native", tool_parser="hermes",
+                     **kwargs)
+
+
+def _call(name, **arguments):
+    import json
+    return ('<tool_call>\n' + json.dumps({"name": name, "arguments": arguments})
+            + "\n</tool_call>")
+
+
+def test_every_tool_schema_goes_to_the_template_and_no_stop_strings():
+    env = _env()
+    assert [s["function"]["name"] for s in env.template_tools] == ["python", "lookup"]
+    assert env.stop == ()
+    assert env.reset(TASK) == [{"role": "user", "content": env.instruction.replace(
+        "{question}", TASK.question)}]
+    assert PythonEnv().template_tools is None  # the hermes-in-prompt format
+
+
+def test_several_calls_run_in_order_each_its_own_tool_message():
+    env = _env()
+    env.reset(TASK)
+    text = "Let me look.\n" + _call("lookup", word="six") + "\n" + _call("lookup", word="seven")
+    result = env.step(text)
+    assistant, *answers = result.info["messages"]
+    assert assistant["content"] == "Let me look."
+    assert [c["id"] for c in assistant["tool_calls"]] == ["call00000", "call00001"]
+    assert answers == [
+        {"role": "tool", "tool_call_id": "call00000", "name": "lookup", "content": "six: a word"},
+        {"role": "tool", "tool_call_id": "call00001", "name": "lookup",
+         "content": "seven: a word"}]
+    turn = env.log.turns[0]
+    assert (turn.kind, turn.valid, turn.tool_name, turn.action_text) == (
+        "tool_call", True, "lookup", text)
+    assert [c["arguments"] for c in turn.extra["calls"]] == [{"word": "six"}, {"word": "seven"}]
+    assert not result.done
+
+
+@pytest.mark.parametrize("text,kind,error,said", [
+    (_call("lookup", word="x") + '<tool_call>{"name": oops}</tool_call>', "invalid",
+     "not a JSON object", None),
+    (_call("nope", word="x"), "invalid", "unknown tool 'nope'", None),
+    (_call("lookup", letter="x"), "invalid", "lookup: missing required argument(s): word",
+     None),
+    ('<tool_call>\n{"name": "lookup", "argum', "truncated", "cut by max_tokens", "cut off"),
+])
+def test_bad_calls_run_nothing_and_say_why(text, kind, error, said):
+    env = _env()
+    env.reset(TASK)
+    result = env.step(text)
+    assistant, answer = result.info["messages"]
+    assert "tool_calls" not in assistant and assistant["content"] == text
+    assert answer["role"] == "user" and (said or error) in answer["content"]
+    turn = env.log.turns[0]
+    assert turn.kind == kind and error in turn.error and turn.valid == (kind == "truncated")
+    assert "calls" not in turn.extra and not result.done
+
+
+def test_a_reply_without_calls_is_the_final_answer():
+    env = _env()
+    env.reset(TASK)
+    result = env.step("The product is <answer> 42 </answer>.")
+    assert result.done and env.log.final_answer == "42" and env.log.stop_reason == "answer"
+    env.reset(TASK)
+    assert env.step("42").done and env.log.final_answer == "42"
+
+
+def test_calls_on_the_last_turn_are_logged_not_run():
+    env = _env(max_turns=1)
+    env.reset(TASK)
+    result = env.step(_call("lookup", word="six"))
+    assert result.done and env.log.stop_reason == "max_turns"
+    assert env.log.turns[0].tool_name == "lookup" and "calls" not in env.log.turns[0].extra
