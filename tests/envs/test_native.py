@@ -100,3 +100,44 @@ def test_calls_on_the_last_turn_are_logged_not_run():
     result = env.step(_call("lookup", word="six"))
     assert result.done and env.log.stop_reason == "max_turns"
     assert env.log.turns[0].tool_name == "lookup" and "calls" not in env.log.turns[0].extra
+
+
+class _OneDoc:
+    def search(self, queries, topk):
+        from agentjax.envs.retrieval import Document
+        return [[Document("d1", "Paris", f"{queries[0]}: Paris is the capital.")]]
+
+
+def test_search_native_documents_come_back_as_tool_messages():
+    from agentjax.envs.search.env import SearchEnv
+    env = SearchEnv(_OneDoc(), action_format="native", tool_parser="hermes")
+    assert env.reset(TASK)[0]["role"] == "user" and env.stop == ()
+    assert [s["function"]["name"] for s in env.template_tools] == ["search"]
+    result = env.step(_call("search", query="France") + _call("search", query=" "))
+    _, first, second = result.info["messages"]
+    assert "France: Paris is the capital." in first["content"]
+    assert "<information>" not in first["content"]
+    assert second["content"] == "Invalid search: empty query."
+    assert env.log.turns[0].retrieved == ("d1",)
+    assert SearchEnv(_OneDoc()).template_tools is None  # Search-R1 tags stay the default
+
+
+def test_code_native_run_and_submit_are_ordinary_schemas():
+    from agentjax.envs.code.env import CodeEnv
+    from agentjax.rewards.code import TestResult
+
+    def runner(program, tests, **limits):
+        return [TestResult(passed="return 1" in program, status="ok", stdout="",
+                           stderr="", duration_s=0.01) for _ in tests]
+
+    task = Task("c1", "Return one.", (), metadata={"visible_tests": ["assert f() == 1"]})
+    env = CodeEnv(tool_format="native", tool_parser="hermes", tests_runner=runner)
+    env.reset(task)
+    assert [s["function"]["name"] for s in env.template_tools] == ["run", "submit"]
+    result = env.step(_call("run", code="def f():\n    return 2"))
+    assert result.info["messages"][1]["content"].startswith("0 of 1 tests passed.")
+    result = env.step("Done. " + _call("submit", code="def f():\n    return 1"))
+    assert result.done and env.log.final_answer == "def f():\n    return 1"
+    env.reset(task)
+    assert env.step("```python\ndef f():\n    return 1\n```").done
+    assert env.log.final_answer == "def f():\n    return 1\n"

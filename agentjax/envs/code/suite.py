@@ -86,10 +86,17 @@ def build_code_suite(config, data_dir: str) -> TaskSuite:
                       max_failures_shown=config.env.failures_shown,
                       submit_at_limit=config.env.submit_at_limit,
                       memory_mb=TEST_MEMORY_MB, tool_prompt=not minimal,
-                      instruction=MINIMAL_INSTRUCTION if minimal else DEFAULT_INSTRUCTION)
+                      instruction=MINIMAL_INSTRUCTION if minimal else DEFAULT_INSTRUCTION,
+                      tool_format={"default": "hermes_prompt"}.get(config.env.tool_format,
+                                                                   config.env.tool_format),
+                      tool_parser=config.env.tool_parser)
 
     def make_env():
         return CodeEnv(sandbox, **env_kwargs)
+
+    if env_kwargs["tool_format"] == "native" and config.sft.steps:
+        raise ValueError("env.tool_format='native' with SFT: the code world's "
+                         "demonstrations are written in hermes_prompt calls only")
 
     rewards = code_reward_fn(config, sandbox)
     success_key = OUTCOMES["code"]["em"]
@@ -126,4 +133,4 @@ def build_code_suite(config, data_dir: str) -> TaskSuite:
     texts += [t.question for t in train_tasks + test_tasks]
     texts += turn_texts(demos)
     return TaskSuite(train_tasks, test_tasks, make_env, rewards, success_key, "tool", demos,
-                     texts, baselines)
+                     texts, baselines, tools=make_env().template_tools)

@@ -41,9 +41,18 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
     """The Search-R1-style world: synthetic multi-hop questions over a BM25 corpus, or a
     user's Search-R1 parquet/jsonl files with a corpus (data.source="files")."""
     instruction = INSTRUCTIONS[config.env.instruction]
+    # env.tool_format -> SearchEnv's action_format ("default": Search-R1's tags).
+    action_format = {"default": "tags", "hermes_prompt": "tool_call"}.get(
+        config.env.tool_format, config.env.tool_format)
+    if action_format != "tags" and config.sft.steps:
+        raise ValueError(f"env.tool_format={config.env.tool_format!r} with SFT: the search "
+                         "world's demonstrations are written in Search-R1 tags only")
     env_kwargs = dict(topk=config.env.topk, max_turns=config.env.max_turns,
                       max_observation_words=config.env.max_observation_words,
                       instruction=instruction)
+    if action_format != "tags":  # (tags: the kwargs the dataset's manifest records)
+        env_kwargs.update(instruction=None, action_format=action_format,
+                          tool_parser=config.env.tool_parser)
     baselines, demonstrations, demo_texts, pretrain_corpus = {}, [], [], None
     relabel = None
     if config.data.source == "synthetic":
@@ -119,7 +128,8 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
     rewards = reward_fn(config, process=config.reward.process_weight)
     return TaskSuite(train_tasks, test_tasks, make_env,
                      rewards, OUTCOMES["search"]["em"],
-                     None, demonstrations, texts, baselines, pretrain_corpus, relabel)
+                     make_env().observation_role, demonstrations, texts, baselines,
+                     pretrain_corpus, relabel, tools=make_env().template_tools)
 
 
 def _load_tasks(path: str, *, skip_bad_rows: bool, file_prompt: bool) -> list[Task]:
