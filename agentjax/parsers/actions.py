@@ -100,7 +100,7 @@ def parse_tool_call(text: str, tools: Collection[str] | None = None) -> Action:
     if tag == "answer":
         return Action(kind="answer", answer=content) if content else invalid(
             "empty <answer></answer>")
-    call, problem = _load_json(content)
+    call, problem = load_json(content)
     if problem:
         return invalid(f"tool call is not valid JSON ({problem})")
     if not isinstance(call, dict):
@@ -114,7 +114,7 @@ def parse_tool_call(text: str, tools: Collection[str] | None = None) -> Action:
                       error=f"unknown tool {echo(name)}; available: {', '.join(sorted(tools))}")
     arguments = call.get("arguments", {})
     if isinstance(arguments, str):
-        arguments, problem = _load_json(arguments)
+        arguments, problem = load_json(arguments)
         if problem:
             return invalid(f'"arguments" string is not valid JSON ({problem})')
     if not isinstance(arguments, dict):
@@ -167,7 +167,7 @@ def echo(text: str) -> str:
     return f"{text[:MAX_ECHOED_CHARS]!r}... ({len(text)} characters)"
 
 
-def _load_json(text: str) -> tuple[Any, str | None]:
+def load_json(text: str) -> tuple[Any, str | None]:
     """(value, None), or (None, why) when `text` is not JSON any tool can take."""
     try:
         value = json.loads(text)
@@ -178,12 +178,12 @@ def _load_json(text: str) -> tuple[Any, str | None]:
     except ValueError as e:
         # An integer too long to convert; the advice after ";" is for programmers.
         return None, str(e).split(";")[0]
-    if _depth_exceeds(value, MAX_JSON_DEPTH):
+    if exceeds_depth(value, MAX_JSON_DEPTH):
         return None, f"nested deeper than {MAX_JSON_DEPTH} levels"
     return value, None
 
 
-def _depth_exceeds(value: Any, limit: int) -> bool:
+def exceeds_depth(value: Any, limit: int) -> bool:
     """Whether containers nest more than `limit` levels deep (iterative: no recursion)."""
     stack = [(value, 1)]
     while stack:
