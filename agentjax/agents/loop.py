@@ -156,7 +156,7 @@ async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
     loop = asyncio.get_running_loop()
     tools = getattr(env, "template_tools", None)
     if tools is not None and getattr(env, "tool_parser", None) == "auto":
-        env.tool_parser = _detect_tool_parser(tokenizer)
+        env.tool_parser = chat.tool_parser_for(tokenizer)
     messages = await _env_call(loop, executor, env.reset, task)
     traj.prompt_ids = list(prompt_ids(tokenizer, messages) if tools is None
                            else chat.prompt_ids(tokenizer, messages, tools))
@@ -210,12 +210,6 @@ async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
         turn.observation_ids = observation
         context.extend(observation)
     raise AssertionError("unreachable: the last turn returns max_turns")
-
-
-def _detect_tool_parser(tokenizer) -> str:
-    """`env.tool_parser = "auto"`: the parser named after the tokenizer's template."""
-    from agentjax.parsers.tool_calls import detect_tool_parser
-    return detect_tool_parser(tokenizer)
 
 
 def sampled_versions(completion: Completion) -> list[int]:

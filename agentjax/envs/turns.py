@@ -41,6 +41,7 @@ from agentjax.core.task import EpisodeLog, Task, TurnLog
 from agentjax.envs.base import StepResult
 from agentjax.envs.tools import Tool, tool_schema, validate_arguments
 from agentjax.parsers.actions import Action, echo, last_tag
+from agentjax.parsers.tool_calls import parse_tool_calls
 
 # Room for a few retrieved documents or a screenful of program output: more only
 # spends the episode's token budget, and the agent loop tokenizes every observation.
@@ -124,7 +125,7 @@ class TurnEnv:
         return [tool_schema(t) for t in self.native_tools().values()]
 
     def _native_step(self, action_text: str) -> StepResult:
-        parsed = _parse_tool_calls(self.tool_parser, action_text)
+        parsed = parse_tool_calls(self.tool_parser, action_text, tools=self.template_tools)
         tools = self.native_tools()
         index = len(self.log.turns)
         calls = [{"id": call.id or call_id(index, i), "type": "function",
@@ -251,11 +252,6 @@ def call_id(turn: int, index: int) -> str:
     """The id of a call whose format carries none: 9 alphanumerics, unique in an episode
     (Mistral's templates refuse any other shape; others ignore ids)."""
     return f"call{turn % 100:02d}{index % 1000:03d}"
-
-
-def _parse_tool_calls(parser: str, text: str):
-    from agentjax.parsers.tool_calls import parse_tool_calls
-    return parse_tool_calls(parser, text)
 
 
 _OMITTED = "\n...[{} characters omitted]...\n"

@@ -41,7 +41,10 @@ import json
 import logging
 from typing import Any, Mapping, Sequence
 
+import jinja2
+
 from agentjax.models.tokenizer import end_of_turn_id, template_kwargs
+from agentjax.parsers.tool_calls import detect_tool_parser
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +148,15 @@ def _keeps_prefix(tokenizer, traits: TemplateTraits) -> bool:
 def _prefix_kept(before: str, after: str, eot: str) -> bool:
     end = before.rfind(eot) + len(eot)
     return after[:end] == before[:end]
+
+
+def tool_parser_for(tokenizer) -> str:
+    """The tool-call parser of replies to prompts this module renders: "hermes" where the
+    template does not render tools (the Hermes fallback asks for hermes calls), else the
+    parser named after the template's format (`parsers.tool_calls.detect_tool_parser`)."""
+    if not template_traits(tokenizer).renders_tools:
+        return "hermes"
+    return detect_tool_parser(tokenizer)
 
 
 # --------------------------------------------------------------- conversion for a template
@@ -268,10 +280,18 @@ def turn_ids(tokenizer, history: Sequence[Message], turn: Sequence[Message],
         raise ValueError("a turn starts with the assistant message it follows")
     traits = template_traits(tokenizer)
     eot = tokenizer.convert_ids_to_tokens(end_of_turn_id(tokenizer))
-    closed = list(history) + [turn[0]]
-    before = _render_converted(tokenizer, closed, False, tools, traits)
-    after = _render_converted(tokenizer, closed + _clean(tokenizer, turn[1:]), True, tools,
-                              traits)
+    assistant, answers = dict(turn[0]), _clean(tokenizer, turn[1:])
+    try:
+        before = _render_converted(tokenizer, [*history, assistant], False, tools, traits)
+    except jinja2.TemplateError:
+        if len(assistant.get("tool_calls") or ()) < 2:
+            raise
+        # Llama 3.1's template renders one call per assistant message and raises on more;
+        # what follows the turn does not depend on its calls, so the turn is rendered
+        # with its first call only to find where it ends.
+        assistant["tool_calls"] = assistant["tool_calls"][:1]
+        before = _render_converted(tokenizer, [*history, assistant], False, tools, traits)
+    after = _render_converted(tokenizer, [*history, assistant, *answers], True, tools, traits)
     count = before.count(eot)
     cut = -1
     for _ in range(count):

@@ -16,7 +16,6 @@ from agentjax.envs.retrieval import Document
 from agentjax.envs.search.env import SearchEnv
 from agentjax.models import chat
 from agentjax.models.tokenizer import end_of_turn_id
-from tests import hermes_calls
 from tests.agents.fakes import ScriptedEngine
 from tests.envs.test_native import Lookup
 from tests.models.chat_templates import chat_tokenizer
@@ -24,10 +23,6 @@ from tests.models.chat_templates import chat_tokenizer
 TASK = Task("t1", "What does six mean?", ("a word",))
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=256)
 
-
-@pytest.fixture(autouse=True)
-def tool_calls():
-    hermes_calls.install()
 
 
 def _run(engine, env, tokenizer):
@@ -39,37 +34,54 @@ def _hermes(name, **arguments):
             + "\n</tool_call>")
 
 
-@pytest.mark.parametrize("family", ["qwen2.5", "qwen3", "smollm2"])
+# family -> (the parser "auto" picks, the first reply in the model's own call format
+# (two calls; Llama 3.1's parser reads calls joined by ";"), the call ids results carry).
+REPLIES = {
+    "qwen2.5": ("hermes", _hermes("lookup", word="six") + _hermes("lookup", word="seven"),
+                ["call00000", "call00001"]),
+    "qwen3": ("hermes", _hermes("lookup", word="six") + _hermes("lookup", word="seven"),
+              ["call00000", "call00001"]),
+    "smollm2": ("hermes", _hermes("lookup", word="six") + _hermes("lookup", word="seven"),
+                ["call00000", "call00001"]),
+    "llama3.1": ("llama3_json", '{"name": "lookup", "parameters": {"word": "six"}}; '
+                                '{"name": "lookup", "parameters": {"word": "seven"}}',
+                 ["call00000", "call00001"]),
+    "mistral": ("mistral", '[TOOL_CALLS][{"name": "lookup", "arguments": {"word": "six"}, '
+                           '"id": "Ab3dE6gH9"}, {"name": "lookup", "arguments": '
+                           '{"word": "seven"}, "id": "Zy8xW7vU6"}]',
+                ["Ab3dE6gH9", "Zy8xW7vU6"]),
+}
+
+
+@pytest.mark.parametrize("family", sorted(REPLIES))
 def test_native_episode_ids_are_prompt_actions_and_rendered_deltas(tmp_path, family):
     tokenizer = chat_tokenizer(family, tmp_path)
+    parser, reply, ids = REPLIES[family]
     eot = tokenizer.convert_ids_to_tokens(end_of_turn_id(tokenizer))
-    actions = [_hermes("lookup", word="six") + _hermes("lookup", word="seven") + eot,
-               "<answer> a word </answer>" + eot]
+    actions = [reply + eot, "<answer> a word </answer>" + eot]
     engine = ScriptedEngine(tokenizer, lambda context, index: actions[index])
     env = PythonEnv(tools=[Lookup()], tool_format="native", tool_parser="auto")
     traj = _run(engine, env, tokenizer)
-    assert env.tool_parser == "hermes"  # "auto" resolved from the tokenizer
+    assert env.tool_parser == parser  # "auto": named after the template (or its fallback)
     assert traj.metadata["stop_reason"] == "answer" and not traj.metadata["failed"]
     assert env.log.final_answer == "a word"
     assert engine.requests[0].sampling.stop == ()  # the end-of-turn token ends the turn
     messages = PythonEnv(tools=[Lookup()], tool_format="native").reset(TASK)
     prompt = chat.prompt_ids(tokenizer, messages, env.template_tools)
     assert traj.prompt_ids == prompt and "Looks a word up." in tokenizer.decode(prompt)
-    # The observation: both results, each its own tool message, as the template renders
-    # them after the assistant turn (the whole conversation re-rendered where the
-    # template keeps its prefix).
+    # The observation: both results, each its own tool message with its call's id, as
+    # the template renders them after the assistant turn.
     observation = tokenizer.decode(traj.turns[0].observation_ids)
     assert observation.index("six: a word") < observation.index("seven: a word")
     assistant = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": f"call0000{i}", "type": "function",
-         "function": {"name": "lookup", "arguments": {"word": w}}}
-        for i, w in enumerate(["six", "seven"])]}
-    results = [{"role": "tool", "tool_call_id": f"call0000{i}", "name": "lookup",
-                "content": f"{w}: a word"} for i, w in enumerate(["six", "seven"])]
+        {"id": i, "type": "function", "function": {"name": "lookup", "arguments": {"word": w}}}
+        for i, w in zip(ids, ["six", "seven"])]}
+    results = [{"role": "tool", "tool_call_id": i, "name": "lookup", "content": f"{w}: a word"}
+               for i, w in zip(ids, ["six", "seven"])]
     expected, kept = chat.turn_ids(tokenizer, messages, [assistant, *results],
                                    env.template_tools)
     assert traj.turns[0].observation_ids == expected
-    assert traj.metadata["rerendered_turns"] == (family == "qwen3") == (not kept)
+    assert traj.metadata["rerendered_turns"] == (not kept) == (family == "qwen3")
     assert list(engine.requests[1].input_ids) == (
         prompt + traj.turns[0].action_ids + expected)
 

@@ -4,14 +4,9 @@ import pytest
 
 from agentjax.core.task import Task
 from agentjax.envs.python.env import PythonEnv
-from tests import hermes_calls
 
 TASK = Task("t1", "What is 6 * 7?", ("42",))
 
-
-@pytest.fixture(autouse=True)
-def tool_calls():
-    hermes_calls.install()
 
 
 class Lookup:
@@ -67,7 +62,7 @@ def test_several_calls_run_in_order_each_its_own_tool_message():
 
 @pytest.mark.parametrize("text,kind,error,said", [
     (_call("lookup", word="x") + '<tool_call>{"name": oops}</tool_call>', "invalid",
-     "not a JSON object", None),
+     "tool call 2: <tool_call> is not valid JSON", None),
     (_call("nope", word="x"), "invalid", "unknown tool 'nope'", None),
     (_call("lookup", letter="x"), "invalid", "lookup: missing required argument(s): word",
      None),
