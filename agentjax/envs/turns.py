@@ -38,6 +38,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from agentjax.core.task import EpisodeLog, Task, TurnLog
+from agentjax.data.demonstrations import Demonstration, DemoTurn
 from agentjax.envs.base import StepResult
 from agentjax.envs.tools import Tool, tool_schema, validate_arguments
 from agentjax.parsers.actions import Action, echo, last_tag
@@ -240,6 +241,19 @@ class TurnEnv:
         answer = (tagged[1] if tagged else content).strip()
         return answer or None
 
+    def native_call(self, action: Action, text: str) -> tuple[str, dict] | None:
+        """(tool name, arguments) of a parsed text-format action that calls a tool, None
+        for one that answers (`native_demonstration`)."""
+        if action.kind == "search":
+            return "search", {"query": action.query}
+        if action.kind == "tool_call":
+            return action.tool_name, dict(action.arguments)
+        return None
+
+    def native_content(self, observation: str) -> str:
+        """A text-format tool observation as the native format's tool message content."""
+        return observation
+
     def native_final_turn(self, calls: list[dict]) -> None:
         """Ends the episode on its last allowed turn, whose calls cannot be answered."""
         self._finish("max_turns")
@@ -252,6 +266,46 @@ def call_id(turn: int, index: int) -> str:
     """The id of a call whose format carries none: 9 alphanumerics, unique in an episode
     (Mistral's templates refuse any other shape; others ignore ids)."""
     return f"call{turn % 100:02d}{index % 1000:03d}"
+
+
+def native_demonstration(demo: Demonstration, env: TurnEnv,
+                         native_env: TurnEnv) -> Demonstration:
+    """`demo`, written in `env`'s own text format, in native form: each call turn the
+    assistant message with its call (the text before the call's markup as content, the
+    call id the native env would give) and the tool message holding the observation;
+    each answering turn the assistant message with the text. A malformed turn (an
+    Agent-FLAN negative example) and the correction after it are left out: a native
+    policy's mistakes are other mistakes. `Trajectory.from_demonstration` then writes
+    the calls in the policy's own format, so SFT trains the format RL samples in.
+
+    Args:
+      demo: the demonstration as its env's format wrote it (observations verbatim).
+      env: an env in that format (it parses the actions; nothing runs).
+      native_env: the same env in native mode (its initial messages start the episode).
+    """
+    turns = []
+    for turn in demo.turns:
+        action = env.parse(turn.action)
+        if action.kind == "invalid":
+            continue
+        call = env.native_call(action, turn.action)
+        if call is None:
+            turns.append(DemoTurn({"role": "assistant", "content": turn.action}, None,
+                                  turn.trainable))
+            continue
+        name, arguments = call
+        ident = call_id(len(turns), 0)
+        markup = min((i for i in (turn.action.find("<tool_call>"), turn.action.find("<search>"))
+                      if i >= 0), default=len(turn.action))
+        assistant = {"role": "assistant", "content": turn.action[:markup].strip(),
+                     "tool_calls": [{"id": ident, "type": "function",
+                                     "function": {"name": name, "arguments": arguments}}]}
+        answers = None if turn.observation is None else [
+            {"role": "tool", "tool_call_id": ident, "name": name,
+             "content": env.native_content(turn.observation)}]
+        turns.append(DemoTurn(assistant, answers, turn.trainable))
+    return Demonstration(demo.task, native_env.reset(demo.task), turns, demo.log,
+                         demo.reward, demo.policy)
 
 
 _OMITTED = "\n...[{} characters omitted]...\n"

@@ -136,3 +136,29 @@ def test_code_native_run_and_submit_are_ordinary_schemas():
     env.reset(task)
     assert env.step("```python\ndef f():\n    return 1\n```").done
     assert env.log.final_answer == "def f():\n    return 1\n"
+
+
+def test_text_demonstrations_convert_to_native_turns():
+    """A code demonstration (a run call, a negative example with its correction, a
+    submit call) as native turns: calls with ids, the run report as the tool message."""
+    from agentjax.data.demonstrations import Demonstration, DemoTurn
+    from agentjax.envs.code.env import CodeEnv, run_call
+    from agentjax.envs.turns import native_demonstration
+    task = Task("c1", "Return one.", ())
+    submit = '<tool_call>{"name": "submit", "arguments": {"code": "x = 1"}}</tool_call>'
+    demo = Demonstration(task, [], [
+        DemoTurn("First a run. " + run_call("x = 2"), "0 of 1 tests passed.", True),
+        DemoTurn("<tool_call>{oops", "Invalid action: ...", False),
+        DemoTurn(submit, None, True)], None, 1.0, "canonical")
+    native = native_demonstration(demo, CodeEnv(), CodeEnv(tool_format="native"))
+    assert native.messages == [{"role": "user", "content": CodeEnv().instruction.replace(
+        "{question}", "Return one.")}]
+    run, submitted = native.turns
+    assert run.action == {"role": "assistant", "content": "First a run.", "tool_calls": [
+        {"id": "call00000", "type": "function",
+         "function": {"name": "run", "arguments": {"code": "x = 2"}}}]}
+    assert run.observation == [{"role": "tool", "tool_call_id": "call00000", "name": "run",
+                                "content": "0 of 1 tests passed."}]
+    assert submitted.action["tool_calls"][0]["function"] == {
+        "name": "submit", "arguments": {"code": "x = 1"}}
+    assert submitted.observation is None and native.reward == 1.0

@@ -230,6 +230,11 @@ class CodeEnv(TurnEnv):
             return submitted[-1]["function"]["arguments"]["code"]
         return code_lib.last_fenced_block(content)
 
+    def native_call(self, action: Action, text: str) -> tuple[str, dict] | None:
+        if action.kind == "answer" and "<tool_call>" in text:  # a `submit` call
+            return "submit", {"code": action.answer}
+        return super().native_call(action, text)
+
     def native_final_turn(self, calls: list[dict]) -> None:
         if self.submit_at_limit:  # the last `run` call's program, as final_turn
             self.log.final_answer = calls[-1]["function"]["arguments"]["code"]

@@ -163,6 +163,13 @@ class SearchEnv(TurnEnv):
         query = str(arguments["query"]).strip()
         return Action(kind="search", query=query) if query else invalid("empty query")
 
+    def native_content(self, observation: str) -> str:
+        if self.action_format == "tags":  # the documents inside <information>
+            start, end = observation.find("<information>"), observation.rfind("</information>")
+            if 0 <= start < end:
+                return observation[start + len("<information>"):end]
+        return observation
+
     def corrective_observation(self, action: Action) -> str:
         if self.action_format == "tags":
             return INVALID_OBSERVATION
