@@ -185,6 +185,11 @@ def _format(*, action_tags=("search", "answer"), terminal_tags=("answer",),
         think_tag=think_tag), 0.0, 1.0)
 
 
+@register_reward("native_format", "shaping")
+def _native_format():
+    return Term(lambda task, log: format_lib.native_format_score(log), 0.0, 1.0)
+
+
 @register_reward("code_format", "shaping")
 def _code_format():
     return Term(lambda task, log: code.code_format_score(log), 0.0, 1.0)

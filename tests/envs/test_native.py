@@ -162,3 +162,16 @@ def test_text_demonstrations_convert_to_native_turns():
     assert submitted.action["tool_calls"][0]["function"] == {
         "name": "submit", "arguments": {"code": "x = 1"}}
     assert submitted.observation is None and native.reward == 1.0
+
+
+def test_native_format_score_reads_the_parse_not_tags():
+    from agentjax.rewards.format import format_score, native_format_score
+    env = _env()
+    env.reset(TASK)
+    env.step('{"name": "lookup"')  # no hermes markup at all: plain text is an answer
+    assert native_format_score(env.log) == 1.0 and format_score(env.log) < 1.0
+    env.reset(TASK)
+    env.step('<tool_call>\n{"name": oops}\n</tool_call>')
+    env.step("<tool_call>\n{\"name\": \"lookup\", \"argu")
+    env.step(_call("lookup", word="x"))
+    assert native_format_score(env.log) == 0.5 * 1 / 3  # one of three read whole, no answer

@@ -42,7 +42,9 @@ def code_reward_fn(config, sandbox, *, timeout_s: float = TEST_TIMEOUT_S,
     the hidden tests in `sandbox` with these per-test limits, the format term is
     `code_format`."""
     components = reward_config(config)["components"]
-    components["code_format"] = components.pop("format")
+    # code_format reads validity and the submission, whatever the call format.
+    components["code_format"] = components.pop(
+        "native_format" if "native_format" in components else "format")
     for name in OUTCOMES["code"].values():
         components[name] = {"weight": components[name], "timeout_s": timeout_s,
                             "memory_mb": memory_mb}
