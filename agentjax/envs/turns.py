@@ -235,8 +235,10 @@ class TurnEnv:
         return Action(kind="tool_call", tool_name=name, arguments=dict(arguments))
 
     def native_answer(self, content: str, calls: list[dict]) -> str | None:
-        """The final answer of a turn without calls (its content, an `<answer>` tag's
-        text when it has one) or with a call to `answer_tool`; None: no answer."""
+        """The final answer of a turn without calls (its content after any reasoning
+        block, an `<answer>` tag's text when it has one) or with a call to `answer_tool`;
+        None: no answer."""
+        content = content.rpartition("</think>")[2]
         tagged = last_tag(content, ("answer",))
         answer = (tagged[1] if tagged else content).strip()
         return answer or None

@@ -87,6 +87,9 @@ def test_a_reply_without_calls_is_the_final_answer():
     assert result.done and env.log.final_answer == "42" and env.log.stop_reason == "answer"
     env.reset(TASK)
     assert env.step("42").done and env.log.final_answer == "42"
+    env.reset(TASK)  # Qwen3 reasons first: the answer is what follows the reasoning
+    assert env.step("<think>\n6 * 7 = 42\n</think>\n\n42").done
+    assert env.log.final_answer == "42"
 
 
 def test_calls_on_the_last_turn_are_logged_not_run():
