@@ -126,7 +126,7 @@ def reward_config(config, **components: Any) -> dict:
     """The composite reward of an env: the outcome component reward.outcome names gets
     weight 1, the env's other outcome components (choices.OUTCOMES) are logged with weight
     0 (the judge, which asks a server about every episode, only when it is the outcome);
-    then format (native_format for native tool calls), tool_shaping, length
+    then format (of native tool calls for env.tool_format 'native'), tool_shaping, length
     (reward.length_weight) and the env's own `components` ({name: weight or spec}, e.g.
     the search world's process reward)."""
     weights = config.reward
@@ -134,8 +134,9 @@ def reward_config(config, **components: Any) -> dict:
            for key, name in OUTCOMES[config.env.name].items()
            if key != "judge" or key == weights.outcome}
     # Native tool calls are the model's own markup, checked by the parser, not tags.
-    format_name = "native_format" if config.env.tool_format == "native" else "format"
-    out.update({format_name: weights.format_weight, "tool_shaping": weights.tool_weight})
+    format_spec = ({"weight": weights.format_weight, "native": True}
+                   if config.env.tool_format == "native" else weights.format_weight)
+    out.update({"format": format_spec, "tool_shaping": weights.tool_weight})
     out.update(components)
     if weights.length_weight:
         out["length"] = {"weight": weights.length_weight, "penalty": "linear",

@@ -43,8 +43,9 @@ def code_reward_fn(config, sandbox, *, timeout_s: float = TEST_TIMEOUT_S,
     `code_format`."""
     components = reward_config(config)["components"]
     # code_format reads validity and the submission, whatever the call format.
-    components["code_format"] = components.pop(
-        "native_format" if "native_format" in components else "format")
+    format_spec = components.pop("format")
+    components["code_format"] = (format_spec["weight"] if isinstance(format_spec, dict)
+                                 else format_spec)
     for name in OUTCOMES["code"].values():
         components[name] = {"weight": components[name], "timeout_s": timeout_s,
                             "memory_mb": memory_mb}

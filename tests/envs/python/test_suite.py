@@ -49,7 +49,10 @@ def test_native_demonstrations_train_the_policys_own_call_format(config, tmp_pat
     suite = suites.build_suite(config, str(tmp_path / "data"))
     assert [t["function"]["name"] for t in suite.tools] == ["python"]
     assert suite.make_env().tool_format == "native"
-    assert "native_format" in [c.name for c in suite.reward_fn.components]
+    # The format term reads the parse (tags would fail the demonstrator's tool calls).
+    format_term = [c for c in suite.reward_fn.components if c.name == "format"][0]
+    demo = suite.demonstrations[0]
+    assert format_term.term.fn(demo.task, demo.log) == 1.0
     demo = suite.demonstrations[0]
     assert demo.messages[0]["role"] == "user" and len(demo.messages) == 1  # no hand-written tools
     call, answer = demo.turns
