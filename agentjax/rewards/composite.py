@@ -31,10 +31,11 @@ Registered components (options in parentheses):
   process  process (include_answer) — subgoal_reward, on tasks with subgoals only
   shaping  format (action_tags, terminal_tags, think_tag; native: the turns of native
            tool calls read whole, format.native_format_score); code_format;
-           tool_shaping (valid_bonus, max_bonus_calls, duplicate_penalty, invalid_penalty, cap); length (penalty:
-           linear|sigmoid, unit: turns|tokens, and length_reward's target, coef,
-           max_penalty, tau; resource tokenizer for tokens). DAPO's overlong shaping is
-           the trainer's algo.overlong_* (exact sampled tokens; rewards/length.py).
+           tool_shaping (valid_bonus, max_bonus_calls, duplicate_penalty, invalid_penalty,
+           cap); length (penalty: linear|sigmoid, unit: turns|tokens, and
+           length_reward's target, coef, max_penalty, tau; resource tokenizer for
+           tokens). DAPO's overlong shaping is the trainer's algo.overlong_* (exact
+           sampled tokens; rewards/length.py).
 """
 from __future__ import annotations
 
