@@ -20,6 +20,8 @@ renderings cached per template):
   * tool_role: "tool" when the template renders a `tool` message's content; else tool
     results go back as one `user` message of `<tool_response>` blocks, as Qwen2.5 renders
     its tool messages.
+  * system_role: the template renders a system message. Gemma's refuses one: a system
+    message (and the fallback's tools section) then opens the first user message.
   * call_ids: the template writes the call id (Mistral's `[TOOL_RESULTS]`, 9
     alphanumerics); results must then carry the id of the call they answer.
   * prefix_preserving: appending turns leaves the rendering of earlier turns unchanged.
@@ -68,6 +70,7 @@ class TemplateTraits:
 
     renders_tools: bool
     tool_role: str
+    system_role: bool
     call_ids: bool
     prefix_preserving: bool
 
@@ -115,7 +118,9 @@ def template_traits(tokenizer) -> TemplateTraits:
     first, second = answered(_PROBE_IDS[0]), answered(_PROBE_IDS[1])
     tool_role = "tool" if first is not None and _RESULT_MARKER in first else "user"
     call_ids = bool(first and _PROBE_IDS[0] in first and second != first)
-    traits = TemplateTraits(renders_tools, tool_role, call_ids, True)
+    system = _probe(tokenizer, [{"role": "system", "content": _RESULT_MARKER}, user])
+    system_role = bool(system and _RESULT_MARKER in system)
+    traits = TemplateTraits(renders_tools, tool_role, system_role, call_ids, True)
     traits = dataclasses.replace(traits, prefix_preserving=_keeps_prefix(tokenizer, traits))
     setattr(tokenizer, _TRAITS_ATTRIBUTE, (key, traits))
     return traits
@@ -193,35 +198,38 @@ def for_template(tokenizer, messages: Sequence[Message],
 
 def _convert(messages, tools, traits: TemplateTraits, tokenizer=None):
     out: list[dict] = []
+    previous_role = None
     for message in messages:
-        message = dict(message)
-        if message.get("role") == "assistant" and message.get("tool_calls") and (
-                not traits.renders_tools):
+        message, role = dict(message), message.get("role")
+        if role == "assistant" and message.get("tool_calls") and not traits.renders_tools:
             text = "\n".join(hermes_call_text(c) for c in message.pop("tool_calls"))
             content = message.get("content") or ""
             message["content"] = f"{content}\n{text}" if content else text
-        if message.get("role") == "tool" and traits.tool_role == "user":
+        if role == "tool" and traits.tool_role == "user":
+            # Results of one turn: one user message of blocks, as Qwen2.5 renders them.
             block = f"<tool_response>\n{message.get('content', '')}\n</tool_response>"
-            if out and out[-1].get("agentjax_tool_results"):
+            if previous_role == "tool":
                 out[-1]["content"] += "\n" + block
                 continue
-            message = {"role": "user", "content": block, "agentjax_tool_results": True}
+            message = {"role": "user", "content": block}
         out.append(message)
-    for message in out:
-        message.pop("agentjax_tool_results", None)
-    if not tools or traits.renders_tools:
-        return out, (list(tools) if tools else None)
-    if tokenizer is not None and tokenizer.chat_template not in _FALLBACK_LOGGED:
-        _FALLBACK_LOGGED.add(tokenizer.chat_template)
-        log.warning("the chat template does not render tools: the tool schemas go into "
-                    "the system message, Hermes style (tool results as %r messages)",
-                    traits.tool_role)
-    section = hermes_tools_text(tools)
-    if out and out[0].get("role") == "system":
-        out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{section}"}
-    else:
-        out.insert(0, {"role": "system", "content": section})
-    return out, None
+        previous_role = role
+    if tools and not traits.renders_tools:
+        if tokenizer is not None and tokenizer.chat_template not in _FALLBACK_LOGGED:
+            _FALLBACK_LOGGED.add(tokenizer.chat_template)
+            log.warning("the chat template does not render tools: the tool schemas go into "
+                        "the system message, Hermes style (tool results as %r messages)",
+                        traits.tool_role)
+        section = hermes_tools_text(tools)
+        if out and out[0].get("role") == "system":
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{section}"}
+        else:
+            out.insert(0, {"role": "system", "content": section})
+    if not traits.system_role and len(out) > 1 and out[0].get("role") == "system":
+        # Gemma's convention: the system text opens the first user message.
+        system = out.pop(0)
+        out[0] = {**out[0], "content": f"{system['content']}\n\n{out[0].get('content') or ''}"}
+    return out, (list(tools) if tools and traits.renders_tools else None)
 
 
 def _render_converted(tokenizer, messages, add_generation_prompt, tools, traits) -> str:

@@ -43,6 +43,8 @@ REPLIES = {
               ["call00000", "call00001"]),
     "smollm2": ("hermes", _hermes("lookup", word="six") + _hermes("lookup", word="seven"),
                 ["call00000", "call00001"]),
+    "gemma": ("hermes", _hermes("lookup", word="six") + _hermes("lookup", word="seven"),
+              ["call00000", "call00001"]),
     "llama3.1": ("llama3_json", '{"name": "lookup", "parameters": {"word": "six"}}; '
                                 '{"name": "lookup", "parameters": {"word": "seven"}}',
                  ["call00000", "call00001"]),

@@ -10,6 +10,8 @@ control tokens as special tokens and its chat template quoted verbatim:
               user message, `[TOOL_CALLS]` with 9-character call ids, `[TOOL_RESULTS]`),
               bos <s>, eos </s>
   "smollm2":  HuggingFaceTB/SmolLM2-135M-Instruct (ChatML without tool support)
+  "gemma":    google/gemma-2-2b-it (no tools, no system role, user/model turns that must
+              alternate), eos <end_of_turn>
   "qwen2.5", "qwen3": the instruct folders of `qwen_tokenizers` (hub layout)
 
     tokenizer = chat_tokenizer("mistral", tmp_path)
@@ -24,7 +26,7 @@ from transformers import PreTrainedTokenizerFast
 from agentjax.models.tokenizer import load_tokenizer
 from tests.models.qwen_tokenizers import CORPUS, qwen_tokenizer_folder
 
-FAMILIES = ("qwen2.5", "qwen3", "llama3.1", "mistral", "smollm2")
+FAMILIES = ("qwen2.5", "qwen3", "llama3.1", "mistral", "smollm2", "gemma")
 
 # The chat_template of meta-llama/Llama-3.1-8B-Instruct's tokenizer_config.json on the
 # Hugging Face Hub, quoted verbatim (TRL keeps the same text as
@@ -240,6 +242,13 @@ You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>
 '}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant
 ' }}{% endif %}"""
 
+# The chat_template of google/gemma-2-2b-it (Gemma 1 and 2 ship the same), quoted
+# verbatim (TRL keeps the same text as trl/chat_templates/gemma.jinja).
+GEMMA_TEMPLATE = r"""{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '
+' + message['content'] | trim + '<end_of_turn>
+' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model
+'}}{% endif %}"""
+
 # family -> (special tokens in id order, bos, eos, template)
 _SPECS = {
     "llama3.1": (("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
@@ -250,6 +259,8 @@ _SPECS = {
                 "<s>", "</s>", MISTRAL_NEMO_TEMPLATE),
     "smollm2": (("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|im_start|>", "<|im_end|>",
                 SMOLLM2_TEMPLATE),
+    "gemma": (("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"), "<bos>",
+              "<end_of_turn>", GEMMA_TEMPLATE),
 }
 
 

@@ -15,14 +15,15 @@ SEARCH = {"type": "function", "function": {
 HISTORY = [{"role": "system", "content": "Be brief."},
            {"role": "user", "content": "Which city is the capital of France?"}]
 
-# family -> (renders_tools, tool_role, call_ids, prefix_preserving): the table of the
-# report, read from the templates themselves.
+# family -> (renders_tools, tool_role, system_role, call_ids, prefix_preserving), read
+# from the templates themselves.
 TRAITS = {
-    "qwen2.5": (True, "tool", False, True),
-    "qwen3": (True, "tool", False, False),      # empty <think> only on the last turn
-    "llama3.1": (True, "tool", False, True),    # results rendered as `ipython` turns
-    "mistral": (True, "tool", True, False),     # tools + system move to the last user turn
-    "smollm2": (False, "tool", False, True),    # no tools: the Hermes fallback
+    "qwen2.5": (True, "tool", True, False, True),
+    "qwen3": (True, "tool", True, False, False),      # empty <think> only on the last turn
+    "llama3.1": (True, "tool", True, False, True),    # results rendered as `ipython` turns
+    "mistral": (True, "tool", True, True, False),     # tools + system move to the last user
+    "smollm2": (False, "tool", True, False, True),    # no tools: the Hermes fallback
+    "gemma": (False, "user", False, False, True),     # user/model only: all in user turns
 }
 
 
@@ -47,13 +48,14 @@ def _results(calls):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_traits_are_read_from_the_template(tokenizers, family):
     traits = chat.template_traits(tokenizers[family])
-    assert (traits.renders_tools, traits.tool_role, traits.call_ids,
+    assert (traits.renders_tools, traits.tool_role, traits.system_role, traits.call_ids,
             traits.prefix_preserving) == TRAITS[family]
 
 
 def test_tiny_chatml_has_the_fallback():
     tokenizer = build_tokenizer(["a b c"] * 10, vocab_size=300)
-    assert chat.template_traits(tokenizer) == chat.TemplateTraits(False, "tool", False, True)
+    assert chat.template_traits(tokenizer) == chat.TemplateTraits(False, "tool", True, False,
+                                                                  True)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -65,8 +67,10 @@ def test_prompt_carries_the_schemas(tokenizers, family):
     fallback = not TRAITS[family][0]
     assert ("# Tools\n\nYou may call one or more functions" in text) == (
         fallback or family.startswith("qwen"))
-    if fallback:
+    if family == "smollm2":
         assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
+    if family == "gemma":  # no system role: the first user turn carries both
+        assert text.startswith("<bos><start_of_turn>user\nBe brief.\n\n# Tools")
 
 
 def test_fallback_is_logged_once(tmp_path, caplog):
@@ -92,12 +96,12 @@ def test_turn_ids_are_the_rendered_delta(tokenizers, family):
     delta, kept = chat.turn_ids(tokenizer, HISTORY, [assistant, *results], [SEARCH])
     text = tokenizer.decode(delta)
     assert all(r["content"] in text for r in results)
-    assert kept == TRAITS[family][3] or family == "mistral"  # no user turn follows here
+    assert kept == TRAITS[family][4] or family == "mistral"  # no user turn follows here
     ids = (chat.prompt_ids(tokenizer, HISTORY, [SEARCH])
            + tokenizer.encode(action, add_special_tokens=False) + delta)
     messages, tools = chat.for_template(tokenizer, HISTORY + [assistant] + results, [SEARCH])
     whole = chat.render(tokenizer, messages, add_generation_prompt=True, tools=tools)
-    if TRAITS[family][3]:
+    if TRAITS[family][4]:
         assert ids == tokenizer.encode(whole, add_special_tokens=False)
     else:
         assert whole.endswith(text) and tokenizer.decode(ids) != whole
@@ -110,6 +114,7 @@ EXPECTED_CALLS = {
     "mistral": '[TOOL_CALLS][{"name": "search", "arguments": {"query": "France"}, '
                '"id": "call00000"}',
     "smollm2": '<tool_call>\n{"name": "search", "arguments": {"query": "France"}}\n</tool_call>',
+    "gemma": '<tool_call>\n{"name": "search", "arguments": {"query": "France"}}\n</tool_call>',
 }
 
 
