@@ -22,7 +22,7 @@ chat template renders (`template_tools`), the turn ends at the model's end-of-tu
     OpenAI client reads a reply without tool_calls; an env with an answering tool (the
     code env's `submit`) also ends on that call;
   * otherwise every call runs in order, each result its own `tool` message carrying
-    the call's id (the parser's, or `call_id` for formats without ids).
+    the call's id (the parser's, or `models.chat.call_id` for formats without ids).
 The text around the calls stays in the log (`action_text`); the first call is the turn's
 `tool_name`/`tool_args`, every call with its result in `extra["calls"]`.
 
@@ -40,6 +40,7 @@ from typing import Any, Mapping
 from agentjax.core.task import EpisodeLog, Task, TurnLog
 from agentjax.data.demonstrations import Demonstration, DemoTurn
 from agentjax.envs.base import StepResult
+from agentjax.models import chat
 from agentjax.envs.tools import Tool, tool_schema, validate_arguments
 from agentjax.parsers.actions import Action, echo, last_tag
 from agentjax.parsers.tool_calls import parse_tool_calls
@@ -129,9 +130,7 @@ class TurnEnv:
         parsed = parse_tool_calls(self.tool_parser, action_text, tools=self.template_tools)
         tools = self.native_tools()
         index = len(self.log.turns)
-        calls = [{"id": call.id or call_id(index, i), "type": "function",
-                  "function": {"name": call.name, "arguments": dict(call.arguments)}}
-                 for i, call in enumerate(parsed.calls)]
+        calls = chat.tool_calls(parsed.calls, turn=index)
         problems = list(parsed.errors)
         for call in calls:
             name, arguments = call["function"]["name"], call["function"]["arguments"]
@@ -264,12 +263,6 @@ class TurnEnv:
 NATIVE = "native"
 
 
-def call_id(turn: int, index: int) -> str:
-    """The id of a call whose format carries none: 9 alphanumerics, unique in an episode
-    (Mistral's templates refuse any other shape; others ignore ids)."""
-    return f"call{turn % 100:02d}{index % 1000:03d}"
-
-
 def native_demonstration(demo: Demonstration, env: TurnEnv,
                          native_env: TurnEnv) -> Demonstration:
     """`demo`, written in `env`'s own text format, in native form: each call turn the
@@ -296,7 +289,7 @@ def native_demonstration(demo: Demonstration, env: TurnEnv,
                                   turn.trainable))
             continue
         name, arguments = call
-        ident = call_id(len(turns), 0)
+        ident = chat.call_id(len(turns), 0)
         markup = min((i for i in (turn.action.find("<tool_call>"), turn.action.find("<search>"))
                       if i >= 0), default=len(turn.action))
         assistant = {"role": "assistant", "content": turn.action[:markup].strip(),

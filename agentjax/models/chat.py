@@ -46,7 +46,7 @@ from typing import Any, Mapping, Sequence
 import jinja2
 
 from agentjax.models.tokenizer import end_of_turn_id, template_kwargs
-from agentjax.parsers.tool_calls import detect_tool_parser
+from agentjax.parsers.tool_calls import ToolCall, detect_tool_parser
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +162,21 @@ def tool_parser_for(tokenizer) -> str:
     if not template_traits(tokenizer).renders_tools:
         return "hermes"
     return detect_tool_parser(tokenizer)
+
+
+def call_id(turn: int, index: int) -> str:
+    """The id of a call whose format carries none: 9 alphanumerics, unique in a
+    conversation of up to 100 turns (Mistral's templates refuse any other shape; the
+    others ignore ids)."""
+    return f"call{turn % 100:02d}{index % 1000:03d}"
+
+
+def tool_calls(calls: Sequence[ToolCall], *, turn: int) -> list[dict[str, Any]]:
+    """A parsed turn's calls as an assistant message's `tool_calls` (arguments as
+    objects, as chat templates take them), each with the parser's id or `call_id`."""
+    return [{"id": call.id or call_id(turn, index), "type": "function",
+             "function": {"name": call.name, "arguments": dict(call.arguments)}}
+            for index, call in enumerate(calls)]
 
 
 # --------------------------------------------------------------- conversion for a template

@@ -162,3 +162,15 @@ def test_control_text_in_results_is_removed(tokenizers):
     delta, _ = chat.turn_ids(tokenizer, HISTORY, [assistant, *evil], [SEARCH])
     assert "\nab\n" in tokenizer.decode(delta)
     assert delta.count(end_of_turn_id(tokenizer)) == 1
+
+
+def test_parsed_calls_become_tool_calls_with_ids():
+    from agentjax.parsers.tool_calls import parse_tool_calls
+    mistral = parse_tool_calls("mistral", '[TOOL_CALLS][{"name": "search", "arguments": '
+                                          '{"query": "a"}, "id": "Ab3dE6gH9"}]')
+    hermes = parse_tool_calls("hermes", '<tool_call>\n{"name": "search", "arguments": '
+                                        '{"query": "a"}}\n</tool_call>' * 2)
+    assert [c["id"] for c in chat.tool_calls(mistral.calls, turn=3)] == ["Ab3dE6gH9"]
+    assert chat.tool_calls(hermes.calls, turn=3) == [
+        {"id": f"call03{i:03d}", "type": "function",
+         "function": {"name": "search", "arguments": {"query": "a"}}} for i in range(2)]
