@@ -172,7 +172,8 @@ class TurnEnv:
                                             call["function"]["arguments"]), result)
                 content = self._bound(result.observation)
                 turn.extra["calls"].append({**call["function"], "id": call["id"],
-                                            "observation": content, "error": result.error})
+                                            "observation": content, "error": result.error,
+                                            "extra": result.extra})
                 turn.error = turn.error or result.error
                 turn.retrieved += result.retrieved
                 answers.append({"role": "tool", "tool_call_id": call["id"],
