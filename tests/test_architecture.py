@@ -14,8 +14,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "agentjax"
 TIERS = [("config",), ("core",), ("parsers",), ("models",), ("rl",), ("engine",), ("data",),
          ("rewards",), ("envs",), ("agents",), ("sglang",), ("train",), ("sweep",)]
 # The one arrow downward: trajectories are built from the chat template's exact token
-# ids (`Trajectory.from_demonstration`, `observation_token_ids`).
-ALLOWED_UPWARD = {("core.trajectory", "models.tokenizer")}
+# ids (`Trajectory.from_demonstration`, `observation_token_ids`, `tool_turn_ids`).
+ALLOWED_UPWARD = {("core.trajectory", "models.tokenizer"), ("core.trajectory", "models.chat")}
 
 
 def _modules() -> dict[str, ast.Module]:

@@ -6,6 +6,11 @@ prompt ids; each turn the engine samples an action from the exact token context 
 worker thread (the event loop stays free, so the engine keeps batching other episodes'
 requests), and unless the env says done the observation's ids (built by
 `trajectory.observation_token_ids`, the same function demonstrations use) are appended.
+An env in native tool-calling mode (`template_tools` not None) gets its schemas rendered
+into the prompt by the chat template, its `tool_parser` "auto" resolved from the
+tokenizer, and each step's messages (`info["messages"]`: the parsed assistant turn and
+the tool results answering it) appended as the template renders them
+(`trajectory.tool_turn_ids`).
 When the episode ends after a turn the policy did not close with the template's
 end-of-turn token (it stopped on a stop string such as `</answer>`), that token is
 appended as a template token, so the trajectory ends where the chat template ends the
@@ -33,10 +38,11 @@ from typing import Any
 
 from agentjax.core.task import Task
 from agentjax.envs.base import Env
+from agentjax.models import chat
 from agentjax.models.tokenizer import end_of_turn_id, prompt_ids
 from agentjax.engine.protocol import (Completion, Engine, EnginesUnavailable, GenerateRequest,
                                      SamplingParams)
-from agentjax.core.trajectory import Trajectory, Turn, observation_token_ids
+from agentjax.core.trajectory import Trajectory, Turn, observation_token_ids, tool_turn_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,8 +154,13 @@ async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
                 session_id) -> str:
     """Runs the turns, filling `traj` in place; returns the stop reason."""
     loop = asyncio.get_running_loop()
+    tools = getattr(env, "template_tools", None)
+    if tools is not None and getattr(env, "tool_parser", None) == "auto":
+        env.tool_parser = chat.tool_parser_for(tokenizer)
     messages = await _env_call(loop, executor, env.reset, task)
-    traj.prompt_ids = list(prompt_ids(tokenizer, messages))
+    traj.prompt_ids = list(prompt_ids(tokenizer, messages) if tools is None
+                           else chat.prompt_ids(tokenizer, messages, tools))
+    history = list(messages)  # native tool calling: the conversation as messages
     context = list(traj.prompt_ids)
     stop = tuple(dict.fromkeys(tuple(sampling.stop) + tuple(env.stop)))
     for turn_index in range(limits.max_turns):
@@ -180,9 +191,19 @@ async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
             if result.done:
                 return getattr(env.log, "stop_reason", None) or "done"
             return "max_turns"
-        observation = observation_token_ids(
-            tokenizer, result.observation, role=env.observation_role,
-            action_ids=turn.action_ids, max_tokens=limits.max_observation_tokens)
+        if tools is None:
+            observation = observation_token_ids(
+                tokenizer, result.observation, role=env.observation_role,
+                action_ids=turn.action_ids, max_tokens=limits.max_observation_tokens)
+        else:
+            observation, kept = tool_turn_ids(
+                tokenizer, history, result.info["messages"], tools=tools,
+                action_ids=turn.action_ids, max_tokens=limits.max_observation_tokens)
+            history += result.info["messages"]
+            # The template re-renders earlier turns otherwise: the trajectory keeps the
+            # sampled tokens, and this counts the turns where the two differ.
+            traj.metadata["rerendered_turns"] = (
+                traj.metadata.get("rerendered_turns", 0) + (not kept))
         # An observation is appended only when another action can follow it.
         if len(context) + len(observation) >= limits.max_context_tokens:
             return "token_budget"

@@ -64,6 +64,10 @@ DPO_PAIRS = ("trajectory", "turn", "both")
 DATA_SOURCES = ("synthetic", "files")
 # envs/search/suite.py: INSTRUCTIONS (the search env's prompt).
 INSTRUCTIONS = ("minimal", "short", "search_r1")
+# env.tool_format: "default" is each env's own format (search: Search-R1 "tags"; python
+# and code: "hermes_prompt", the schemas written into a system message by hand);
+# "native": the model's chat template and tool-call parser (envs/turns.py).
+TOOL_FORMATS = ("default", "tags", "hermes_prompt", "native")
 # envs/search/suite.py: build_search_suite (envs/retrieval.py: BM25Retriever in-process,
 # HttpRetriever for a server).
 RETRIEVERS = ("bm25", "http")

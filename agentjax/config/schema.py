@@ -44,6 +44,7 @@ from agentjax.config.choices import (
     SCHEDULES,
     SGLANG_LORA_MODES,
     STAGES,
+    TOOL_FORMATS,
     WANDB_MODES,
 )
 from agentjax.config.rules import (
@@ -269,6 +270,14 @@ ENV = Section(
         "with no program"),
     Key("instruction", "short", Choice(INSTRUCTIONS), "the search prompt: 'minimal', "
         "'short' or 'search_r1' (envs/registry.py: INSTRUCTIONS)"),
+    Key("tool_format", "default", Choice(TOOL_FORMATS), "how the agent calls tools: "
+        "'default' (search: Search-R1 'tags'; python, code: 'hermes_prompt', the schemas "
+        "written into a system message) or 'native' (the schemas through the model's chat "
+        "template, calls read by env.tool_parser, results as the template's tool "
+        "messages; envs/turns.py)"),
+    Key("tool_parser", "auto", ONE_LINE, "native tool calls: the parser "
+        "(parsers/tool_calls.py: hermes, qwen3_coder, llama3_json, mistral, pythonic, ...) "
+        "or 'auto' (named after the tokenizer's chat template)"),
     Key("loss_on_observations", False, Flag(), "True puts the observation tokens (what "
         "the tools returned) into the loss, an ablation; False trains only the agent's "
         "own tokens"),

@@ -35,6 +35,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from agentjax.core.task import Task
+from agentjax.models import chat
 from agentjax.models.tokenizer import end_of_turn_id, observation_ids, prompt_ids
 from agentjax.config.choices import LOGPROB_DISTRIBUTIONS
 
@@ -203,6 +204,7 @@ class Trajectory:
         max_observation_tokens: int | None = None,
         task: Task | None = None,
         group_id: int = 0,
+        tools: Sequence[Mapping] | None = None,
     ) -> "Trajectory":
         """Builds the trajectory the agent loop would record for the given actions.
 
@@ -225,17 +227,33 @@ class Trajectory:
             in it (e.g. `<|im_end|>`) become their ids; a stop string is simply part of
             the text. Log-probs are 0 (demonstrations have no behavior policy).
           observation_role: as `Env.observation_role` (None: inline observations).
+            Native tool-calling turns (`tools` given) have an assistant message as the
+            action and the list of messages that answered it (tool results, or a user
+            message) as the observation: the action is written as the template writes
+            that message (`models.chat.assistant_text`: the model's own call format) and
+            the observation is the rendered delta (`tool_turn_ids`), as in an episode.
+          tools: the function schemas of a native episode (None: text actions).
           reward: the final reward.
           max_observation_tokens: as `EpisodeLimits.max_observation_tokens`.
           task: the task (its id becomes task_id).
           group_id: the group id.
         """
         eot = end_of_turn_id(tokenizer)
-        built = []
+        built, history = [], list(messages)
         for index, (action_text, observation, trainable) in enumerate(turns):
             if observation is None and index != len(turns) - 1:
                 raise ValueError(
                     f"turns[{index}] has no observation but is not the last turn")
+            if tools is not None:
+                text = chat.assistant_text(tokenizer, history, action_text, tools)
+                action_ids = list(tokenizer.encode(text, add_special_tokens=False))
+                obs_ids = [] if observation is None else tool_turn_ids(
+                    tokenizer, history, [action_text, *observation], tools=tools,
+                    action_ids=action_ids, max_tokens=max_observation_tokens)[0]
+                history += [action_text, *(observation or [])]
+                built.append(Turn(action_ids, [0.0] * len(action_ids), "stop", obs_ids,
+                                  trainable=bool(trainable)))
+                continue
             action_ids = list(tokenizer.encode(action_text, add_special_tokens=False))
             turn_closed = observation is None or observation_role is not None
             if turn_closed and action_ids[-1:] != [eot]:
@@ -245,8 +263,10 @@ class Trajectory:
                 max_tokens=max_observation_tokens)
             built.append(Turn(action_ids, [0.0] * len(action_ids), "stop", obs_ids,
                               trainable=bool(trainable)))
+        prompt = (chat.prompt_ids(tokenizer, list(messages), tools) if tools is not None
+                  else prompt_ids(tokenizer, list(messages)))
         return cls(
-            prompt_ids=list(prompt_ids(tokenizer, list(messages))), turns=built,
+            prompt_ids=list(prompt), turns=built,
             final_reward=float(reward), task_id=task.task_id if task else "",
             group_id=group_id, task=task, metadata={"demonstration": True})
 
@@ -291,7 +311,13 @@ def observation_token_ids(
         turn, whose ids come from the chat template (`models.tokenizer.observation_ids`:
         the turn plus the next assistant header). If the action did not end with the
         template's end-of-turn token (it stopped on a stop string or ran out of tokens),
-        that token is prepended here as a template token.
+        that token is prepended here as a template token. An inline observation stays
+        inline only while the assistant turn is open (the action stopped on a stop
+        string or was cut); after an action that ended its turn (its last id is the
+        end-of-turn token or the eos), text would otherwise follow the turn's end
+        outside any message, so it opens a `user` message instead: every chat template
+        renders `user` (a `tool` message needs a tool call to answer, and some templates
+        refuse one without its call id).
       action_ids: the action the observation follows.
       max_tokens: cut the observation's content to this many tokens (None: no cut).
         A cut chat observation is re-encoded from its decoded prefix, which is fine
@@ -300,13 +326,55 @@ def observation_token_ids(
     observation = strip_control_text(tokenizer, observation)
     content_ids = list(tokenizer.encode(observation, add_special_tokens=False))
     cut = max_tokens is not None and len(content_ids) > max_tokens
-    if role is None:
+    ended = len(action_ids) and action_ids[-1] in (end_of_turn_id(tokenizer),
+                                                   tokenizer.eos_token_id)
+    if role is None and not ended:
         return content_ids[:max_tokens] if cut else content_ids
+    role = role or "user"
     if cut:
         observation = tokenizer.decode(content_ids[:max_tokens])
     eot = end_of_turn_id(tokenizer)
     prefix = [] if (len(action_ids) and action_ids[-1] == eot) else [eot]
     return prefix + list(observation_ids(tokenizer, observation, role))
+
+
+def tool_turn_ids(
+    tokenizer,
+    history: Sequence[Mapping],
+    turn: Sequence[Mapping],
+    *,
+    tools: Sequence[Mapping] | None,
+    action_ids: Sequence[int],
+    max_tokens: int | None = None,
+) -> tuple[list[int], bool]:
+    """The ids appended after a native tool-calling action: what the chat template
+    renders after the assistant turn `turn[0]` for the messages `turn[1:]` (each tool
+    result its own message) and the next generation prompt (`models.chat.turn_ids`).
+
+    Args:
+      tokenizer: the policy's tokenizer.
+      history: the conversation before the action (initial messages, earlier turns).
+      turn: the assistant message as parsed (content and tool_calls with ids) and the
+        messages that answer it.
+      tools: the function schemas the prompt was rendered with.
+      action_ids: the sampled action; when it does not end with the end-of-turn token
+        (cut by max_tokens) that token is prepended as a template token.
+      max_tokens: cut each answering message's content to this many tokens.
+
+    Returns:
+      (ids, prefix_kept) as `models.chat.turn_ids`.
+    """
+    answers = []
+    for message in turn[1:]:
+        content = strip_control_text(tokenizer, str(message.get("content", "")))
+        content_ids = tokenizer.encode(content, add_special_tokens=False)
+        if max_tokens is not None and len(content_ids) > max_tokens:
+            content = tokenizer.decode(content_ids[:max_tokens])
+        answers.append({**message, "content": content})
+    ids, kept = chat.turn_ids(tokenizer, history, [turn[0], *answers], tools)
+    eot = end_of_turn_id(tokenizer)
+    prefix = [] if (len(action_ids) and action_ids[-1] == eot) else [eot]
+    return prefix + ids, kept
 
 
 def bucket_length(needed: int, buckets: Sequence[int]) -> int:

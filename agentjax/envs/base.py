@@ -37,6 +37,16 @@ class Env(Protocol):
         "tool" or "user" when each observation is a new chat turn (hermes-style tool
         calling), whose token ids come from chat-template diffing.
       log: the current episode's EpisodeLog.
+
+    Native tool calling (optional; an env without these attributes speaks text):
+      template_tools: the OpenAI function schemas the chat template renders into the
+        prompt (`models.chat`), or None for an env whose format is its own text.
+      tool_parser: the tool-call parser reading the policy's reply
+        (`parsers.tool_calls.TOOL_PARSERS`); "auto" is resolved by the agent loop from
+        the policy's tokenizer before `reset`.
+      A native `step` returns in `info["messages"]` the assistant message it parsed
+      (content and tool_calls with their ids) and the messages answering it (one tool
+      message per call, or a user message), which the loop renders into ids.
     """
 
     stop: tuple[str, ...]

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import importlib.util
 import os
 import pkgutil
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from agentjax.config.choices import OUTCOMES
 from agentjax.core.registry import Registry
@@ -53,6 +54,8 @@ class TaskSuite:
         when pretraining runs; None where the suite has none.
       relabel: (task, log) -> the task the episode's answer solved, or None
         (data.hindsight, agents/hindsight.py); None where the suite cannot relabel.
+      tools: the function schemas of a native tool-calling env (env.tool_format
+        "native"; its demonstrations' turns are messages), else None.
     """
 
     train_tasks: list[Task]
@@ -66,6 +69,7 @@ class TaskSuite:
     baselines: dict[str, dict[str, Any]]
     pretrain_corpus: Callable[[], list[str]] | None = None
     relabel: Callable[[Task, EpisodeLog], Task | None] | None = None
+    tools: list[dict] | None = None
 
 
 SuiteBuilder = Callable[[Any, str], TaskSuite]
@@ -122,13 +126,17 @@ def reward_config(config, **components: Any) -> dict:
     """The composite reward of an env: the outcome component reward.outcome names gets
     weight 1, the env's other outcome components (choices.OUTCOMES) are logged with weight
     0 (the judge, which asks a server about every episode, only when it is the outcome);
-    then format, tool_shaping, length (reward.length_weight) and the env's own
-    `components` ({name: weight or spec}, e.g. the search world's process reward)."""
+    then format (of native tool calls for env.tool_format 'native'), tool_shaping, length
+    (reward.length_weight) and the env's own `components` ({name: weight or spec}, e.g.
+    the search world's process reward)."""
     weights = config.reward
     out = {name: float(key == weights.outcome)
            for key, name in OUTCOMES[config.env.name].items()
            if key != "judge" or key == weights.outcome}
-    out.update({"format": weights.format_weight, "tool_shaping": weights.tool_weight})
+    # Native tool calls are the model's own markup, checked by the parser, not tags.
+    format_spec = ({"weight": weights.format_weight, "native": True}
+                   if config.env.tool_format == "native" else weights.format_weight)
+    out.update({"format": format_spec, "tool_shaping": weights.tool_weight})
     out.update(components)
     if weights.length_weight:
         out["length"] = {"weight": weights.length_weight, "penalty": "linear",
@@ -151,5 +159,17 @@ def reward_fn(config, **components: Any) -> RewardFn:
 
 def turn_texts(demos) -> list[str]:
     """The actions and observations of `demos` (tokenizer training texts)."""
-    return ([turn.action for d in demos for turn in d.turns]
-            + [turn.observation for d in demos for turn in d.turns if turn.observation])
+    return ([text for d in demos for turn in d.turns for text in _texts(turn.action)]
+            + [text for d in demos for turn in d.turns for text in _texts(turn.observation)])
+
+
+def _texts(part) -> list[str]:
+    """A demonstration turn's action or observation as texts: itself, or the contents
+    and calls of a native turn's messages."""
+    if not part:
+        return []
+    if isinstance(part, str):
+        return [part]
+    messages = [part] if isinstance(part, Mapping) else part
+    return [str(m.get("content") or "") for m in messages] + [
+        json.dumps(c["function"]) for m in messages for c in m.get("tool_calls", ())]

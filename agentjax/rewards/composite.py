@@ -29,11 +29,13 @@ Registered components (options in parentheses):
            fraction of metadata["tests"] passed, or 1 when all pass;
            judge (resource judge: an LLMJudge)
   process  process (include_answer) — subgoal_reward, on tasks with subgoals only
-  shaping  format (action_tags, terminal_tags, think_tag); code_format; tool_shaping (valid_bonus,
-           max_bonus_calls, duplicate_penalty, invalid_penalty, cap); length (penalty:
-           linear|sigmoid, unit: turns|tokens, and length_reward's target, coef,
-           max_penalty, tau; resource tokenizer for tokens). DAPO's overlong shaping is
-           the trainer's algo.overlong_* (exact sampled tokens; rewards/length.py).
+  shaping  format (action_tags, terminal_tags, think_tag; native: the turns of native
+           tool calls read whole, format.native_format_score); code_format;
+           tool_shaping (valid_bonus, max_bonus_calls, duplicate_penalty, invalid_penalty,
+           cap); length (penalty: linear|sigmoid, unit: turns|tokens, and
+           length_reward's target, coef, max_penalty, tau; resource tokenizer for
+           tokens). DAPO's overlong shaping is the trainer's algo.overlong_* (exact
+           sampled tokens; rewards/length.py).
 """
 from __future__ import annotations
 
@@ -179,7 +181,9 @@ def _judge(*, judge):
 
 @register_reward("format", "shaping")
 def _format(*, action_tags=("search", "answer"), terminal_tags=("answer",),
-            think_tag="think"):
+            think_tag="think", native=False):
+    if native:  # native tool calls: the model's own markup, read by the parser
+        return Term(lambda task, log: format_lib.native_format_score(log), 0.0, 1.0)
     return Term(lambda task, log: format_lib.format_score(
         log, action_tags=tuple(action_tags), terminal_tags=tuple(terminal_tags),
         think_tag=think_tag), 0.0, 1.0)

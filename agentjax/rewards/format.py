@@ -76,3 +76,15 @@ def format_score(log: EpisodeLog, *, action_tags: Sequence[str] = ("search", "an
     well_formed = sum(a is not None for a in actions) / len(actions)
     finished = actions[-1] in terminal_tags
     return 0.5 * well_formed + 0.5 * float(finished)
+
+
+def native_format_score(log: EpisodeLog) -> float:
+    """Format score of a native tool-calling episode in [0, 1]: `0.5 * (turns the tool-call
+    parser read whole / turns) + 0.5 * [the last turn answered]`. A turn with a malformed
+    call (`valid` False) or cut inside a call (kind "truncated") is not read whole; the
+    call markup itself is the model's own format, which the parser checked
+    (envs/turns.py)."""
+    if not log.turns:
+        return 0.0
+    whole = sum(t.valid and t.kind != "truncated" for t in log.turns) / len(log.turns)
+    return 0.5 * whole + 0.5 * float(log.turns[-1].kind == "answer")

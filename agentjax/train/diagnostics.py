@@ -74,6 +74,13 @@ def rollout_metrics(groups: Sequence[Sequence[Trajectory]], batch: dict) -> dict
     cached = cached_token_frac(episodes)
     if cached is not None:
         m["rollout/cached_token_frac"] = cached
+    native = [t for t in episodes if "rerendered_turns" in t.metadata]
+    if native:
+        # Native tool calling: turns whose chat template renders the history otherwise
+        # than the policy saw it (models/chat.py: the prefix property); the trajectory
+        # keeps the sampled tokens either way.
+        m["tools/rerendered_turn_frac"] = (sum(t.metadata["rerendered_turns"] for t in native)
+                                           / max(sum(len(t.turns) for t in native), 1))
     m["truncated/collate_frac"] = float(np.mean(batch["truncated"][:len(episodes)]))
     m["truncated/turn_length_frac"] = np.mean([
         any(turn.finish_reason == "length" for turn in t.turns) for t in episodes])

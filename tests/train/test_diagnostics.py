@@ -54,3 +54,18 @@ def test_cached_token_frac_counts_the_context_sent_each_turn():
     silent = Trajectory([0] * 5, [Turn([1], [0.0], "stop")])
     assert cached_token_frac([reported, silent]) == 12 / 27
     assert cached_token_frac([silent]) is None
+
+
+def test_rerendered_turns_of_native_episodes_are_a_metric():
+    from agentjax.core.trajectory import collate
+    from agentjax.train.diagnostics import rollout_metrics
+
+    def episode(**metadata):
+        turns = [Turn([5, 6], [-0.1, -0.2], "stop", [7]), Turn([8], [-0.3], "stop")]
+        return Trajectory([1, 2], turns, metadata=metadata)
+
+    text = [episode(), episode()]
+    native = [episode(rerendered_turns=1), episode(rerendered_turns=0)]
+    for group, expected in ((text, None), (native, 1 / 4)):
+        metrics = rollout_metrics([group], collate(group, buckets=[16], pad_id=0))
+        assert metrics.get("tools/rerendered_turn_frac") == expected

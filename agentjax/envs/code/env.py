@@ -9,6 +9,10 @@ Actions (hermes-style tool calls, as the python env):
   `<tool_call>{"name": "submit", "arguments": {"code": "..."}}</tool_call>`, or a turn
       whose last fenced block (```python ... ```) is the program, ends the episode with
       that final program (`log.final_answer`).
+Native format (`tool_format="native"`): `run` and `submit` are ordinary schemas the
+model's chat template renders, the reply is read by the parser `tool_parser` names, and a
+`submit` call, or a reply without calls whose last fenced block is the program, ends the
+episode (envs/turns.py).
 On the last allowed turn (`max_turns`), a `run` call has no turn left to read its result:
 with `submit_at_limit` its program is submitted (stop_reason "submitted_at_limit"), the
 latest program the policy wrote, as SWE-agent submits the working tree when an agent
@@ -35,7 +39,7 @@ from agentjax.parsers.actions import Action, invalid, parse_tool_call
 from agentjax.envs.python.env import sandbox_from
 from agentjax.envs.sandbox import Sandbox
 from agentjax.envs.tools import describe_tools, validate_arguments
-from agentjax.envs.turns import TurnEnv, check_instruction, clip, fill_question
+from agentjax.envs.turns import NATIVE, TurnEnv, check_instruction, clip, fill_question
 from agentjax.rewards import code as code_lib
 
 DEFAULT_INSTRUCTION = (
@@ -60,6 +64,8 @@ class _CodeTool:
     def __init__(self, name: str, description: str):
         self.name, self.description, self.parameters = name, description, _CODE_PARAMETERS
 
+
+TOOL_FORMATS = ("hermes_prompt", NATIVE)
 
 TOOLS = {
     "run": _CodeTool("run", "Runs the program against the problem's examples; returns "
@@ -153,7 +159,12 @@ class CodeEnv(TurnEnv):
       tests_runner: `(program, tests, *, timeout_s, memory_mb) -> [TestResult]` behind
         `run`; default `rewards.code.run_tests` in `sandbox`. (A scripted demonstrator's
         own programs may run in-process: envs/code/world.py.)
+      tool_format: "hermes_prompt" (the schemas in a system message, hermes tags) or
+        "native" (module docstring).
+      tool_parser: the native format's parser name, or "auto" (from the tokenizer).
     """
+
+    answer_tool = "submit"
 
     stop = ("</tool_call>",)
     observation_role = "tool"
@@ -164,8 +175,14 @@ class CodeEnv(TurnEnv):
                  max_detail_chars: int = 300, max_observation_chars: int = 2000,
                  submit_at_limit: bool = True,
                  instruction: str = DEFAULT_INSTRUCTION, tool_prompt: bool = True,
-                 tests_runner: Callable[..., list[code_lib.TestResult]] | None = None):
+                 tests_runner: Callable[..., list[code_lib.TestResult]] | None = None,
+                 tool_format: str = "hermes_prompt", tool_parser: str = "auto"):
         super().__init__(max_turns, max_observation_chars)
+        if tool_format not in TOOL_FORMATS:
+            raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
+        self.tool_format, self.tool_parser = tool_format, tool_parser
+        if tool_format == NATIVE:
+            self.stop = ()  # the turn ends at the template's end-of-turn token
         if episode_time_s <= 0 or max_failures_shown < 1 or max_detail_chars < 1:
             raise ValueError(f"episode_time_s, max_failures_shown and max_detail_chars must "
                              f"be positive, got {episode_time_s}, {max_failures_shown}, "
@@ -184,8 +201,8 @@ class CodeEnv(TurnEnv):
     def initial_messages(self, task: Task) -> list[dict[str, str]]:
         self._time_used = 0.0
         user = {"role": "user", "content": fill_question(self.instruction, problem_text(task))}
-        if not self.tool_prompt:
-            return [user]
+        if not self.tool_prompt or self.tool_format == NATIVE:
+            return [user]  # native: the template renders the tools
         return [{"role": "system", "content": system_prompt(self.submit_at_limit)}, user]
 
     def parse(self, action_text: str) -> Action:
@@ -203,6 +220,27 @@ class CodeEnv(TurnEnv):
         if block is not None and "<tool_call>" not in action_text:
             return Action(kind="answer", answer=block)
         return action
+
+    def native_tools(self) -> dict[str, _CodeTool]:
+        return TOOLS
+
+    def native_answer(self, content: str, calls: list[dict]) -> str | None:
+        submitted = [c for c in calls if c["function"]["name"] == self.answer_tool]
+        if submitted:
+            return submitted[-1]["function"]["arguments"]["code"]
+        return code_lib.last_fenced_block(content)
+
+    def native_call(self, action: Action, text: str) -> tuple[str, dict] | None:
+        if action.kind == "answer" and "<tool_call>" in text:  # a `submit` call
+            return "submit", {"code": action.answer}
+        return super().native_call(action, text)
+
+    def native_final_turn(self, calls: list[dict]) -> None:
+        if self.submit_at_limit:  # the last `run` call's program, as final_turn
+            self.log.final_answer = calls[-1]["function"]["arguments"]["code"]
+            self._finish("submitted_at_limit")
+        else:
+            self._finish("max_turns")
 
     def corrective_observation(self, action: Action) -> str:
         return (f"Invalid action: {action.error}. Run a program with <tool_call>"

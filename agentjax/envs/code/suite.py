@@ -24,6 +24,7 @@ from agentjax.envs.code.tasks import load_code_tasks, verify_solutions
 from agentjax.envs.code.env import (DEFAULT_INSTRUCTION, MINIMAL_INSTRUCTION, CodeEnv,
                                     final_block, run_call, system_prompt)
 from agentjax.envs.python.env import default_sandbox
+from agentjax.envs.turns import NATIVE, native_demonstration
 from agentjax.envs.registry import (TaskSuite, parse_counts, register_env, reward_config,
                                     turn_texts)
 from agentjax.rewards.composite import make_reward_fn
@@ -41,7 +42,10 @@ def code_reward_fn(config, sandbox, *, timeout_s: float = TEST_TIMEOUT_S,
     the hidden tests in `sandbox` with these per-test limits, the format term is
     `code_format`."""
     components = reward_config(config)["components"]
-    components["code_format"] = components.pop("format")
+    # code_format reads validity and the submission, whatever the call format.
+    format_spec = components.pop("format")
+    components["code_format"] = (format_spec["weight"] if isinstance(format_spec, dict)
+                                 else format_spec)
     for name in OUTCOMES["code"].values():
         components[name] = {"weight": components[name], "timeout_s": timeout_s,
                             "memory_mb": memory_mb}
@@ -86,10 +90,16 @@ def build_code_suite(config, data_dir: str) -> TaskSuite:
                       max_failures_shown=config.env.failures_shown,
                       submit_at_limit=config.env.submit_at_limit,
                       memory_mb=TEST_MEMORY_MB, tool_prompt=not minimal,
-                      instruction=MINIMAL_INSTRUCTION if minimal else DEFAULT_INSTRUCTION)
+                      instruction=MINIMAL_INSTRUCTION if minimal else DEFAULT_INSTRUCTION,
+                      tool_format={"default": "hermes_prompt"}.get(config.env.tool_format,
+                                                                   config.env.tool_format),
+                      tool_parser=config.env.tool_parser)
 
     def make_env():
         return CodeEnv(sandbox, **env_kwargs)
+
+    def text_env(**kwargs):  # the format the demonstrators write
+        return CodeEnv(sandbox, **{**env_kwargs, "tool_format": "hermes_prompt", **kwargs})
 
     rewards = code_reward_fn(config, sandbox)
     success_key = OUTCOMES["code"]["em"]
@@ -107,7 +117,7 @@ def build_code_suite(config, data_dir: str) -> TaskSuite:
         def play(index, task, split="train"):
             rng = np.random.default_rng([config.data.world_seed, index, split == "test"])
             # The coder's programs are the world's own: run in-process, not sandboxed.
-            env = CodeEnv(sandbox, **env_kwargs, tests_runner=code_world.run_world_tests)
+            env = text_env(tests_runner=code_world.run_world_tests)
             return coder.run(env, task, rng)
 
         demos = _play(play, train_tasks[:config.sft.num_demos] if config.sft.steps else [])
@@ -120,10 +130,12 @@ def build_code_suite(config, data_dir: str) -> TaskSuite:
         train_tasks = _load(config.data.train_path, config, sandbox)
         test_tasks = _load(config.data.test_path, config, sandbox) if config.data.test_path else []
         with_solution = [t for t in train_tasks if t.metadata.get("solution")]
-        demos = (_play(lambda i, t: canonical_demonstration(make_env(), t),
+        demos = (_play(lambda i, t: canonical_demonstration(text_env(), t),
                        with_solution[:config.sft.num_demos]) if config.sft.steps else [])
     texts = [DEFAULT_INSTRUCTION, system_prompt(config.env.submit_at_limit)]
     texts += [t.question for t in train_tasks + test_tasks]
     texts += turn_texts(demos)
+    if env_kwargs["tool_format"] == NATIVE:  # the calls in the policy's own format
+        demos = [native_demonstration(d, text_env(), make_env()) for d in demos]
     return TaskSuite(train_tasks, test_tasks, make_env, rewards, success_key, "tool", demos,
-                     texts, baselines)
+                     texts, baselines, tools=make_env().template_tools)

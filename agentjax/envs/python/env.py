@@ -1,8 +1,13 @@
-"""PythonEnv: hermes-style tool calling with a sandboxed `python` tool (code / maths).
+"""PythonEnv: tool calling with a sandboxed `python` tool (code / maths).
 
-The policy writes `<tool_call>{"name": "python", "arguments": {"code": "..."}}</tool_call>`
-and gets the program's output back as a `tool` chat turn; `<answer>…</answer>` ends the
-episode. More tools plug in by name (`tools=("calculator",)` builds them with
+Formats (`tool_format`):
+  "hermes_prompt" (default): the tools' schemas written into a system message by hand;
+      the policy writes `<tool_call>{"name": "python", "arguments": {"code": "..."}}
+      </tool_call>` and gets the program's output back as a `tool` chat turn;
+      `<answer>…</answer>` ends the episode.
+  "native": the schemas go to the model's chat template, the reply is read by the
+      parser `tool_parser` names, several calls a turn run in order, and a reply with
+      no call is the final answer (envs/turns.py). More tools plug in by name (`tools=("calculator",)` builds them with
 `make_tool`). The verifier reward (unit tests, answer match) is computed by rewards/
 from `(task, log)`.
 """
@@ -16,7 +21,9 @@ from agentjax.parsers.actions import Action, parse_tool_call
 from agentjax.envs.sandbox import Sandbox, SandboxResult
 from agentjax.envs.tools import (Tool, ToolError, make_tool, register_tool, tool_schema,
                                  tools_system_prompt, validate_arguments)
-from agentjax.envs.turns import TurnEnv, check_instruction, clip, fill_question
+from agentjax.envs.turns import NATIVE, TurnEnv, check_instruction, clip, fill_question
+
+TOOL_FORMATS = ("hermes_prompt", NATIVE)
 
 DEFAULT_INSTRUCTION = (
     "Solve the problem. You may run Python code with the python tool; print the values "
@@ -116,6 +123,8 @@ class PythonEnv(TurnEnv):
       max_observation_chars: every observation (tool output, errors, corrections) is
         cut to this many characters.
       instruction: user prompt template with a `{question}` slot.
+      tool_format: "hermes_prompt" or "native" (module docstring).
+      tool_parser: the native mode's parser name, or "auto" (from the tokenizer).
 
     Attributes:
       tools: name -> Tool; `tool_schemas` lists their function schemas for chat templates
@@ -128,8 +137,14 @@ class PythonEnv(TurnEnv):
     def __init__(self, sandbox: Sandbox | Mapping[str, Any] | None = None, *,
                  max_turns: int = 4, tools: Sequence[Tool | str] = (),
                  timeout_s: float = 5.0, memory_mb: int = 512,
-                 max_observation_chars: int = 2000, instruction: str = DEFAULT_INSTRUCTION):
+                 max_observation_chars: int = 2000, instruction: str = DEFAULT_INSTRUCTION,
+                 tool_format: str = "hermes_prompt", tool_parser: str = "auto"):
         super().__init__(max_turns, max_observation_chars)
+        if tool_format not in TOOL_FORMATS:
+            raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
+        self.tool_format, self.tool_parser = tool_format, tool_parser
+        if tool_format == NATIVE:
+            self.stop = ()  # the turn ends at the template's end-of-turn token
         python = PythonTool(sandbox, timeout_s=timeout_s, memory_mb=memory_mb,
                             max_output_chars=max_observation_chars)
         built = [python] + [make_tool(t) if isinstance(t, str) else t for t in tools]
@@ -145,8 +160,13 @@ class PythonEnv(TurnEnv):
         return [tool_schema(t) for t in self.tools.values()]
 
     def initial_messages(self, task: Task) -> list[dict[str, str]]:
-        return [{"role": "system", "content": tools_system_prompt(self.tools)},
-                {"role": "user", "content": fill_question(self.instruction, task.question)}]
+        user = {"role": "user", "content": fill_question(self.instruction, task.question)}
+        if self.tool_format == NATIVE:
+            return [user]  # the template renders the tools
+        return [{"role": "system", "content": tools_system_prompt(self.tools)}, user]
+
+    def native_tools(self) -> dict[str, Tool]:
+        return self.tools
 
     def parse(self, action_text: str) -> Action:
         action = parse_tool_call(action_text, tools=self.tools)

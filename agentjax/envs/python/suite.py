@@ -15,6 +15,10 @@ from agentjax.envs.mcp import mcp_manager
 from agentjax.envs.python.env import DEFAULT_INSTRUCTION, PythonEnv
 from agentjax.envs.registry import (TaskSuite, parse_counts, register_env, reward_fn,
                                     turn_texts)
+from agentjax.envs.turns import NATIVE, native_demonstration
+
+# The format the scripted demonstrator writes (hermes calls, the schemas in the prompt).
+TEXT_FORMAT = "hermes_prompt"
 
 
 def _arith_demonstration(task: Task, rng: np.random.Generator, guess_prob: float,
@@ -45,23 +49,31 @@ def build_python_suite(config, data_dir: str) -> TaskSuite:
     train_tasks, test_tasks = make_arith_splits(
         sum(counts.values()), sum(parse_counts(config.data.test_questions).values()),
         seed=config.data.world_seed)
-    env_kwargs = dict(max_turns=config.env.max_turns)
+    tool_format = {"default": TEXT_FORMAT}.get(config.env.tool_format, config.env.tool_format)
+    env_kwargs = dict(max_turns=config.env.max_turns, tool_format=tool_format,
+                      tool_parser=config.env.tool_parser)
     # Started (and their tools listed) here, before any training; one set of tools per env.
     mcp = mcp_manager(config.env.mcp_servers, reserved=("python",))
 
     def make_env():
         return PythonEnv(**env_kwargs, tools=mcp.tools() if mcp else ())
 
+    def text_env():
+        return PythonEnv(**{**env_kwargs, "tool_format": TEXT_FORMAT})
+
     rewards = reward_fn(config)
     rng = np.random.default_rng(config.data.world_seed)
     demos = []
     for task in train_tasks[:config.sft.num_demos] if config.sft.steps else []:
-        demo = _arith_demonstration(task, rng, config.sft.guess_prob, make_env())
+        demo = _arith_demonstration(task, rng, config.sft.guess_prob, text_env())
         demo.reward = rewards(task, demo.log)[0]
         demos.append(demo)
     texts = [DEFAULT_INSTRUCTION] + [t.question for t in train_tasks + test_tasks]
     texts += turn_texts(demos)
+    if tool_format == NATIVE:  # the demonstrator's calls in the policy's own format
+        demos = [native_demonstration(d, text_env(), make_env()) for d in demos]
     success = float(np.mean([d.reward >= 1 for d in demos])) if demos else 0.0
     baselines = {"demonstrator": {"success": success, "by_hops": {}}} if demos else {}
+    tools = make_env().template_tools
     return TaskSuite(train_tasks, test_tasks, make_env, rewards, OUTCOMES["python"]["em"],
-                     "tool", demos, texts, baselines)
+                     "tool", demos, texts, baselines, tools=tools)

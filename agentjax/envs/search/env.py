@@ -9,6 +9,10 @@ turn as plain text (`observation_role=None`).
 Tool-call format: the policy writes hermes-style
 `<tool_call>{"name": "search", "arguments": {"query": q}}</tool_call>`; documents come
 back as a `tool` chat turn.
+
+Native format: the search tool's schema goes to the model's chat template, the reply is
+read by the parser `tool_parser` names, each search's documents come back as a `tool`
+message, and a reply without a call is the answer (envs/turns.py).
 """
 from __future__ import annotations
 
@@ -19,8 +23,10 @@ from agentjax.core.task import Task, TurnLog
 from agentjax.parsers.actions import Action, invalid, parse_search_r1, parse_tool_call
 from agentjax.envs.retrieval import Document, Retriever, format_docs, make_retriever
 from agentjax.envs.tools import tools_system_prompt, validate_arguments
-from agentjax.envs.turns import (DEFAULT_MAX_OBSERVATION_CHARS, TurnEnv, check_instruction,
-                                 fill_question)
+from agentjax.envs.turns import (DEFAULT_MAX_OBSERVATION_CHARS, NATIVE, TurnEnv,
+                                 check_instruction, fill_question)
+
+ACTION_FORMATS = ("tags", "tool_call", NATIVE)
 
 # Search-R1's prompt (its data_process/nq_search.py), verbatim, typos included, so that
 # checkpoints trained by Search-R1 see the text they were trained on.
@@ -83,7 +89,9 @@ class SearchEnv(TurnEnv):
       instruction: the prompt template, with a `{question}` slot; default
         DEFAULT_INSTRUCTION (Search-R1's) for tags, TOOL_CALL_INSTRUCTION for tool calls.
         SHORT_INSTRUCTION suits tiny models.
-      action_format: "tags" (Search-R1) or "tool_call" (hermes JSON calls).
+      action_format: "tags" (Search-R1), "tool_call" (hermes JSON calls, the schema
+        written into the prompt) or "native" (the chat template's own tool calls).
+      tool_parser: the native format's parser name, or "auto" (from the tokenizer).
 
     A task that brings its own prompt (`task.metadata["prompt"]`, the chat messages of a
     Search-R1 parquet's `prompt` column) is shown exactly that, not the instruction: a
@@ -96,10 +104,11 @@ class SearchEnv(TurnEnv):
     def __init__(self, retriever: Retriever | str, *, topk: int = 3, max_turns: int = 4,
                  max_observation_words: int = 400,
                  max_observation_chars: int = DEFAULT_MAX_OBSERVATION_CHARS,
-                 instruction: str | None = None, action_format: str = "tags"):
+                 instruction: str | None = None, action_format: str = "tags",
+                 tool_parser: str = "auto"):
         super().__init__(max_turns, max_observation_chars)
-        if action_format not in ("tags", "tool_call"):
-            raise ValueError(f"action_format must be 'tags' or 'tool_call', got "
+        if action_format not in ACTION_FORMATS:
+            raise ValueError(f"action_format must be one of {ACTION_FORMATS}, got "
                              f"{action_format!r}")
         if topk < 1 or max_observation_words < 1:
             raise ValueError(f"topk and max_observation_words must be >= 1, got {topk}, "
@@ -107,13 +116,15 @@ class SearchEnv(TurnEnv):
         self.retriever = make_retriever(retriever)
         self.topk = int(topk)
         self.max_observation_words = int(max_observation_words)
-        self.action_format = action_format
+        self.action_format = self.tool_format = action_format
+        self.tool_parser = tool_parser
         if action_format == "tags":
             self.stop = ("</search>", "</answer>")
             self.observation_role = None
             default = DEFAULT_INSTRUCTION
         else:
-            self.stop = ("</tool_call>", "</answer>")
+            # Native: the turn ends at the template's end-of-turn token.
+            self.stop = () if action_format == NATIVE else ("</tool_call>", "</answer>")
             self.observation_role = "tool"
             default = TOOL_CALL_INSTRUCTION
         self.instruction = check_instruction(instruction or default)
@@ -125,8 +136,8 @@ class SearchEnv(TurnEnv):
         else:
             prompt = [{"role": "user",
                        "content": fill_question(self.instruction, task.question)}]
-        if self.action_format == "tags":
-            return prompt  # Search-R1 has no system message
+        if self.action_format in ("tags", NATIVE):
+            return prompt  # Search-R1 has no system message; native: the template's tools
         tools = tools_system_prompt(self._tools)
         if prompt[0]["role"] == "system":  # one system message: the tools, then the file's
             return [{"role": "system", "content": f"{tools}\n\n{prompt[0]['content']}"},
@@ -145,6 +156,20 @@ class SearchEnv(TurnEnv):
             problem = "empty query"
         return invalid(problem) if problem else Action(kind="search", query=query)
 
+    def native_tools(self) -> dict[str, _SearchTool]:
+        return self._tools
+
+    def native_action(self, name, arguments) -> Action:
+        query = str(arguments["query"]).strip()
+        return Action(kind="search", query=query) if query else invalid("empty query")
+
+    def native_content(self, observation: str) -> str:
+        if self.action_format == "tags":  # the documents inside <information>
+            start, end = observation.find("<information>"), observation.rfind("</information>")
+            if 0 <= start < end:
+                return observation[start + len("<information>"):end]
+        return observation
+
     def corrective_observation(self, action: Action) -> str:
         if self.action_format == "tags":
             return INVALID_OBSERVATION
@@ -153,6 +178,9 @@ class SearchEnv(TurnEnv):
                 "with <answer>...</answer>.")
 
     def act(self, action: Action, turn: TurnLog) -> None:
+        if action.kind == "invalid":  # a native call with an empty query
+            turn.observation = turn.error = f"Invalid search: {action.error}."
+            return
         try:
             docs = self.retriever.search([action.query], self.topk)[0]
         except Exception as e:  # a dead server or broken index must not end the run

@@ -21,6 +21,7 @@ from agentjax.envs.registry import (TaskSuite, parse_counts, register_env, rewar
                                     turn_texts)
 from agentjax.envs.retrieval import BM25Retriever, DelayedRetriever, HttpRetriever
 from agentjax.envs.search.env import DEFAULT_INSTRUCTION, SHORT_INSTRUCTION, SearchEnv
+from agentjax.envs.turns import NATIVE, native_demonstration
 from agentjax.rewards import process
 
 # The prompt a tiny model trained from scratch needs: it learns the action format from
@@ -41,9 +42,17 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
     """The Search-R1-style world: synthetic multi-hop questions over a BM25 corpus, or a
     user's Search-R1 parquet/jsonl files with a corpus (data.source="files")."""
     instruction = INSTRUCTIONS[config.env.instruction]
+    # env.tool_format -> SearchEnv's action_format ("default": Search-R1's tags).
+    action_format = {"default": "tags", "hermes_prompt": "tool_call"}.get(
+        config.env.tool_format, config.env.tool_format)
+    # The demonstrators write Search-R1 tags; the dataset's manifest records these kwargs.
     env_kwargs = dict(topk=config.env.topk, max_turns=config.env.max_turns,
                       max_observation_words=config.env.max_observation_words,
                       instruction=instruction)
+    # The prompt of another format: 'minimal' says nothing of tags, the others do.
+    format_kwargs = {} if action_format == "tags" else dict(
+        action_format=action_format, tool_parser=config.env.tool_parser,
+        instruction=MINIMAL_INSTRUCTION if config.env.instruction == "minimal" else None)
     baselines, demonstrations, demo_texts, pretrain_corpus = {}, [], [], None
     relabel = None
     if config.data.source == "synthetic":
@@ -111,7 +120,18 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
         retriever = DelayedRetriever(retriever, config.retrieval.latency_s)
 
     def make_env():
-        return SearchEnv(retriever, **env_kwargs)
+        return SearchEnv(retriever, **{**env_kwargs, **format_kwargs})
+
+    if action_format == NATIVE:  # the demonstrator's searches in the policy's own format
+        tags_env = SearchEnv(retriever, **env_kwargs)
+        demonstrations = [native_demonstration(d, tags_env, make_env())
+                          for d in demonstrations]
+    elif action_format != "tags":
+        if demonstrations and config.sft.steps:
+            raise ValueError(f"env.tool_format={config.env.tool_format!r} with SFT: the "
+                             "search world's demonstrations are Search-R1 tags, which SFT "
+                             "trains as they are or in 'native' form")
+        demonstrations = []
 
     texts += [instruction] + [t.question for t in train_tasks + test_tasks] + demo_texts
     # The process reward scores (and is logged for) the multi-hop tasks of the synthetic
@@ -119,7 +139,8 @@ def build_search_suite(config, data_dir: str) -> TaskSuite:
     rewards = reward_fn(config, process=config.reward.process_weight)
     return TaskSuite(train_tasks, test_tasks, make_env,
                      rewards, OUTCOMES["search"]["em"],
-                     None, demonstrations, texts, baselines, pretrain_corpus, relabel)
+                     make_env().observation_role, demonstrations, texts, baselines,
+                     pretrain_corpus, relabel, tools=make_env().template_tools)
 
 
 def _load_tasks(path: str, *, skip_bad_rows: bool, file_prompt: bool) -> list[Task]:

@@ -60,6 +60,7 @@ def demonstration_trajectories(suite: TaskSuite, tokenizer, max_tokens: int,
     (`max_tokens`) left out: the policy trains on what it could have generated."""
     trajs = [Trajectory.from_demonstration(
         tokenizer, d.messages, d.turns, observation_role=suite.observation_role,
+        tools=suite.tools,
         reward=d.reward, task=d.task) for d in suite.demonstrations]
     kept = [t for t in trajs if t.num_tokens <= max_tokens]
     if len(kept) < len(trajs):

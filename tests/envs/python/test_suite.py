@@ -37,3 +37,33 @@ def test_the_python_suite_has_no_process_reward(config, tmp_path):
     assert [c.name for c in suite.reward_fn.components] == [
         "math_match", "format", "tool_shaping"]
     assert suite.demonstrations == [] and suite.baselines == {}
+
+
+def test_native_demonstrations_train_the_policys_own_call_format(config, tmp_path):
+    """env.tool_format='native': the demonstrator's hermes calls become native turns,
+    which SFT writes in each model's own format (Llama 3.1 here)."""
+    from agentjax.core.trajectory import Trajectory
+    from tests.models.chat_templates import chat_tokenizer
+    config = config.copy_and_resolve_references()
+    config.env.tool_format = "native"
+    suite = suites.build_suite(config, str(tmp_path / "data"))
+    assert [t["function"]["name"] for t in suite.tools] == ["python"]
+    assert suite.make_env().tool_format == "native"
+    # The format term reads the parse (tags would fail the demonstrator's tool calls).
+    format_term = [c for c in suite.reward_fn.components if c.name == "format"][0]
+    demo = suite.demonstrations[0]
+    assert format_term.term.fn(demo.task, demo.log) == 1.0
+    demo = suite.demonstrations[0]
+    assert demo.messages[0]["role"] == "user" and len(demo.messages) == 1  # no hand-written tools
+    call, answer = demo.turns
+    assert call.action["tool_calls"][0]["function"]["name"] == "python"
+    assert call.observation[0]["tool_call_id"] == call.action["tool_calls"][0]["id"]
+    tokenizer = chat_tokenizer("llama3.1", tmp_path)
+    traj = Trajectory.from_demonstration(tokenizer, demo.messages, demo.turns,
+                                         observation_role=suite.observation_role,
+                                         tools=suite.tools, reward=demo.reward)
+    text = tokenizer.decode(traj.token_ids[traj.action_mask == 1].tolist())
+    assert text.startswith('{"name": "python", "parameters": {"code": "print(')
+    assert text.endswith(f"{answer.action['content']}<|eot_id|>")
+    assert "<|start_header_id|>ipython<|end_header_id|>" in tokenizer.decode(
+        traj.turns[0].observation_ids)

@@ -166,3 +166,20 @@ def test_a_judge_that_cannot_be_reached_fails_the_reward_loudly(files, tmp_path)
     suite, task, log = judged_episode(files, tmp_path, f"http://127.0.0.1:{free_port()}")
     with pytest.raises(JudgeError, match="no judge gave a verdict .*ConnectError"):
         suite.reward_fn(task, log)
+
+
+def test_native_search_demonstrations_are_the_tag_demonstrations_as_calls(tmp_path):
+    config = presets.search_config("grpo", "test")
+    config.env.instruction, config.env.tool_format = "minimal", "native"
+    suite = suites.build_suite(config, str(tmp_path / "data"))
+    env = suite.make_env()
+    assert env.tool_format == "native" and suite.observation_role == "tool"
+    assert [t["function"]["name"] for t in suite.tools] == ["search"]
+    searched = [d for d in suite.demonstrations if len(d.turns) > 1]
+    first = searched[0].turns[0]
+    query = first.action["tool_calls"][0]["function"]["arguments"]["query"]
+    assert query and "<search>" not in first.action["content"]
+    documents = first.observation[0]["content"]
+    assert "<information>" not in documents and documents.startswith("Doc 1")
+    assert env.reset(searched[0].task) == searched[0].messages
+    assert searched[0].turns[-1].action["content"].count("<answer>") == 1
