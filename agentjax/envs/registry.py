@@ -29,6 +29,7 @@ from agentjax.config.choices import OUTCOMES
 from agentjax.core.registry import Registry
 from agentjax.core.task import EpisodeLog, Task
 from agentjax.envs.base import Env
+from agentjax.models.chat import hermes_tools_text
 from agentjax.rewards.composite import RewardFn, make_reward_fn
 from agentjax.rewards.judge import LLMJudge
 from agentjax.rewards.judge_http import ChatJudgeModel
@@ -70,6 +71,13 @@ class TaskSuite:
     pretrain_corpus: Callable[[], list[str]] | None = None
     relabel: Callable[[Task, EpisodeLog], Task | None] | None = None
     tools: list[dict] | None = None
+
+    def __post_init__(self):
+        if self.tools:
+            # A tokenizer built from `texts` (the tiny model's) has a template without
+            # tool support: the schemas reach the policy as the Hermes fallback's text,
+            # which it must tokenize compactly too.
+            self.texts = [*self.texts, hermes_tools_text(self.tools)]
 
 
 SuiteBuilder = Callable[[Any, str], TaskSuite]
