@@ -40,4 +40,15 @@ def get_config(arg=None):
     config.algo.clip_low, config.algo.clip_high = 0.2, 0.2
     config.algo.agg = "seq-mean-token-mean"
     config.reward.outcome = "em"
+    # As many held-out questions as an evaluation uses (the hf variant evaluates 400).
+    config.data.test_questions = f"1:{config.eval.num_tasks}"
     return config
+
+
+# Native calls against the python env's earlier format (the schemas written into the
+# prompt, Hermes calls), the MCP calculator offered in both.
+SWEEPS = {"tool_format": [("native", {}), ("hermes_prompt", {"env.tool_format": "hermes_prompt"})]}
+
+
+def sweep(name):
+    return presets.arms(SWEEPS, name)
