@@ -84,9 +84,11 @@ GOAL_SPEEDUP, GOAL_MEMORY = 2.0, 1.0
 
 
 def measured_process(argv: list[str], log: Path, *, cpus: set[int], nice: int,
-                     threads: int, env: dict | None = None) -> tuple[float, float]:
+                     threads: int, env: dict | None = None) -> dict:
     """Runs `argv` to the end on `cpus` at `nice` (stdout and stderr into `log`);
-    returns (its peak RSS in GiB, wall seconds). Fails loudly with the log's tail."""
+    returns its peak RSS in GiB, wall seconds and the machine's 1-minute load average
+    at its start and end (other work on a shared machine). Fails loudly with the log's
+    tail."""
     env = {**(env or os.environ), "OMP_NUM_THREADS": str(threads),
            "MKL_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
 
@@ -94,7 +96,7 @@ def measured_process(argv: list[str], log: Path, *, cpus: set[int], nice: int,
         os.sched_setaffinity(0, cpus)
         os.nice(nice)
 
-    started = time.perf_counter()
+    started, load = time.perf_counter(), os.getloadavg()[0]
     with open(log, "w") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                    env=env, preexec_fn=pin)
@@ -103,7 +105,8 @@ def measured_process(argv: list[str], log: Path, *, cpus: set[int], nice: int,
     if status:
         tail = log.read_text()[-4000:]
         raise SystemExit(f"{' '.join(argv)} failed (status {status}); {log} ends:\n{tail}")
-    return usage.ru_maxrss / 2**20, wall
+    return {"peak_gib": usage.ru_maxrss / 2**20, "wall_s": wall,
+            "load": (load, os.getloadavg()[0])}
 
 
 def agentjax_overrides(args) -> list[str]:
@@ -144,9 +147,9 @@ def run_agentjax(args, out: Path, extra: list[str], cpus: set[int]) -> dict:
     argv = [sys.executable, str(TRAIN), f"--config={CONFIG}:{variant}",
             f"--workdir={workdir}", *agentjax_overrides(args), *extra]
     out.mkdir(parents=True, exist_ok=True)
-    peak, wall = measured_process(argv, out / "agentjax.log", cpus=cpus, nice=args.nice,
-                                  threads=args.threads,
-                                  env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    process = measured_process(argv, out / "agentjax.log", cpus=cpus, nice=args.nice,
+                               threads=args.threads,
+                               env={**os.environ, "JAX_PLATFORMS": "cpu"})
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "time/step_s" in r]
     groups = [json.loads(line)["tasks"]
@@ -156,7 +159,7 @@ def run_agentjax(args, out: Path, extra: list[str], cpus: set[int]) -> dict:
               "step_s": r["time/step_s"],
               "tokens": r["rollout/tokens_per_s"] * r["time/rollout_s"],
               "reward": r["reward/mean"]} for r in rows]
-    return {"steps": steps, "tasks": groups, "peak_gib": peak, "wall_s": wall,
+    return {"steps": steps, "tasks": groups, **process,
             "programs": final.get("compile/programs"), "workdir": str(workdir),
             "prompt": first_sampled_prompt(workdir / "samples" / "rl_000001.md")}
 
@@ -180,10 +183,9 @@ def run_trl(args, out: Path, agentjax: dict, cpus: set[int]) -> dict:
     spec_path = out / "trl" / "spec.json"
     spec_path.write_text(json.dumps(spec))
     argv = [sys.executable, __file__, "--trl_worker", str(spec_path)]
-    peak, wall = measured_process(argv, out / "trl.log", cpus=cpus, nice=args.nice,
-                                  threads=args.threads)
-    result = json.loads((out / "trl" / "result.json").read_text())
-    return {**result, "peak_gib": peak, "wall_s": wall}
+    process = measured_process(argv, out / "trl.log", cpus=cpus, nice=args.nice,
+                               threads=args.threads)
+    return {**json.loads((out / "trl" / "result.json").read_text()), **process}
 
 
 # ----------------------------------------------------------------- agentjax's reward, served
@@ -406,7 +408,9 @@ def report(args, agentjax: dict, trl: dict, prompt_check: str, command: str) -> 
               f"- agentjax compiled {agentjax['programs']} programs (final.json)",
               f"- both sides: {args.threads} thread(s) on CPUs {sorted(cpus_of(args))}, "
               f"nice {args.nice}, one after the other (agentjax first); peak RSS is "
-              "each process's ru_maxrss",
+              "each process's ru_maxrss; the machine's 1-minute load average from start "
+              "to end: agentjax {:.1f} -> {:.1f}, TRL {:.1f} -> {:.1f}".format(
+                  *agentjax["load"], *trl["load"]),
               "- task: the single-turn part of agentjax's python-tool arithmetic "
               "(env.max_turns=1); TRL's tool loop on this model: "
               + trl["tool_support"],

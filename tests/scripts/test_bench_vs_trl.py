@@ -29,7 +29,7 @@ def bench():
 def _side(step_s, rollout_s, tokens, rewards, peak_gib):
     return {"steps": [{"step_s": s, "rollout_s": r, "update_s": s - r, "tokens": n,
                        "reward": w} for s, r, n, w in zip(step_s, rollout_s, tokens, rewards)],
-            "peak_gib": peak_gib, "wall_s": 100.0}
+            "peak_gib": peak_gib, "wall_s": 100.0, "load": (2.0, 3.0)}
 
 
 def test_report_divides_the_later_steps_and_judges_the_goal(bench):
@@ -53,6 +53,7 @@ def test_report_divides_the_later_steps_and_judges_the_goal(bench):
     assert "steps per hour 3.00x TRL's (steps 2..N; goal >= 2x): met" in text
     assert "peak memory 0.75x TRL's (goal <= 1x): met" in text
     assert "not worse within noise" in text
+    assert "agentjax 2.0 -> 3.0, TRL 2.0 -> 3.0" in text
     # Half the speed and more memory miss the goal, and say so.
     slow = {**agentjax, **_side([50, 60, 60], [20, 30, 30], [80] * 3, [0.0] * 3, 5.0)}
     text = bench["report"](args, slow, trl, "the same text", "python vs_trl.py")
