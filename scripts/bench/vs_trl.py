@@ -2,7 +2,7 @@
 new-token budget, learning rate, loss and steps, on CPU, in one run.
 
     python scripts/bench/vs_trl.py --model /models/smollm2-hf [--prompts 2] [--group 4]
-        [--max_new_tokens 96] [--steps 4] [--microbatch 2] [--max_tokens 512] [--lr 1e-6]
+        [--max_new_tokens 64] [--steps 3] [--microbatch 1] [--max_tokens 512] [--lr 1e-6]
         [--seed 0] [--threads 2] [--nice 0] [--out runs/vs_trl] [-- --config.key=value ...]
     python scripts/bench/vs_trl.py --tiny --model TINY_HF_FOLDER --out /tmp/vs_trl
 
@@ -177,7 +177,8 @@ def first_sampled_prompt(path: Path) -> tuple[str, str]:
 def run_trl(args, out: Path, agentjax: dict, cpus: set[int]) -> dict:
     spec = {"model": args.model, "prompts": args.prompts, "group": args.group,
             "max_new_tokens": args.max_new_tokens, "steps": args.steps, "lr": args.lr,
-            "seed": args.seed, "threads": args.threads, "microbatch": args.microbatch, "tasks": agentjax["tasks"],
+            "seed": args.seed, "threads": args.threads, "microbatch": args.microbatch,
+            "tasks": agentjax["tasks"],
             "agentjax_workdir": agentjax["workdir"], "out": str(out / "trl")}
     (out / "trl").mkdir(parents=True, exist_ok=True)
     spec_path = out / "trl" / "spec.json"
@@ -363,10 +364,10 @@ def report(args, agentjax: dict, trl: dict, prompt_check: str, command: str) -> 
                     Runs(tuple(s["step_s"] for s in agentjax["steps"][1:]
                                or agentjax["steps"])))
     rows = [
-        (f"s / step ({later}, mean)", "step_s", ".1f", f"{t['step_s'] / a['step_s']:.2f}x faster"),
-        ("  rollout s", "rollout_s", ".1f", f"{t['rollout_s'] / a['rollout_s']:.2f}x faster"),
-        ("  update s", "update_s", ".1f", f"{t['update_s'] / a['update_s']:.2f}x faster"),
-        ("s of step 1 (agentjax: compiling)", "first_s", ".1f", ""),
+        (f"s / step ({later}, mean)", "step_s", ".2f", f"{t['step_s'] / a['step_s']:.2f}x faster"),
+        ("  rollout s", "rollout_s", ".2f", f"{t['rollout_s'] / a['rollout_s']:.2f}x faster"),
+        ("  update s", "update_s", ".2f", f"{t['update_s'] / a['update_s']:.2f}x faster"),
+        ("s of step 1 (agentjax: compiling)", "first_s", ".2f", ""),
         (f"steps / hour ({later})", "per_hour", ".1f", f"**{speedup:.2f}x**"),
         ("steps / hour (all N steps)", "per_hour_all", ".1f", f"{speedup_all:.2f}x"),
         ("generated tokens / step", "tokens", ".0f", ""),
@@ -474,7 +475,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     # The tiny tokenizer spends a token on most characters: its prompt is ~540 tokens;
     # SmolLM2's is 262.
-    defaults = (1, 2, 8, 2, 768, 2) if args.tiny else (2, 4, 96, 4, 512, 2)
+    defaults = (1, 2, 8, 2, 768, 2) if args.tiny else (2, 4, 64, 3, 512, 1)
     for name, default in zip(("prompts", "group", "max_new_tokens", "steps", "max_tokens",
                               "microbatch"), defaults):
         if getattr(args, name) is None:

@@ -13,6 +13,7 @@ from agentjax.models.hf import make_tiny_hf
 from agentjax.models.tokenizer import load_tokenizer
 from tests.models.qwen_tokenizers import qwen_tokenizer_folder
 from tests.scripts.test_train import ROOT
+from tests.train.runs import ONE_DEVICE
 
 BENCH = os.path.join(ROOT, "scripts", "bench", "vs_trl.py")
 
@@ -61,7 +62,7 @@ def test_report_divides_the_later_steps_and_judges_the_goal(bench):
     assert "peak memory 1.25x TRL's (goal <= 1x): missed" in text
 
 
-@pytest.mark.slow  # ~85 s on a loaded 2-core machine: two training processes
+@pytest.mark.slow  # 40-85 s on a loaded 2-core machine: two training processes
 def test_the_bench_runs_both_libraries_end_to_end(tmp_path):
     source = qwen_tokenizer_folder(tmp_path / "tokenizer", "qwen2.5", "instruct", "hub")
     model = tmp_path / "model"
@@ -71,7 +72,7 @@ def test_the_bench_runs_both_libraries_end_to_end(tmp_path):
     result = subprocess.run(
         [sys.executable, BENCH, "--tiny", "--model", str(model), "--out", str(out),
          "--threads", "1"], capture_output=True, text=True, cwd=ROOT, timeout=600,
-        env={**os.environ, "PYTHONPATH": ROOT})
+        env={**ONE_DEVICE, "PYTHONPATH": ROOT})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     text = result.stdout
     assert text == (out / "vs_trl.md").read_text() + "\n"
