@@ -84,19 +84,38 @@ H200 (Qwen2.5-0.5B, 8 x 2,048-token micro-batches, bfloat16; docs/results/engine
 device's peak was 0.76x the rows a train step holds under "full", 0.74x under
 "dots_no_batch" and 1.14x under "none".
 
+On CPU the devices are the host: `host_plan` adds what a CPU process holds besides
+(measured on SmolLM2-135M and on the 2-layer model tests/train/test_real_recipe.py cuts
+from it, docs/results/real_model.md):
+
+  this process so far   the resident set when the plan is made (interpreter, JAX,
+                        transformers, the task suite, the tokenizer): read, not planned
+  XLA:CPU working set   CPU_WORKING_SET x the activations: XLA:CPU keeps unfused
+                        elementwise results beside the counted ones (above), and the
+                        allocator holds what the engine's and the update's programs
+                        freed until it decays, so the peak resident set is above the
+                        sum of the buffers alive at once
+
+and checks the total against the host's physical memory (os.sysconf), so a run that
+cannot fit stops before anything is loaded, naming the knobs, instead of the kernel
+killing it.
+
 Per-device bytes come from the shardings the trainer gives each buffer: params and
 everything shaped like them by the config's logical-axis rules on the mesh (`embed` on
 fsdp, heads / mlp / vocab on tensor; axes that do not divide stay replicated), the KV
 pages by `PagedKVCache.logical_axes` under the default rules (as `JaxEngine` places them:
 whole on every data x fsdp device, kv heads over tensor), activations by their logical axes
 ("batch", "seq", "act_embed" / "heads" / "mlp" / "vocab"). The device's memory is
-`memory_stats()["bytes_limit"]` (GPU, TPU); CPU devices report none and are not checked.
+`memory_stats()["bytes_limit"]` (GPU, TPU); CPU devices report none (`host_plan`
+checks the host's memory instead).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import os
+import resource
 
 import jax
 import jax.numpy as jnp
@@ -398,3 +417,45 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
     if device_bytes is None:
         device_bytes = device_memory(device)
     return MemoryPlan(rows=tuple(rows), device_bytes=device_bytes, device=device.device_kind)
+
+
+# The peak resident set of a CPU run beyond the buffers its plan counts, as a multiple
+# of its activations (module docstring): measured on the CPU runs of
+# docs/results/real_model.md.
+CPU_WORKING_SET = 1.0
+
+
+def host_memory() -> int:
+    """This host's physical memory in bytes (os.sysconf: no psutil)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def resident_bytes() -> int:
+    """This process's resident set now (/proc/self/statm), or its peak so far where
+    there is no /proc (getrusage: kilobytes on Linux, bytes on macOS)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if os.uname().sysname == "Darwin" else peak * 1024
+
+
+def host_plan(plan: MemoryPlan, *, devices: int = 1, host_bytes: int | None = None
+              ) -> MemoryPlan:
+    """A CPU run's plan with what the host process holds besides its buffers (module
+    docstring), checked against the host's memory (`host_bytes`; None: this host's).
+    `devices`: the CPU devices of this process the plan's per-device rows are held on
+    (xla_force_host_platform_device_count), all in the same memory."""
+    activations = next(row for row in plan.rows if row.name.startswith("activations"))
+    per_device = tuple(plan.rows) if devices == 1 else tuple(
+        dataclasses.replace(row, name=f"{row.name} x {devices} devices",
+                            bytes=devices * row.bytes) for row in plan.rows)
+    rows = per_device + (
+        MemoryRow("this process so far (interpreter, libraries, tasks, tokenizer)",
+                  resident_bytes(), "nothing: measured when the plan is made"),
+        MemoryRow(f"XLA:CPU working set ({CPU_WORKING_SET:g} x the activations)",
+                  round(devices * CPU_WORKING_SET * activations.bytes),
+                  activations.knobs))
+    return MemoryPlan(rows=rows, device_bytes=host_memory() if host_bytes is None
+                      else host_bytes, device="host (CPU)")
