@@ -23,6 +23,14 @@ Needs bubblewrap (`apt-get install -y bubblewrap`).
 from agentjax.config import presets
 
 VARIANTS = ("cpu", "lora", "hf", "test")
+# Rank-16 adapters on every projection; the adapters' learning rates are 20 and 10 times
+# full fine-tuning's.
+LORA = {"model.lora.rank": 16, "sft.lr": 1e-3, "optim.lr": 2e-4}
+SWEEPS = {"finetune": [("full", {}), ("lora", LORA)]}
+
+
+def sweep(name):
+    return presets.arms(SWEEPS, name)
 
 
 def get_config(arg=None):
@@ -85,8 +93,7 @@ def get_config(arg=None):
     config.total_steps = 20
     config.optim.lr = 2e-5
     if name == "lora":
-        config.model.lora.rank = 16
-        config.sft.lr, config.optim.lr = 1e-3, 2e-4
+        config.update_from_flattened_dict(LORA)
     if name == "test":
         config.sft.steps, config.sft.batch_size, config.sft.num_demos = 1, 1, 4
         config.total_steps = 1
