@@ -305,8 +305,8 @@ def _activation_rows(config: ml_collections.ConfigDict, model_config: ModelConfi
     # the larger of theirs and the RL micro-batch is the peak.
     warm_start = max([s.batch_size * micro.seq for s in (config.pretrain, config.sft)
                       if s.steps] + [0])
-    if warm_start > micro.tokens:
-        micro = MicroBatch(warm_start, micro.seq, 1)
+    if warm_start > micro.tokens or (config.stage == "sft" and warm_start):
+        micro = MicroBatch(warm_start, micro.seq, 1)  # stage "sft": no RL update
     activations = _Activations(micro, mesh, rules)
     policy = resolve_remat(model_config.remat, micro.seq)
     layer_backward = activations.layer(model_config, "none") * (1 if policy == "none" else 2)
@@ -321,7 +321,7 @@ def _activation_rows(config: ml_collections.ConfigDict, model_config: ModelConfi
     if logprob_backward > layer_backward:
         knobs.append("lower model.logprob_chunk")
     shown = policy if policy == model_config.remat else f"{model_config.remat}: {policy}"
-    summed = rl.count > 1
+    summed = rl.count > 1 and config.stage != "sft"
     what = "one micro-batch" if micro is rl else "an SFT / pretraining batch"
     return [
         MemoryRow(f"activations ({what}: {micro.tokens} tokens, remat {shown})",

@@ -381,6 +381,10 @@ def test_an_sft_batch_larger_than_the_rl_micro_batch_is_the_planned_peak():
     names = [row.name for row in memory_plan(config, _qwen25_3b(config), mesh,
                                              device_bytes=None).rows]
     assert "activations (one micro-batch: 32768 tokens, remat full)" in names
+    config.stage = "sft"  # no RL update follows: its micro-batch is not planned
+    names = [row.name for row in memory_plan(config, _qwen25_3b(config), mesh,
+                                             device_bytes=None).rows]
+    assert "activations (an SFT / pretraining batch: 16384 tokens, remat full)" in names
 
 
 def test_the_accelerator_sized_python_recipe_stops_on_a_24_gb_host():
