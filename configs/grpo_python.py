@@ -6,7 +6,10 @@ checked exactly.
     python scripts/train.py --config configs/grpo_python.py:hf \
         --config.model.path=/data/Qwen2.5-3B --workdir=/ckpt/grpo-python
 
-Needs bubblewrap (`apt-get install -y bubblewrap`). Variants: cpu, hf, test.
+Needs bubblewrap (`apt-get install -y bubblewrap`). Variants: cpu, hf, test. `hf` is
+sized for an accelerator (64 prompts x 5 samples a step, 4,096-token episodes, 256 engine
+slots: a 23 GiB plan even for a 135M model, and hours a step on a CPU); a real model on a
+small CPU machine is configs/real_python.py.
 """
 from agentjax.config import presets
 

@@ -5,8 +5,9 @@
     plan.check()             # ValueError naming the knobs to lower when it cannot fit
 
 The rows are what the trainer holds for the whole RL stage, then what one micro-batch
-of the RL update adds (compiled-program scratch beyond it is not counted; the SFT and
-offline stages' batches are not planned):
+of the RL update adds, or an SFT or pretraining batch (sft.batch_size rows of
+rollout.max_tokens, trained whole) where that is larger (compiled-program scratch beyond
+it is not counted; the offline stages' batches are not planned):
 
   policy params         float32 master weights (TrainState.params)
   initial params        float32, the loaded weights the run keeps
@@ -84,19 +85,40 @@ H200 (Qwen2.5-0.5B, 8 x 2,048-token micro-batches, bfloat16; docs/results/engine
 device's peak was 0.76x the rows a train step holds under "full", 0.74x under
 "dots_no_batch" and 1.14x under "none".
 
+On CPU the devices are the host: `host_plan` adds what a CPU process holds besides
+(measured on SmolLM2-135M and on the 2-layer model tests/train/test_real_recipe.py cuts
+from it, docs/results/real_model.md):
+
+  this process so far   the resident set when the plan is made (interpreter, JAX,
+                        transformers, the task suite, the tokenizer): read, not planned
+  XLA:CPU runtime       CPU_RUNTIME_BYTES: the compiler's and runtime's own memory and the
+                        run's compiled programs (the engine's, SFT's, the update's); the
+                        2-layer run's peak less its rows
+  XLA:CPU scratch       CPU_SCRATCH x the activations: what a compiled CPU step assigns
+                        beyond the counted activations (unfused elementwise results,
+                        above): 1.18x at SmolLM2-135M's 30 layers, 1,024 tokens, float32,
+                        no remat
+
+and checks the total against the host's physical memory (os.sysconf), so a run that
+cannot fit stops before anything is loaded, naming the knobs, instead of the kernel
+killing it.
+
 Per-device bytes come from the shardings the trainer gives each buffer: params and
 everything shaped like them by the config's logical-axis rules on the mesh (`embed` on
 fsdp, heads / mlp / vocab on tensor; axes that do not divide stay replicated), the KV
 pages by `PagedKVCache.logical_axes` under the default rules (as `JaxEngine` places them:
 whole on every data x fsdp device, kv heads over tensor), activations by their logical axes
 ("batch", "seq", "act_embed" / "heads" / "mlp" / "vocab"). The device's memory is
-`memory_stats()["bytes_limit"]` (GPU, TPU); CPU devices report none and are not checked.
+`memory_stats()["bytes_limit"]` (GPU, TPU); CPU devices report none (`host_plan`
+checks the host's memory instead).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import os
+import resource
 
 import jax
 import jax.numpy as jnp
@@ -275,25 +297,34 @@ class _Activations:
 
 def _activation_rows(config: ml_collections.ConfigDict, model_config: ModelConfig,
                     mesh: Mesh, rules: parallel.Rules, params_bytes: int) -> list[MemoryRow]:
-    """The rows of one micro-batch of the RL update: its activations and the float32
-    gradients, `params_bytes` a copy of the trained params (module docstring)."""
-    micro = MicroBatch.of(config)
+    """The rows of one micro-batch of the RL update (or of a larger SFT or pretraining
+    batch): its activations and the float32 gradients, `params_bytes` a copy of the
+    trained params (module docstring)."""
+    rl = micro = MicroBatch.of(config)
+    # SFT and pretraining steps train whole batches of packed rows (no micro-batches):
+    # the larger of theirs and the RL micro-batch is the peak.
+    warm_start = max([s.batch_size * micro.seq for s in (config.pretrain, config.sft)
+                      if s.steps] + [0])
+    if warm_start > micro.tokens or (config.stage == "sft" and warm_start):
+        micro = MicroBatch(warm_start, micro.seq, 1)  # stage "sft": no RL update
     activations = _Activations(micro, mesh, rules)
     policy = resolve_remat(model_config.remat, micro.seq)
     layer_backward = activations.layer(model_config, "none") * (1 if policy == "none" else 2)
     logprob_backward = activations.logprobs(model_config, config.model.logprob_chunk)
     total = (model_config.num_layers * activations.layer(model_config, policy)
              + max(layer_backward, logprob_backward))
-    knobs = ["lower algo.micro_tokens" if config.algo.micro_tokens
-             else "lower algo.microbatch_size (or set algo.micro_tokens)"]
+    knobs = (["lower sft.batch_size and pretrain.batch_size"] if micro is not rl
+             else ["lower algo.micro_tokens" if config.algo.micro_tokens
+                   else "lower algo.microbatch_size (or set algo.micro_tokens)"])
     if policy not in ("full", "full_save_attention"):
         knobs.append("model.remat='full'")
     if logprob_backward > layer_backward:
         knobs.append("lower model.logprob_chunk")
     shown = policy if policy == model_config.remat else f"{model_config.remat}: {policy}"
-    summed = micro.count > 1
+    summed = rl.count > 1 and config.stage != "sft"
+    what = "one micro-batch" if micro is rl else "an SFT / pretraining batch"
     return [
-        MemoryRow(f"activations (one micro-batch: {micro.tokens} tokens, remat {shown})",
+        MemoryRow(f"activations ({what}: {micro.tokens} tokens, remat {shown})",
                   total, ", ".join(knobs)),
         MemoryRow(f"gradients (float32{', summed over micro-batches' if summed else ''})",
                   (2 if summed else 1) * params_bytes, _SHARD_PARAMS)]
@@ -398,3 +429,47 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
     if device_bytes is None:
         device_bytes = device_memory(device)
     return MemoryPlan(rows=tuple(rows), device_bytes=device_bytes, device=device.device_kind)
+
+
+# What a CPU process holds beyond its plan's buffers (module docstring), measured on
+# this repository's CPU runs (docs/results/real_model.md): the compiler, runtime and
+# compiled programs, and the scratch of a compiled step beyond its counted activations.
+CPU_RUNTIME_BYTES = 3 * _GIB // 4
+CPU_SCRATCH = 0.2
+
+
+def host_memory() -> int:
+    """This host's physical memory in bytes (os.sysconf: no psutil)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def resident_bytes() -> int:
+    """This process's resident set now (/proc/self/statm), or its peak so far where
+    there is no /proc (getrusage: kilobytes on Linux, bytes on macOS)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if os.uname().sysname == "Darwin" else peak * 1024
+
+
+def host_plan(plan: MemoryPlan, *, devices: int = 1, host_bytes: int | None = None
+              ) -> MemoryPlan:
+    """A CPU run's plan with what the host process holds besides its buffers (module
+    docstring), checked against the host's memory (`host_bytes`; None: this host's).
+    `devices`: the CPU devices of this process the plan's per-device rows are held on
+    (xla_force_host_platform_device_count), all in the same memory."""
+    activations = next(row for row in plan.rows if row.name.startswith("activations"))
+    per_device = tuple(plan.rows) if devices == 1 else tuple(
+        dataclasses.replace(row, name=f"{row.name} x {devices} devices",
+                            bytes=devices * row.bytes) for row in plan.rows)
+    rows = per_device + (
+        MemoryRow("this process so far (interpreter, libraries, tasks, tokenizer)",
+                  resident_bytes(), "nothing: measured when the plan is made"),
+        MemoryRow("XLA:CPU runtime and compiled programs", CPU_RUNTIME_BYTES,
+                  "nothing: measured, about the same for every model"),
+        MemoryRow(f"XLA:CPU scratch ({CPU_SCRATCH:g} x the activations)",
+                  round(devices * CPU_SCRATCH * activations.bytes), activations.knobs))
+    return MemoryPlan(rows=rows, device_bytes=host_memory() if host_bytes is None
+                      else host_bytes, device="host (CPU)")

@@ -32,7 +32,7 @@ from agentjax.models.decoder import layer_param_specs
 from agentjax.models.lora import LoraConfig, adapter_specs, add_adapters, fold_adapters
 from agentjax.models.peft import check_peft_tensors, load_peft, read_peft_config, save_peft
 from agentjax.models.tokenizer import AGENT_TAGS, build_tokenizer, load_tokenizer
-from agentjax.train.memory import memory_plan
+from agentjax.train.memory import host_plan, memory_plan
 from agentjax.train.precision import model_precision
 from agentjax.train.runtime import Runtime
 
@@ -88,6 +88,10 @@ class Policy:
         if plan_memory:
             plan = memory_plan(config, dataclasses.replace(folder_config, lora=lora),
                                runtime.mesh)
+            local = [d for d in runtime.mesh.devices.flat
+                     if d.process_index == jax.process_index()]
+            if local[0].platform == "cpu":  # the devices are the host's memory
+                plan = host_plan(plan, devices=len(local))
             runtime.log(f"memory plan per device:\n{plan.table()}")
             plan.check()
         model, model_config = load_hf(path, mesh=runtime.mesh, rules=runtime.rules,

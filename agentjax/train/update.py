@@ -140,8 +140,11 @@ def make_optimizer(lr: float, *, total_steps: int, warmup_steps: int = 0,
       grad_clip: clip the global gradient norm to this (0 disables).
     """
     if schedule == "cosine":
+        # At least one step of decay after the (at least one) warmup step: optax refuses
+        # a zero-length decay, which a one-step run would otherwise ask for.
+        warmup = max(warmup_steps, 1)
         lr_schedule = optax.warmup_cosine_decay_schedule(
-            0.0, lr, max(warmup_steps, 1), max(total_steps, warmup_steps + 1))
+            0.0, lr, warmup, max(total_steps, warmup + 1))
     elif schedule == "constant":
         lr_schedule = optax.join_schedules(
             [optax.linear_schedule(0.0, lr, max(warmup_steps, 1)), optax.constant_schedule(lr)],

@@ -2,6 +2,7 @@
 7B with LoRA r = 16), and its activation estimate against the scratch XLA assigns to
 compiled training steps."""
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,7 @@ from agentjax.models import Decoder, ModelConfig
 from agentjax.models.decoder import layer_param_specs
 from agentjax.models.lora import LoraConfig, adapter_param_count
 from agentjax.rl.logprobs import token_logprobs
-from agentjax.train.memory import memory_plan
+from agentjax.train.memory import CPU_RUNTIME_BYTES, CPU_SCRATCH, host_plan, memory_plan
 from agentjax.config.presets import search_config
 from agentjax.train.precision import model_precision
 
@@ -344,3 +345,63 @@ def test_lora_qwen25_3b_fits_one_80gb_gpu_with_a_critic():
     # is the policy's frozen base.
     assert rows["critic + Adam"] == 3 * 4 * (trainable + D + 1)
     assert plan.fits, plan.table()
+
+
+def test_on_the_host_the_plan_adds_the_process_and_checks_the_host_memory():
+    config = search_config("grpo", "test")
+    mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    plan = memory_plan(config, _qwen25_3b(config), mesh)
+    host = host_plan(plan)
+    assert host.rows[:len(plan.rows)] == plan.rows
+    resident = _rows(host)["this process so far"]
+    assert 0 < resident < 64 * GIB  # this pytest process, measured
+    assert _rows(host)["XLA:CPU scratch"] == round(CPU_SCRATCH * _rows(plan)["activations"])
+    assert _rows(host)["XLA:CPU runtime and compiled programs"] == CPU_RUNTIME_BYTES
+    assert host.device_bytes == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert "host (CPU) memory" in host.table()
+    # 8 CPU devices of one process hold 8 times the per-device rows in one memory.
+    eight = host_plan(plan, devices=8)
+    assert _rows(eight)["KV pages"] == 8 * _rows(plan)["KV pages"]
+    # A host too small stops the run, naming the rows and their knobs.
+    with pytest.raises(ValueError, match=r"one host \(CPU\) has 1.0 GiB") as error:
+        host_plan(plan, host_bytes=GIB).check()
+    assert "activations (an SFT / pretraining batch" in str(error.value)
+    assert "lower sft.batch_size" in str(error.value)
+
+
+def test_an_sft_batch_larger_than_the_rl_micro_batch_is_the_planned_peak():
+    config = _hf("grpo")  # micro-batches of 8 x 4096 tokens
+    mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    config.sft.steps, config.sft.batch_size = 10, 16  # 16 x 4096 tokens, trained whole
+    rows = {row.name: row for row in memory_plan(config, _qwen25_3b(config), mesh,
+                                                 device_bytes=None).rows}
+    row = rows["activations (an SFT / pretraining batch: 65536 tokens, remat full)"]
+    assert row.knobs == "lower sft.batch_size and pretrain.batch_size"
+    config.sft.batch_size = 4  # smaller than the RL micro-batch: that stays the peak
+    names = [row.name for row in memory_plan(config, _qwen25_3b(config), mesh,
+                                             device_bytes=None).rows]
+    assert "activations (one micro-batch: 32768 tokens, remat full)" in names
+    config.stage = "sft"  # no RL update follows: its micro-batch is not planned
+    names = [row.name for row in memory_plan(config, _qwen25_3b(config), mesh,
+                                             device_bytes=None).rows]
+    assert "activations (an SFT / pretraining batch: 16384 tokens, remat full)" in names
+
+
+def test_the_accelerator_sized_python_recipe_stops_on_a_24_gb_host():
+    """configs/grpo_python.py:hf with SmolLM2-135M on a 24 GB CPU host (killed by the
+    kernel before the host was planned) stops naming its largest rows' knobs;
+    configs/real_python.py fits."""
+    from configs import grpo_python, real_python
+    from tests.train.test_real_recipe import SMOLLM2
+
+    mesh = parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    for recipe, fits in ((grpo_python, False), (real_python, True)):
+        config = recipe.get_config("hf" if recipe is grpo_python else "cpu")
+        model_config = ModelConfig.from_hf(SMOLLM2, **model_precision(config))
+        plan = host_plan(memory_plan(config, model_config, mesh), host_bytes=24 * 10 ** 9)
+        assert plan.fits == fits, plan.table()
+    with pytest.raises(ValueError, match="does not fit") as error:
+        host_plan(memory_plan(grpo_python.get_config("hf"), ModelConfig.from_hf(
+            SMOLLM2, **model_precision(grpo_python.get_config("hf"))), mesh),
+            host_bytes=24 * 10 ** 9).check()
+    assert "rollout.engine_slots" in str(error.value)
