@@ -10,6 +10,7 @@ from agentjax.config import presets
 from agentjax.config.checks import dotted_get
 from agentjax.envs import registry as suites
 from agentjax.sweep import plan as sweep_plan
+from tests.config.test_recipes import NEEDS_A_MODEL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG_FILES = sorted(name for name in os.listdir(os.path.join(ROOT, "configs"))
@@ -59,8 +60,8 @@ def test_every_variant_of_every_config_file_builds_its_task_suite(name, variant,
                                                                   built_suites, tmp_path):
     config = sweep_plan.load_config_module(os.path.join(ROOT, "configs", name)).get_config(
         variant)
-    if variant == "hf":  # a stand-in for the required HF folder; the suite never reads it
-        config.model.path = str(tmp_path)
+    if variant == "hf" or name in NEEDS_A_MODEL:
+        config.model.path = str(tmp_path)  # a stand-in HF folder: the suite never reads it
     config_lib.validate(config)
     config.sft.num_demos = min(config.sft.num_demos, MAX_DEMOS)
     suite = built_suites(config)
