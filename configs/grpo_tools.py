@@ -25,21 +25,13 @@ CALCULATOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
 
 
 def get_config(arg=None):
+    # The python agent trained by GRPO after SFT (configs/grpo_python.py's settings).
     config = presets.python_config("grpo", arg)
     config.env.tool_format = "native"
-    config.env.tool_parser = "auto"
     # One stdio server for the whole run: the calculator keeps no state between calls.
     config.env.mcp_servers = json.dumps([{
         "name": "calculator", "command": sys.executable,
         "args": [os.path.normpath(CALCULATOR)], "isolation": "shared", "timeout_s": 10}])
-    # GRPO (as configs/grpo_python.py).
-    config.stage = "rl"
-    config.algo.name = "grpo"
-    config.algo.advantage = "grpo"
-    config.algo.loss = "ppo"
-    config.algo.clip_low, config.algo.clip_high = 0.2, 0.2
-    config.algo.agg = "seq-mean-token-mean"
-    config.reward.outcome = "em"
     # As many held-out questions as an evaluation uses (the hf variant evaluates 400).
     config.data.test_questions = f"1:{config.eval.num_tasks}"
     return config

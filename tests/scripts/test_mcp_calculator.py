@@ -6,6 +6,7 @@ import os
 import pytest
 
 from agentjax.envs.registry import build_suite
+from tests.config.test_recipes import recipe
 from tests.train.runs import ROOT
 
 SPEC = importlib.util.spec_from_file_location(
@@ -35,7 +36,7 @@ def test_what_is_not_arithmetic_is_said(expression, problem):
 
 
 def test_the_recipe_offers_the_servers_tool_in_native_calls(tmp_path):
-    config = sweep_config("grpo_tools.py", "test")
+    config = recipe("grpo_tools.py").get_config("test")
     suite = build_suite(config, str(tmp_path))
     assert [t["function"]["name"] for t in suite.tools] == ["python", "calculate"]
     env = suite.make_env()
@@ -48,9 +49,3 @@ def test_the_recipe_offers_the_servers_tool_in_native_calls(tmp_path):
     observation = str(result.observation)
     assert "10063" in observation and "division by zero" in observation
 
-
-def sweep_config(name, variant):
-    from agentjax.sweep import plan as sweep_plan
-
-    return sweep_plan.load_config_module(os.path.join(ROOT, "configs", name)).get_config(
-        variant)
