@@ -40,8 +40,8 @@ from agentjax.core.task import Task
 from agentjax.envs.base import Env
 from agentjax.models import chat
 from agentjax.models.tokenizer import end_of_turn_id, prompt_ids
-from agentjax.engine.protocol import (Completion, Engine, EnginesUnavailable, GenerateRequest,
-                                     SamplingParams)
+from agentjax.engine.protocol import (Engine, EnginesUnavailable, GenerateRequest,
+                                     SamplingParams, sampled_versions)
 from agentjax.core.trajectory import Trajectory, Turn, observation_token_ids, tool_turn_ids
 
 
@@ -210,19 +210,6 @@ async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
         turn.observation_ids = observation
         context.extend(observation)
     raise AssertionError("unreachable: the last turn returns max_turns")
-
-
-def sampled_versions(completion: Completion) -> list[int]:
-    """The weight version that sampled each output token: the engine's per-token report
-    (`token_versions`), else its one integer `weight_version` for every token, else []
-    (a server that names its weights otherwise, e.g. SGLang's "default")."""
-    meta = completion.meta
-    if "token_versions" in meta:
-        return [int(v) for v in meta["token_versions"]]
-    version = meta.get("weight_version")
-    if isinstance(version, int) and not isinstance(version, bool):
-        return [version] * len(completion.output_ids)
-    return []
 
 
 def _close_last_turn(turn: Turn, tokenizer, room: int) -> None:

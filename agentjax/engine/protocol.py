@@ -121,6 +121,19 @@ def reported_distribution(engine_distribution: str, sampling: SamplingParams) ->
     return engine_distribution
 
 
+def sampled_versions(completion: Completion) -> list[int]:
+    """The weight version that sampled each output token: the engine's per-token report
+    (`token_versions`), else its one integer `weight_version` for every token, else []
+    (a server that names its weights otherwise, e.g. SGLang's "default")."""
+    meta = completion.meta
+    if "token_versions" in meta:
+        return [int(v) for v in meta["token_versions"]]
+    version = meta.get("weight_version")
+    if isinstance(version, int) and not isinstance(version, bool):
+        return [version] * len(completion.output_ids)
+    return []
+
+
 class EnginesUnavailable(RuntimeError):
     """No engine can serve requests (e.g. every server of a pool stayed unreachable past
     its grace time); the message names them. Not an episode's failure: it ends the
