@@ -62,6 +62,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+import uuid
 from typing import Any, Callable, Literal
 
 import fastapi
@@ -71,10 +72,11 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentjax import __version__
+from agentjax.endpoint.app import ChatService, add_routes
 from agentjax.engine.protocol import Completion, GenerateRequest, SamplingParams
 from agentjax.sglang.protocol import ROUTING_KEY_HEADER, SERVER_SESSION_KEY
-from agentjax.sglang.server.requests import (GenerateBody, GenerateItem, aborted,
-                                              parse_generate, response_json)
+from agentjax.sglang.server.requests import (GenerateBody, GenerateItem, OutputOptions,
+                                              aborted, parse_generate, response_json)
 
 logger = logging.getLogger(__name__)
 
@@ -211,6 +213,17 @@ class _Service:
             for rid in (flight.item.rid, *flight.item.sample_rids):
                 self.flights[rid] = flight
         return flights
+
+    async def generate_one(self, request: GenerateRequest) -> Completion:
+        """One engine request of the OpenAI endpoint (/v1/chat/completions): held by a
+        pause or a weight update, aborted by /abort_request's abort_all, as /generate's
+        requests are."""
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        [flight] = self._register([GenerateItem(rid, (rid,), request, OutputOptions())])
+        try:
+            return (await self._run(flight))[0]
+        finally:
+            self.flights.pop(rid, None)
 
     async def _run_all(self, flights: list[_Flight], request: fastapi.Request):
         """Every flight's completions; aborts them all if the client goes away, stops the
@@ -477,7 +490,9 @@ def build_app(engine, *, tokenizer, model_path: str, context_length: int, vocab_
               load_params: Callable[[str], Any], weight_version: str = "default",
               server_args: dict[str, Any] | None = None,
               max_sequences: int = 65536,
-              load_adapter: Callable[[str, str], Any] | None = None) -> fastapi.FastAPI:
+              load_adapter: Callable[[str, str], Any] | None = None,
+              served_model_name: str | None = None,
+              tool_call_parser: str = "auto") -> fastapi.FastAPI:
     """The FastAPI app serving `engine` with SGLang's native API (module docstring).
 
     Args:
@@ -493,6 +508,15 @@ def build_app(engine, *, tokenizer, model_path: str, context_length: int, vocab_
       max_sequences: most sequences (requests x n) one /generate call may ask for.
       load_adapter: (PEFT folder, base HF folder) -> params of the engine's structure:
         the base with that adapter merged in (`main.adapter_loader`); None: LoRA is off.
+      served_model_name: the model id of the OpenAI endpoint (default: model_path).
+      tool_call_parser: the OpenAI endpoint's tool-call format (a name of
+        parsers.tool_calls.TOOL_PARSERS, or "auto": read from the chat template).
+
+    The OpenAI endpoint (agentjax.endpoint: POST /v1/chat/completions, GET /v1/models)
+    serves the same engine for evaluation with any OpenAI client: plain serving, no
+    sessions; its requests are held, paused and aborted as /generate's are, and its
+    replies report this server's weight_version. A request that names no max_tokens may
+    fill the context.
 
     `app.state.service.shutting_down = True` makes /health answer 503 (scripts/serve.py
     sets it when a shutdown signal arrives).
@@ -532,4 +556,10 @@ def build_app(engine, *, tokenizer, model_path: str, context_length: int, vocab_
     app.add_api_route("/close_session", service.close_session, methods=["GET", "POST"])
     app.add_api_route("/load_lora_adapter", service.load_lora_adapter, methods=["POST"])
     app.add_api_route("/unload_lora_adapter", service.unload_lora_adapter, methods=["POST"])
+    add_routes(app, ChatService(
+        engine, tokenizer, sessions=None,
+        sampling_defaults=SamplingParams(max_new_tokens=context_length),
+        max_context=context_length, model_name=served_model_name or model_path,
+        tool_parser=tool_call_parser, generate=service.generate_one,
+        weight_version=lambda: service.weight_version))
     return app

@@ -8,7 +8,10 @@ Endpoints, request and response shapes: `agentjax/sglang/server/app.py` (SGLang'
 `python -m sglang.launch_server` where they mean the same thing (--model-path,
 --tokenizer-path, --host, --port, --context-length, --max-running-requests, --random-seed,
 --dtype, --enable-deterministic-inference, --weight-version, --skip-server-warmup,
---log-level); the others set the JaxEngine (--lanes, --decode-steps, --prefill-chunks).
+--log-level, --served-model-name, --tool-call-parser); the others set the JaxEngine
+(--lanes, --decode-steps, --prefill-chunks). The same server answers OpenAI's
+/v1/chat/completions and /v1/models (agentjax/endpoint/app.py), so a trained policy is
+evaluated with any OpenAI client: `openai.OpenAI(base_url="http://HOST:PORT/v1")`.
 LoRA as SGLang serves it: `--enable-lora --max-lora-rank R --lora-target-modules q_proj
 ... | all` accepts /load_lora_adapter of PEFT folders within those limits
 (`adapter_loader`: merged into the served weights in float32, cast once).
@@ -139,6 +142,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--disable-overlap-schedule", action="store_true",
                         help="read each decode call before dispatching the next (the "
                              "engine's overlap off)")
+    parser.add_argument("--served-model-name",
+                        help="the model id of /v1/chat/completions (default: --model-path)")
+    parser.add_argument("--tool-call-parser", default="auto",
+                        help="tool-call format of /v1/chat/completions replies, a name of "
+                             "agentjax.parsers.tool_calls.TOOL_PARSERS (auto: read from the "
+                             "chat template)")
     parser.add_argument("--weight-version", default="default",
                         help="weight version reported until an update sets another")
     parser.add_argument("--skip-server-warmup", action="store_true",
@@ -250,7 +259,8 @@ def main(argv=None) -> None:
     app = build_app(engine, tokenizer=tokenizer, model_path=args.model_path,
                     context_length=context_length, vocab_size=config.vocab_size,
                     load_params=hf_params_loader(dtype), weight_version=args.weight_version,
-                    server_args=server_args,
+                    server_args=server_args, served_model_name=args.served_model_name,
+                    tool_call_parser=args.tool_call_parser,
                     load_adapter=adapter_loader(dtype, max_rank=args.max_lora_rank,
                                                 target_modules=args.lora_target_modules)
                     if args.enable_lora else None)
