@@ -1,7 +1,7 @@
-"""scripts/serve.py as a process: prints its URL once ready, answers /health and
-/generate (the in-process engine's tokens and log-probs for the same seed), stops on
-SIGTERM, and stops when the launcher named by --parent-pid dies,
-even by SIGKILL."""
+"""scripts/serve.py as a process: prints its URL once ready, answers /health, /generate
+and, to the openai client, /v1/chat/completions (the in-process engine's tokens and
+log-probs for the same seed), stops on SIGTERM, and stops when the launcher named by
+--parent-pid dies, even by SIGKILL."""
 import os
 import queue
 import re
@@ -12,12 +12,14 @@ import threading
 import time
 
 import httpx
+import openai
 import pytest
 
 from flax import nnx
 
 from agentjax.models.hf import load_hf, make_tiny_hf
-from agentjax.models.tokenizer import build_tokenizer, load_tokenizer
+from agentjax.models import chat
+from agentjax.models.tokenizer import build_tokenizer, load_tokenizer, stop_token_ids
 from agentjax.engine.protocol import GenerateRequest, SamplingParams
 from agentjax.engine.jax.lanes import LanedEngine
 from tests.agents.fakes import CORPUS
@@ -78,7 +80,8 @@ def alive(pid: int) -> bool:
 @pytest.mark.slow
 def test_serve_answers_then_stops_on_sigterm(model_path):
     # Overlap off in the server, on in the in-process engine: the same tokens.
-    proc = subprocess.Popen(serve_command(model_path, "--disable-overlap-schedule"), cwd=ROOT,
+    proc = subprocess.Popen(serve_command(model_path, "--disable-overlap-schedule",
+                                          "--served-model-name", "tiny-policy"), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = Output(proc.stdout)
     try:
@@ -89,14 +92,26 @@ def test_serve_answers_then_stops_on_sigterm(model_path):
         answer = httpx.post(url + "/generate", timeout=60, json={
             "input_ids": [5, 6, 7], "return_logprob": True,
             "sampling_params": {"max_new_tokens": 6, "sampling_seed": 1}}).json()
+        # The OpenAI endpoint of the same server, through the openai client over TCP.
+        messages = [{"role": "user", "content": "Which city is the capital of France?"}]
+        reply = openai.OpenAI(base_url=url + "/v1", api_key="unused").chat.completions.create(
+            model="tiny-policy", messages=messages, seed=2, max_tokens=6, logprobs=True)
         model, _ = load_hf(model_path)
-        with LanedEngine.build(*nnx.split(model), tokenizer=load_tokenizer(model_path),
-                               **ENGINE) as engine:
-            [[want]] = engine.generate_sync([GenerateRequest(
-                [5, 6, 7], SamplingParams(max_new_tokens=6, seed=1))])
+        tokenizer = load_tokenizer(model_path)
+        with LanedEngine.build(*nnx.split(model), tokenizer=tokenizer, **ENGINE) as engine:
+            [[want], [chat_want]] = engine.generate_sync([
+                GenerateRequest([5, 6, 7], SamplingParams(max_new_tokens=6, seed=1)),
+                GenerateRequest(chat.prompt_ids(tokenizer, messages), SamplingParams(
+                    max_new_tokens=6, seed=2, stop_token_ids=stop_token_ids(tokenizer)))])
         assert answer["output_ids"] == want.output_ids
         assert [lp for lp, _, _ in answer["meta_info"]["output_token_logprobs"]] == \
             want.logprobs
+        stopped = chat_want.finish_reason == "stop"  # the reply drops the stop token
+        kept = chat_want.output_ids[:-1] if stopped else chat_want.output_ids
+        assert reply.choices[0].message.content == tokenizer.decode(kept)
+        assert [t.logprob for t in reply.choices[0].logprobs.content] == \
+            chat_want.logprobs[:len(kept)]
+        assert reply.model == "tiny-policy"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
         output.wait_for(re.compile(r"engine closed"), timeout_s=10)

@@ -8,12 +8,15 @@ import json
 
 import httpx
 import jax.numpy as jnp
+import openai
 import pytest
 from flax import nnx
 
+from agentjax.models import chat
 from agentjax.models.hf import load_hf, make_tiny_hf
 from agentjax.models.lora import LoraConfig, add_adapters, fold_adapters
 from agentjax.models.peft import save_peft
+from agentjax.models.tokenizer import stop_token_ids
 from agentjax.engine.protocol import GenerateRequest, SamplingParams
 from agentjax.engine.jax.lanes import LanedEngine
 from agentjax.sglang.server.app import build_app, hf_params_loader
@@ -416,6 +419,44 @@ def test_health_info_sessions_and_shutdown(loop, engine, folders, tokenizer):
     assert routed_second["output_ids"] == second["output_ids"]
     assert sessions == {"episode", "routed"}
     assert closed == 200 and health == 503
+
+
+def test_the_openai_endpoint_serves_the_engine_and_is_held_by_a_pause(
+        loop, engine, folders, tokenizer):
+    """/v1/chat/completions on the same engine: the tokens /generate gives the chat
+    template's prompt ids for the same seed, the server's weight version, the served
+    model name; a pause holds the call until continue_generation."""
+    app = build_app(engine, tokenizer=tokenizer, model_path=str(folders / "a"),
+                    context_length=CONTEXT, vocab_size=len(tokenizer),
+                    load_params=hf_params_loader(jnp.float32), served_model_name="tiny")
+    messages = [{"role": "user", "content": "Which city is the capital of France?"}]
+    prompt = chat.prompt_ids(tokenizer, messages)
+
+    async def scenario(client):
+        openai_client = openai.AsyncOpenAI(base_url="http://server/v1", api_key="unused",
+                                           max_retries=0, http_client=client)
+        ask = dict(model="anything", messages=messages, seed=7, max_tokens=8, logprobs=True)
+        reply = await openai_client.chat.completions.create(**ask)
+        generated = (await client.post("/generate", json=dict(
+            input_ids=prompt, return_logprob=True, sampling_params={
+                "max_new_tokens": 8, "sampling_seed": 7,
+                "stop_token_ids": list(stop_token_ids(tokenizer))}))).json()
+        await client.post("/pause_generation", json={"mode": "abort"})
+        held = asyncio.ensure_future(openai_client.chat.completions.create(**ask))
+        await asyncio.sleep(0.3)
+        waiting = not held.done()
+        await client.post("/continue_generation")
+        return reply, generated, waiting, await held, await openai_client.models.list()
+    reply, generated, waiting, after_pause, models = serve(loop, app, scenario)
+    ids = generated["output_ids"]
+    kept = ids[:-1] if generated["meta_info"]["finish_reason"]["type"] == "stop" else ids
+    assert reply.choices[0].message.content == tokenizer.decode(kept)
+    assert [t.logprob for t in reply.choices[0].logprobs.content] == [
+        lp for lp, _, _ in generated["meta_info"]["output_token_logprobs"]][:len(kept)]
+    assert reply.usage.prompt_tokens == len(prompt) and reply.model == "tiny"
+    assert reply.model_extra["agentjax"]["weight_version"] == "default"
+    assert waiting and after_pause.choices[0].message.content == reply.choices[0].message.content
+    assert [m.id for m in models.data] == ["tiny"]
 
 
 def test_a_request_whose_client_disconnects_is_aborted(loop, engine, folders, tokenizer):
