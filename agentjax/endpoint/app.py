@@ -39,13 +39,15 @@ A client that goes away mid-call (checked once a second, as the SGLang-protocol 
 does) gets its engine request cancelled; so does a call still in flight when its
 session closes (that client gets a 410). The call is then recorded with finish_reason
 "abort" and no completion ids: visible to the runner, never training data by accident.
-An engine that fails or aborts a request is recorded the same way and answered 5xx.
+An engine that refuses a request (400), cannot serve (503), fails (500, logged with its
+traceback) or aborts it (500) has the call recorded the same way.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import functools
+import logging
 import time
 import uuid
 from typing import Any, Awaitable, Callable
@@ -62,6 +64,8 @@ from agentjax.engine.protocol import (Completion, GenerateRequest, SamplingParam
 from agentjax.models import chat
 from agentjax.models.tokenizer import stop_token_ids
 from agentjax.parsers.tool_calls import TOOL_PARSERS
+
+logger = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 4 * 2**20
 DISCONNECT_POLL_S = 1.0
@@ -81,7 +85,8 @@ class ChatService:
       sessions: where session calls are recorded; None: plain serving only.
       sampling_defaults: what a request that names no temperature, top_p, top_k, seed or
         max_tokens gets; its stop strings and stop ids apply to every request.
-      max_context: longest prompt + completion (at most the engine's).
+      max_context: longest prompt + completion; at most the engine's own limit (the
+        JaxEngine's max_len), which would otherwise abort what does not fit.
       model_name: the model id the replies and /v1/models name.
       tool_parser: a name of parsers.tool_calls.TOOL_PARSERS, or "auto": the format
         `chat.tool_parser_for` reads from the template (found on the first request with
@@ -165,6 +170,8 @@ class ChatService:
         if len(prompt) >= self.max_context:
             raise _too_long(f"{len(prompt)} prompt tokens", self.max_context)
         sampling = self._sampling(call, session_id, room=self.max_context - len(prompt))
+        if session_id is not None:  # it may have closed while the prompt was rendered
+            self._check_session(session_id)
         record = functools.partial(self._record, session_id, call, prompt)
         try:
             completion = await self._generate(GenerateRequest(prompt, sampling, session_id),
@@ -255,6 +262,10 @@ class ChatService:
             except RuntimeError as error:  # closed, its thread died, no server reachable
                 raise ApiError(f"the engine cannot serve: {error}", status=503,
                                code="engine_unavailable") from None
+            except Exception as error:  # noqa: BLE001 - an engine bug: loud, and answered
+                logger.exception("the engine failed a chat completion")
+                raise ApiError(f"the engine failed: {type(error).__name__}: {error}",
+                               status=500, code="engine_error") from None
         finally:
             task.cancel()  # a no-op once done
             if session_id is not None:

@@ -241,6 +241,22 @@ def test_refused_fields_are_a_400_naming_the_field(tokenizer, fields, param):
     assert error.body["type"] == "invalid_request_error" and not engine.requests
 
 
+def test_messages_the_template_refuses_are_a_400(tmp_path):
+    gemma = chat_tokenizer("gemma", tmp_path)  # its template raises on roles out of turn
+    engine = ScriptedEngine(gemma, lambda request: "fox")
+    app = build_app(engine, gemma, sessions=None, max_context=512, model_name="m",
+                    sampling_defaults=SamplingParams())
+
+    async def call(messages):
+        return await in_process(app).chat.completions.create(model="m", messages=messages)
+    with pytest.raises(openai.BadRequestError) as refused:
+        run(call([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]))
+    assert refused.value.param == "messages" and "alternate" in refused.value.message
+    reply = run(call([{"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": "hi"}]))
+    assert reply.choices[0].message.content == "fox" and len(engine.requests) == 1
+
+
 def test_unknown_fields_are_ignored_and_models_are_listed(tokenizer):
     engine = ScriptedEngine(tokenizer, lambda request: "fox")
     app = build_app(engine, tokenizer, sessions=None, max_context=512, model_name="policy",

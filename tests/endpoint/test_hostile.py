@@ -15,7 +15,7 @@ import uvicorn
 
 from agentjax.endpoint.app import build_app
 from agentjax.endpoint.sessions import SessionInUse, Sessions
-from agentjax.engine.protocol import SamplingParams
+from agentjax.engine.protocol import Completion, SamplingParams
 from agentjax.models import chat
 from tests.endpoint.fakes import ScriptedEngine, in_process
 
@@ -154,13 +154,18 @@ def test_a_thousand_concurrent_sessions_are_recorded_apart(tokenizer):
             return await asyncio.gather(*(agent(http, s) for s in ids))
     replies = asyncio.run(agents())
     assert all(r["choices"][0]["finish_reason"] == "length" for r in replies)
-    assert len(engine.requests) == count
-    for session_id, reply in zip(ids, replies):
+    prompts = {request.session_id: list(request.input_ids) for request in engine.requests}
+    assert len(engine.requests) == len(prompts) == count
+    for n, (session_id, reply) in enumerate(zip(ids, replies)):
         [call] = sessions.close(session_id)
         want = tokenizer.encode(f"fox {session_id}", add_special_tokens=False)[:2]
         assert list(call.completion_ids) == want
         assert call.messages == ({"role": "user", "content": f"question of {session_id}"},)
-        assert list(call.prompt_ids) == chat.prompt_ids(tokenizer, call.messages)
+        assert list(call.prompt_ids) == prompts[session_id]
+        assert tokenizer.decode(call.prompt_ids).endswith(
+            f"question of {session_id}<|im_end|>\n<|im_start|>assistant\n")
+        if n % 100 == 0:  # rendering all of them again would double the test's time
+            assert list(call.prompt_ids) == chat.prompt_ids(tokenizer, call.messages)
         assert reply["agentjax"]["session_id"] == session_id
         assert reply["usage"]["completion_tokens"] == 2
     assert not sessions.open_ids() and sorted(engine.ended_sessions) == sorted(ids)
@@ -211,6 +216,35 @@ def test_a_session_closed_mid_call_cancels_it_and_records_nothing(tokenizer):
     assert (closed.status_code, closed.code) == (410, "session_closed")
     assert engine.cancelled == engine.requests[:1] and other.choices[0].message.content
     assert len(sessions.close("other")) == 1
+
+
+class FailingEngine(ScriptedEngine):
+    """Refuses its first request, fails the second, aborts the third."""
+
+    async def generate(self, requests):
+        self.requests.extend(requests)
+        failures = [ValueError("requests[0]: too many stop ids"), KeyError("a bug")]
+        if len(self.requests) <= len(failures):
+            raise failures[len(self.requests) - 1]
+        return [[Completion([], [], "abort", None, {"error": "does not fit the cache"})]]
+
+
+def test_engine_failures_are_answered_in_openai_shape_and_recorded_as_aborts(tokenizer):
+    engine, sessions = FailingEngine(tokenizer, lambda request: ""), Sessions()
+    app = build_app(engine, tokenizer, sessions=sessions, max_context=512, model_name="m",
+                    sampling_defaults=SamplingParams())
+    sessions.open("s")
+
+    async def calls():
+        async with raw_client(app) as client:
+            return [await client.post("/sessions/s/v1/chat/completions", json=HELLO)
+                    for _ in range(3)]
+    refused, failed, aborted = asyncio.run(calls())
+    assert_error(refused, 400)
+    assert failed.status_code == aborted.status_code == 500
+    assert failed.json()["error"]["code"] == "engine_error"
+    assert "does not fit the cache" in aborted.json()["error"]["message"]
+    assert [c.finish_reason for c in sessions.close("s")] == ["abort"] * 3
 
 
 class Server:
