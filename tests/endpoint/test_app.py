@@ -103,6 +103,11 @@ def test_a_multi_turn_tool_conversation_is_answered_and_recorded_token_exactly(
         assert recorded.finish_reason == "stop" and recorded.weight_version == WEIGHT_VERSION
         assert recorded.logprob_distribution == "sampling"
         assert list(recorded.messages) == sent and list(recorded.tools) == TOOLS
+    # The agent kept its history, so the second prompt extends the first call's prompt
+    # and completion token-exactly (what lets a runner merge the calls into one
+    # trajectory).
+    head = calls[0].prompt_ids + calls[0].completion_ids
+    assert calls[1].prompt_ids[:len(head)] == head
     # The reply's log-probs are the engine's, but for the end-of-turn token it ended on.
     content = choice.logprobs.content
     assert [t.logprob for t in content] == engine.completions[0].logprobs[:-1]

@@ -13,6 +13,7 @@ import openai
 import pytest
 import uvicorn
 
+from agentjax.endpoint import app as endpoint_app
 from agentjax.endpoint.app import build_app
 from agentjax.endpoint.sessions import SessionInUse, Sessions
 from agentjax.engine.protocol import Completion, SamplingParams
@@ -172,24 +173,28 @@ def test_a_thousand_concurrent_sessions_are_recorded_apart(tokenizer):
 
 
 def test_a_client_gone_mid_call_aborts_its_engine_request_and_is_recorded_as_abort(
-        tokenizer):
-    engine, sessions, app = make(tokenizer, latency_s=60)
+        tokenizer, monkeypatch):
+    monkeypatch.setattr(endpoint_app, "DISCONNECT_POLL_S", 0.02)
+    engine, sessions, app = make(tokenizer, latency_s=0.3)
     sessions.open("s")
 
     async def calls():
         client = in_process(app, "http://e/sessions/s/v1")
+        # A call polled for its client many times is not taken for a disconnected one.
+        slow = await client.chat.completions.create(**HELLO)
+        engine.latency_s = 60
         call = asyncio.ensure_future(client.chat.completions.create(**HELLO))
-        while not engine.requests:
+        while len(engine.requests) < 2:
             await asyncio.sleep(0.01)
         call.cancel()  # in-process, the app runs in the caller's task
         with pytest.raises(asyncio.CancelledError):
             await call
         engine.latency_s = 0
-        return await client.chat.completions.create(**HELLO)
-    after = asyncio.run(calls())
-    assert engine.cancelled == engine.requests[:1]
-    assert after.choices[0].message.content
-    aborted, answered = sessions.close("s")
+        return slow, await client.chat.completions.create(**HELLO)
+    slow, after = asyncio.run(calls())
+    assert engine.cancelled == engine.requests[1:2]
+    assert slow.choices[0].message.content and after.choices[0].message.content
+    _, aborted, answered = sessions.close("s")
     assert (aborted.finish_reason, aborted.completion_ids, aborted.logprobs) == (
         "abort", (), ())
     assert aborted.prompt_ids == answered.prompt_ids and answered.finish_reason == "length"
@@ -273,13 +278,15 @@ class Server:
         self.socket.close()
 
 
-def test_over_tcp_the_openai_client_is_answered_and_a_dropped_connection_aborts(tokenizer):
-    engine, sessions, app = make(tokenizer)
+def test_over_tcp_the_openai_client_is_answered_and_a_dropped_connection_aborts(
+        tokenizer, monkeypatch):
+    monkeypatch.setattr(endpoint_app, "DISCONNECT_POLL_S", 0.02)
+    engine, sessions, app = make(tokenizer, latency_s=0.3)
     sessions.open("s")
     with Server(app) as server:
         client = openai.OpenAI(base_url=f"{server.url}/sessions/s/v1", api_key="unused",
                                max_retries=0)
-        first = client.chat.completions.create(**HELLO)
+        first = client.chat.completions.create(**HELLO)  # polled, and answered
         engine.latency_s = 60
         with pytest.raises(httpx.ReadTimeout):  # the client gives up and hangs up
             httpx.post(f"{server.url}/sessions/s/v1/chat/completions", json=HELLO,
