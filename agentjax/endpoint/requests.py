@@ -32,7 +32,12 @@ from typing import Any
 
 import pydantic
 
+from agentjax.parsers.actions import exceeds_depth, load_json
+
 ROLES = ("system", "developer", "user", "assistant", "tool")
+# A chat request nests some ten levels, a tool's parameter schema a few more; deeper is
+# an attack on whatever walks it recursively (pydantic, jinja's tojson, json.dumps).
+MAX_REQUEST_DEPTH = 64
 TOOL_CHOICES = ("auto", "none")
 
 
@@ -127,8 +132,12 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     """
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except RecursionError:
+        data = None  # nested past the interpreter's recursion limit: refused below
+    except ValueError as error:  # not JSON, not UTF-8, an integer too long to convert
         raise ApiError(f"the request body is not valid JSON: {error}") from None
+    if data is None or exceeds_depth(data, MAX_REQUEST_DEPTH):
+        raise ApiError(f"the request body nests deeper than {MAX_REQUEST_DEPTH} levels")
     if not isinstance(data, dict):
         raise ApiError("the request body must be a JSON object")
     try:
@@ -222,11 +231,10 @@ def _call(call: Any, where: str) -> dict:
         raise ApiError(f"{where}.id must be a string", param=f"{where}.id")
     arguments = function.get("arguments") or {}
     if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            raise ApiError(f"{where}.function.arguments is not valid JSON",
-                           param=f"{where}.function.arguments") from None
+        arguments, why = load_json(arguments)
+        if why is not None:
+            raise ApiError(f"{where}.function.arguments is not valid JSON: {why}",
+                           param=f"{where}.function.arguments")
     if not isinstance(arguments, dict):
         raise ApiError(f"{where}.function.arguments must be a JSON object",
                        param=f"{where}.function.arguments")

@@ -49,6 +49,11 @@ def assert_error(response: httpx.Response, status: int, param=None, code=None):
     (b'{"model": "m", "messages": [', None),
     (b"\xff\xfe not utf-8", None),
     (b"[1, 2]", None),
+    (b"[" * 100_000 + b"]" * 100_000, None),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "metadata": '
+     + b"[" * 100 + b"]" * 100 + b"}", None),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": '
+     + b"9" * 5000 + b"}", None),
     (b'{"model": "m"}', "messages"),
     (b'{"model": "m", "messages": []}', "messages"),
     (b'{"model": "m", "messages": "hi"}', "messages"),
