@@ -24,6 +24,8 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
                    "required": ["q"]}}}]
 CALL = '<tool_call>\n{"name": "lookup", "arguments": {"q": "fox"}}\n</tool_call>'
+# The same call in Mistral's format (the template numbers no ids: models.chat does).
+MISTRAL_CALL = '[TOOL_CALLS][{"name": "lookup", "arguments": {"q": "fox"}}]'
 ANSWER = "The answer is 42."
 
 
@@ -32,13 +34,13 @@ def qwen(tmp_path_factory):
     return chat_tokenizer("qwen2.5", tmp_path_factory.mktemp("qwen"))
 
 
-def agent_script(tokenizer):
+def agent_script(tokenizer, call=CALL):
     """Turn 1: a tool call; turn 2 (after the tool's result): the answer."""
     eot = tokenizer.decode([chat.end_of_turn_id(tokenizer)])
 
     def script(request):
         seen = tokenizer.decode(request.input_ids)
-        return (ANSWER if "tool_response" in seen or "result: 42" in seen else CALL) + eot
+        return (ANSWER if "result: 42" in seen else call) + eot
     return script
 
 
@@ -46,11 +48,12 @@ def run(coroutine):
     return asyncio.run(coroutine)
 
 
-@pytest.mark.parametrize("family", ["qwen2.5", "tiny"])
+@pytest.mark.parametrize("family", ["qwen2.5", "mistral", "tiny"])
 def test_a_multi_turn_tool_conversation_is_answered_and_recorded_token_exactly(
-        family, qwen, tokenizer):
-    tok = qwen if family == "qwen2.5" else tokenizer
-    engine = ScriptedEngine(tok, agent_script(tok))
+        family, qwen, tokenizer, tmp_path):
+    tok = {"qwen2.5": qwen, "tiny": tokenizer}.get(family) or chat_tokenizer(family, tmp_path)
+    written = MISTRAL_CALL if family == "mistral" else CALL
+    engine = ScriptedEngine(tok, agent_script(tok, written))
     sessions = Sessions()
     app = build_app(engine, tok, sessions=sessions, max_context=4096, model_name="policy",
                     sampling_defaults=SamplingParams(max_new_tokens=64))
@@ -105,13 +108,13 @@ def test_a_multi_turn_tool_conversation_is_answered_and_recorded_token_exactly(
         assert list(recorded.messages) == sent and list(recorded.tools) == TOOLS
     # The agent kept its history, so the second prompt extends the first call's prompt
     # and completion token-exactly (what lets a runner merge the calls into one
-    # trajectory).
+    # trajectory). Mistral's template moves the tools to the last user message: no.
     head = calls[0].prompt_ids + calls[0].completion_ids
-    assert calls[1].prompt_ids[:len(head)] == head
+    assert (calls[1].prompt_ids[:len(head)] == head) == (family != "mistral")
     # The reply's log-probs are the engine's, but for the end-of-turn token it ended on.
     content = choice.logprobs.content
     assert [t.logprob for t in content] == engine.completions[0].logprobs[:-1]
-    assert "".join(t.token for t in content) == CALL
+    assert "".join(t.token for t in content) == written
     assert all(bytes(t.bytes).decode() == t.token and t.top_logprobs == [] for t in content)
     assert engine.requests[0].sampling.temperature == 0.7
     assert first.usage.prompt_tokens == len(want[0])
@@ -244,6 +247,22 @@ def test_refused_fields_are_a_400_naming_the_field(tokenizer, fields, param):
     error = run(call())
     assert error.status_code == 400 and error.param == param, error.message
     assert error.body["type"] == "invalid_request_error" and not engine.requests
+
+
+def test_tool_choice_none_keeps_the_tools_in_the_prompt_and_reads_no_calls(qwen):
+    engine = ScriptedEngine(qwen, agent_script(qwen))
+    app = build_app(engine, qwen, sessions=None, max_context=2048, model_name="m",
+                    sampling_defaults=SamplingParams(max_new_tokens=64))
+    messages = [{"role": "user", "content": "What is the fox?"}]
+
+    async def call():
+        return await in_process(app).chat.completions.create(
+            model="m", messages=messages, tools=TOOLS, tool_choice="none")
+    reply = run(call())
+    assert reply.choices[0].message.content == CALL
+    assert reply.choices[0].message.tool_calls is None
+    assert reply.choices[0].finish_reason == "stop"
+    assert list(engine.requests[0].input_ids) == chat.prompt_ids(qwen, messages, TOOLS)
 
 
 def test_messages_the_template_refuses_are_a_400(tmp_path):
