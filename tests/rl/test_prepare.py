@@ -165,9 +165,23 @@ def test_mismatch_metrics(run):
     np.testing.assert_allclose(metrics["logp_mismatch_kl"], np.mean(k3), **TOL)
     abs_log_ratio = 30.0 + 2 * np.log(2) + 2 * np.log(1.5) + np.log(3) + np.log(2)
     np.testing.assert_allclose(metrics["logp_mismatch_abs"], abs_log_ratio / 10, **TOL)
+    # k1 = mean(log pi_engine - log pi_trainer), the log-ratio of 30 unclamped; the ratio's
+    # statistics with it clamped at 20.
+    sum_log_ratio = 30.0 + np.log(0.5 * 1.5 * 3.0 * 1.5 * 0.5 * 2.0)
+    np.testing.assert_allclose(metrics["logp_mismatch_k1"], -sum_log_ratio / 10, **TOL)
+    ratios = [np.exp(20.0) if r is None else r for r in _RATIOS]
+    np.testing.assert_allclose(metrics["logp_mismatch_ratio_mean"], np.mean(ratios), rtol=1e-6)
+    np.testing.assert_allclose(metrics["logp_mismatch_ratio_min"], 0.5, **TOL)
+    np.testing.assert_allclose(metrics["logp_mismatch_ratio_max"], np.exp(20.0), rtol=1e-6)
     np.testing.assert_allclose(metrics["advantage_abs_mean"],
                                (3 * 0.5 + 2 * 0.5 + 2 * 0.75 + 3 * 0.75) / 10, **TOL)
-    assert set(metrics) == {"logp_mismatch_abs", "logp_mismatch_kl", "advantage_abs_mean"}
+    # Without masks nothing is rejected, and that is logged too.
+    assert metrics["rollout_correction/masked_tokens"] == 0
+    assert metrics["rollout_correction/masked_seqs"] == 0
+    assert set(metrics) == {"logp_mismatch_abs", "logp_mismatch_kl", "logp_mismatch_k1",
+                            "logp_mismatch_ratio_mean", "logp_mismatch_ratio_min",
+                            "logp_mismatch_ratio_max", "rollout_correction/masked_tokens",
+                            "rollout_correction/masked_seqs", "advantage_abs_mean"}
 
 
 def test_kl_as_a_loss_term(run):
