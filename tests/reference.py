@@ -373,7 +373,7 @@ def rollout_correction_keep(trainer, behavior, action, advantages, masks, th):
                     keep[b, t] &= th["token_low"] <= math.exp(delta[t]) <= th["token_high"]
             elif name == "opsm":
                 seq_kl = sum(-d for d in delta.values()) / n
-                for t in steps:
+                for t in range(action.shape[1]):  # observations in the loss too
                     keep[b, t] &= not (advantages[b, t] < 0 and seq_kl > th["opsm_delta"])
             else:
                 raise ValueError(name)

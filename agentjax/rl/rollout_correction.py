@@ -10,8 +10,8 @@ is 0 when the two agree. The importance *weights* built on rho (token- or
 sequence-level truncated IS) are `rl/offpolicy.py: importance_weights`; this module
 measures the mismatch and builds the *masks*: a rejected token leaves the loss (and its
 denominators), a rejected sequence leaves it whole. Every mask takes delta on action
-tokens only (observations have no engine log-prob); a statistic over a row's action
-tokens uses its n action tokens. The registered masks (`MASKS`), each `keep` on a
+tokens only (observations have no engine log-prob: delta is 0 there, which every
+bound keeps); a statistic over a row's action tokens uses its n action tokens. The registered masks (`MASKS`), each `keep` on a
 condition with inclusive bounds:
 
   token       IcePop (Ring-1T's "IcePop", ringtech.notion.site/icepop; SkyRL
@@ -189,8 +189,8 @@ def rejection_mask(trainer_logp, behavior_logp, action_mask, loss_mask, advantag
       behavior_logp: [B, T] the engine's (anything off action tokens).
       action_mask: [B, T] the action tokens: where delta is defined.
       loss_mask: [B, T] the tokens in the loss (the action tokens, or more with
-        env.loss_on_observations); a token mask acts on action tokens only, a row mask on
-        the whole row.
+        env.loss_on_observations): a row mask rejects the whole row, OPSM each token with
+        a negative advantage, IcePop's only action tokens (delta is 0 elsewhere).
       advantages: [B, T] or [B] advantages (OPSM reads their sign).
       masks: names of `MASKS`, combined by AND (empty: the loss mask unchanged).
       thresholds: their bounds.
@@ -216,10 +216,7 @@ def rejection_mask(trainer_logp, behavior_logp, action_mask, loss_mask, advantag
     keep = jnp.ones(action.shape, bool)
     metrics = {}
     for name in masks:
-        kept = MASKS.get(name)(rows, thresholds)
-        # A row mask covers the whole row; a token mask only its action tokens.
-        kept = (jnp.broadcast_to(kept, action.shape) if kept.shape[1] == 1
-                else kept | ~action)
+        kept = jnp.broadcast_to(MASKS.get(name)(rows, thresholds), action.shape)
         metrics[f"rollout_correction/{name}_masked_tokens"] = masked_mean(~kept, action)
         keep = keep & kept
     rejected = ~keep & action
