@@ -10,9 +10,9 @@ is 0 when the two agree. The importance *weights* built on rho (token- or
 sequence-level truncated IS) are `rl/offpolicy.py: importance_weights`; this module
 measures the mismatch and builds the *masks*: a rejected token leaves the loss (and its
 denominators), a rejected sequence leaves it whole. Every mask takes delta on action
-tokens only (observations have no engine log-prob: delta is 0 there, which every
-bound keeps); a statistic over a row's action tokens uses its n action tokens. The registered masks (`MASKS`), each `keep` on a
-condition with inclusive bounds:
+tokens only (observations have no engine log-prob: delta is 0 there, which every bound
+keeps); a statistic over a row's action tokens uses its n action tokens. The registered
+masks (`MASKS`), each `keep` on a condition with inclusive bounds:
 
   token       IcePop (Ring-1T's "IcePop", ringtech.notion.site/icepop; SkyRL
               off_policy_correction_utils.py: compute_token_mask; verl
@@ -27,7 +27,7 @@ condition with inclusive bounds:
               mean_t k(delta_t) <= seq_mean_kl.
   seq_max_kl  verl's "seq_max_k2" / "seq_max_k3": row kept iff
               max_t k(delta_t) <= seq_max_kl.
-  opsm        DeepSeek-V3.2's off-policy sequence masking (arXiv 2512.02556, eq. 9;
+  opsm        DeepSeek-V3.2's off-policy sequence masking (arXiv 2512.02556;
               slime utils/ppo_utils.py: compute_opsm_mask): token t kept unless
               A_t < 0 and mean_t (log mu_t - log pi_t) > opsm_delta, i.e. a sequence the
               trainer finds less likely than the engine did is not pushed down further.
