@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agentjax.config.algorithms import apply_rollout_correction
+from agentjax.config.schema import default_config
 from agentjax.rl import losses, offpolicy, rollout_correction
 from agentjax.rl.rollout_correction import MASKS, Thresholds
 from tests import reference as ref
@@ -120,6 +122,24 @@ def test_mismatch_metrics_hand_computed():
     assert {k: float(v) for k, v in empty.items()} == {
         "logp_mismatch_k1": 0.0, "logp_mismatch_ratio_mean": 1.0,
         "logp_mismatch_ratio_min": 1.0, "logp_mismatch_ratio_max": 1.0}
+
+
+def test_the_icepop_preset_weights_by_its_calibration_function():
+    # IcePop's M(rho) = rho inside [0.5, 5], 0 outside: the preset's token TIS times its
+    # token mask, as prepare builds them from the config.
+    algo = apply_rollout_correction(default_config(), "icepop").algo
+    masks, thresholds = rollout_correction.from_config(algo.rollout_correction)
+    rho = np.array([[0.4, 0.6, 1.0, 4.9, 5.5, 60.0]])
+    trainer = jnp.zeros(rho.shape)
+    behavior = -jnp.log(jnp.asarray(rho, jnp.float32))
+    action = jnp.ones(rho.shape)
+    w, _ = offpolicy.importance_weights(trainer, behavior, action, cap=algo.tis_cap,
+                                        bound=algo.tis_bound,
+                                        level=algo.rollout_correction.is_level)
+    kept, _ = rollout_correction.rejection_mask(trainer, behavior, action, action,
+                                                jnp.ones((1,)), masks=masks,
+                                                thresholds=thresholds)
+    np.testing.assert_allclose(w * kept, [[0.0, 0.6, 1.0, 4.9, 0.0, 0.0]], rtol=1e-6)
 
 
 def _corrected(logp, proximal, behavior, adv, action, *, masks, level, bound="truncate",
