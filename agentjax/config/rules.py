@@ -224,11 +224,6 @@ def _lora_targets(text: str) -> bool:
     return _distinct_names(text, LORA_TARGETS)
 
 
-def correction_masks(text: str) -> tuple[str, ...]:
-    """algo.rollout_correction.masks as names ('' is none)."""
-    return tuple(part.strip() for part in text.split(",")) if text else ()
-
-
 HOP_COUNTS = Text("comma-separated 'hops:count' entries (hops 1..4, counts >= 0, "
                   "at least one question), e.g. '1:400,2:400'", _hop_counts)
 HOP_FRACTIONS = Text("'' (demonstrate every training question) or comma-separated "
