@@ -319,13 +319,17 @@ def value_token_loss(values, old_values, returns, mask, clip=None):
 # ---------------------------------------------------------------------------- off-policy
 
 
-def importance_weights(proximal, behavior, mask, cap, bound):
-    """w = bound(pi_prox / mu) on action tokens (log-ratio clamped to +-20), 1 elsewhere."""
+def importance_weights(proximal, behavior, mask, cap, bound, level="token"):
+    """w = bound(pi_prox / mu) on action tokens (log-ratio clamped to +-20), 1 elsewhere;
+    at sequence level pi_prox / mu is the product over the row's action tokens."""
     proximal, behavior = _f64(proximal, behavior)
     mask = np.asarray(mask, bool)
     out = np.ones_like(proximal)
+    row_log_ratio = [sum(proximal[b, t] - behavior[b, t] for t in range(mask.shape[1])
+                         if mask[b, t]) for b in range(mask.shape[0])]
     for idx in zip(*np.nonzero(mask)):
-        rho = math.exp(min(max(proximal[idx] - behavior[idx], -20), 20))
+        log_rho = row_log_ratio[idx[0]] if level == "sequence" else proximal[idx] - behavior[idx]
+        rho = math.exp(min(max(log_rho, -20), 20))
         if bound == "truncate":
             out[idx] = min(rho, cap)
         elif bound == "mask":
@@ -333,6 +337,49 @@ def importance_weights(proximal, behavior, mask, cap, bound):
         else:
             raise ValueError(bound)
     return out
+
+
+def rollout_correction_keep(trainer, behavior, action, advantages, masks, th):
+    """[B, T] bool: kept by every mask of `masks` (names of rl/rollout_correction.py)
+    with bounds th (a dict); from delta_t = log pi_t - log mu_t on action tokens, clamped
+    to +-20. A token mask never rejects a non-action token; a row mask rejects its row."""
+    trainer, behavior, advantages = _f64(trainer, behavior, advantages)
+    action = np.asarray(action, bool)
+    if advantages.ndim == 1:
+        advantages = np.repeat(advantages[:, None], action.shape[1], axis=1)
+    keep = np.ones(action.shape, bool)
+    for b in range(action.shape[0]):
+        steps = [t for t in range(action.shape[1]) if action[b, t]]
+        delta = {t: min(max(trainer[b, t] - behavior[b, t], -20.0), 20.0) for t in steps}
+        n = max(len(steps), 1)
+
+        def kl(d):
+            return 0.5 * d * d if th["kl_estimator"] == "k2" else math.exp(d) - 1.0 - d
+
+        row_kept = True
+        for name in masks:
+            if name == "geometric":
+                geo = math.exp(sum(delta.values()) / n)
+                row_kept &= th["geo_low"] <= geo <= th["geo_high"]
+            elif name == "product":
+                prod = math.exp(sum(delta.values()))
+                row_kept &= th["product_low"] <= prod <= th["product_high"]
+            elif name == "seq_mean_kl":
+                row_kept &= sum(kl(d) for d in delta.values()) / n <= th["seq_mean_kl"]
+            elif name == "seq_max_kl":
+                row_kept &= max([kl(d) for d in delta.values()], default=0.0) <= th["seq_max_kl"]
+            elif name == "token":
+                for t in steps:
+                    keep[b, t] &= th["token_low"] <= math.exp(delta[t]) <= th["token_high"]
+            elif name == "opsm":
+                seq_kl = sum(-d for d in delta.values()) / n
+                for t in range(action.shape[1]):  # observations in the loss too
+                    keep[b, t] &= not (advantages[b, t] < 0 and seq_kl > th["opsm_delta"])
+            else:
+                raise ValueError(name)
+        if not row_kept:
+            keep[b] = False
+    return keep
 
 
 # ---------------------------------------------------------------------------- preference

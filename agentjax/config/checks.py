@@ -24,6 +24,7 @@ def check_combinations(config) -> None:
     _check_model(config)
     _check_lora(config)
     _check_algo(config)
+    _check_rollout_correction(config.algo)
     _check_batches(config)
     _check_micro_tokens(config)
     _check_sglang(config)
@@ -315,9 +316,11 @@ def _check_sglang(config) -> None:
     if config.multihost.enabled:
         reject("rollout.engine", "sglang", "weights are not synced to servers from a "
                "multi-host run yet; use 'jax'")
-    # The behavior log-probs enter the loss through the TIS weights (tis_cap) or as the
-    # old policy (old_logp='behavior'): they must be of the distribution sampled from.
-    if not (algo.old_logp == "behavior" or algo.tis_cap > 0):
+    # The behavior log-probs enter the loss through the TIS weights (tis_cap), the
+    # rejection masks or as the old policy (old_logp='behavior'): they must be of the
+    # distribution sampled from.
+    if not (algo.old_logp == "behavior" or algo.tis_cap > 0
+            or algo.rollout_correction.masks):
         return
     distribution = sglang_logprob_distribution(config)
     tempered = rollout.temperature != 1.0 or rollout.final_temperature != 1.0
@@ -333,6 +336,16 @@ def _check_sglang(config) -> None:
                "samples with, and algo.old_logp='behavior' or algo.tis_cap uses them; set "
                "rollout.top_p=1 and rollout.top_k=-1, or algo.tis_cap=0 with "
                "algo.old_logp='recompute'")
+
+
+def _check_rollout_correction(algo) -> None:
+    """A sequence-level weight is algo.tis_cap's, on the recomputed old policy."""
+    if algo.rollout_correction.is_level == "sequence" and (
+            algo.old_logp != "recompute" or not algo.tis_cap):
+        reject("algo.rollout_correction.is_level", "sequence", "the sequence weight is "
+               "min(prod pi_trainer / pi_engine, algo.tis_cap) on the recomputed old "
+               "policy: it needs algo.tis_cap > 0 and algo.old_logp='recompute' (they are "
+               f"{algo.tis_cap} and {algo.old_logp!r})")
 
 
 def _check_async(config) -> None:

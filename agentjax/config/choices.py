@@ -51,6 +51,13 @@ SCHEDULES = ("constant", "cosine")
 OLD_LOGP = ("recompute", "behavior")
 # rl/offpolicy.py: importance_weights (how the proximal / behavior ratio is bounded).
 IS_BOUNDS = ("truncate", "mask")
+# rl/offpolicy.py: importance_weights (one ratio per token, or per sequence).
+IS_LEVELS = ("token", "sequence")
+# rl/rollout_correction.py: MASKS (the rejection masks of the rollout-trainer mismatch)
+# and the KL estimators its KL masks take.
+ROLLOUT_CORRECTION_MASKS = ("token", "geometric", "product", "seq_mean_kl", "seq_max_kl",
+                            "opsm")
+KL_MASK_ESTIMATORS = ("k2", "k3")
 # agents/sources.py: SOURCES (where the RL loop's groups come from).
 ROLLOUT_MODES = ("sync", "async")
 # rl/preference.py: dpo_loss.

@@ -8,7 +8,8 @@ The variants (`configs/X.py:variant`):
         on 2 cores.
   hf    a real local HF checkpoint (`--config.model.path=...`, required) on GPU/TPU,
         with the Search-R1 settings (instruction, lr 1e-6, group 5, KL 0.001 k3,
-        temperature 1) on a synthetic world sized for its question counts.
+        temperature 1) on a synthetic world sized for its question counts, and the
+        rollout-trainer mismatch corrected as SkyRL recommends (bfloat16 engine).
   test  a few seconds of everything, for CI end-to-end tests.
 
 The long-episode forms of the RL search agent (`search_agent`, `search_config`;
@@ -26,7 +27,12 @@ from __future__ import annotations
 
 import ml_collections
 
-from agentjax.config.algorithms import algorithm_overrides, apply_algorithm
+from agentjax.config.algorithms import (
+    algorithm_overrides,
+    apply_algorithm,
+    apply_rollout_correction,
+    rollout_correction_overrides,
+)
 from agentjax.config.schema import default_config
 
 
@@ -126,6 +132,12 @@ def _hf(c):
     c.algo.kl_kind = "k3"
     c.algo.minibatches = 4
     c.algo.microbatch_size = 8
+    # The engine samples in bfloat16 through its paged decode, the trainer recomputes in
+    # bfloat16 through full-sequence attention: their log-probs differ, as vLLM's or
+    # SGLang's and FSDP's do for the peers. What SkyRL recommends (docs
+    # off_policy_correction.mdx, TLDR; verl's decoupled_geo_rs_token_tis with wider
+    # bounds): token TIS capped at 2 and the geometric sequence mask in [0.99, 1.01].
+    apply_rollout_correction(c, "skyrl_geo_mask_token_tis")
     c.eval.every = 50
     c.eval.num_tasks = 400
     c.checkpoint.every = 50
@@ -296,4 +308,8 @@ SEARCH_SWEEPS = {
     "kl": [(f"beta{b}", {"algo.kl_coef": b}) for b in (0.0, 0.001, 0.01)],
     "format_weight": [(f"format{w}", {"reward.format_weight": w}) for w in (0.0, 0.1, 0.3)],
     "algorithm": [(n, algorithm_overrides(n)) for n in ("grpo", "ppo", "dapo")],
+    # The rollout-trainer mismatch corrections: none, the default token TIS, and the
+    # masks of SkyRL, IcePop and DeepSeek-V3.2 (config/algorithms.py).
+    "rollout_correction": [(n, rollout_correction_overrides(n)) for n in (
+        "disabled", "decoupled_token_is", "skyrl_geo_mask_token_tis", "icepop", "opsm")],
 }

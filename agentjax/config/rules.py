@@ -15,7 +15,7 @@ import os
 import re
 from typing import Callable, Protocol
 
-from agentjax.config.choices import LORA_TARGETS
+from agentjax.config.choices import LORA_TARGETS, ROLLOUT_CORRECTION_MASKS
 
 
 class Rule(Protocol):
@@ -214,9 +214,14 @@ def _tracking_uri(text: str) -> bool:
     return text in ("", "databricks") or re.fullmatch(r"[a-z][a-z0-9+.-]*:\S+", text) is not None
 
 
+def _distinct_names(text: str, names: tuple[str, ...]) -> bool:
+    """`text` is comma-separated names among `names`, each once."""
+    parts = [part.strip() for part in text.split(",")]
+    return all(part in names for part in parts) and len(set(parts)) == len(parts)
+
+
 def _lora_targets(text: str) -> bool:
-    names = [name.strip() for name in text.split(",")]
-    return all(name in LORA_TARGETS for name in names) and len(set(names)) == len(names)
+    return _distinct_names(text, LORA_TARGETS)
 
 
 HOP_COUNTS = Text("comma-separated 'hops:count' entries (hops 1..4, counts >= 0, "
@@ -236,6 +241,10 @@ FOLDER_TO_CREATE = Text("'' or a folder path (created if missing)",
                         lambda text: "\0" not in text)
 LORA_TARGET_LIST = Text("comma-separated projections, each once, among q, k, v, o, gate, "
                         "up, down, e.g. 'q,k,v,o,gate,up,down'", _lora_targets)
+CORRECTION_MASK_LIST = Text(
+    "'' (none) or comma-separated masks, each once, among "
+    f"{', '.join(ROLLOUT_CORRECTION_MASKS)}, e.g. 'geometric' or 'token,opsm'",
+    lambda text: text == "" or _distinct_names(text, ROLLOUT_CORRECTION_MASKS))
 CHUNK_WIDTHS = Text("comma-separated widths >= 1, e.g. '16,64,256'", _chunk_widths)
 ONE_LINE = Text("one line of text", lambda text: "\n" not in text)
 NAME = Text("a name: no whitespace, '/', '\\', '#', '?', '%' or ':'",

@@ -32,6 +32,8 @@ from agentjax.config.choices import (
     GUESSES,
     INSTRUCTIONS,
     IS_BOUNDS,
+    IS_LEVELS,
+    KL_MASK_ESTIMATORS,
     KL_KINDS,
     LOGPROB_DISTRIBUTIONS,
     OLD_LOGP,
@@ -50,6 +52,7 @@ from agentjax.config.choices import (
 from agentjax.config.rules import (
     ANY_REAL,
     CHUNK_WIDTHS,
+    CORRECTION_MASK_LIST,
     COUNT,
     FIXED,
     FREE,
@@ -513,6 +516,39 @@ ALGO = Section(
         "(0: off)"),
     Key("critic_warmup_steps", 0, COUNT, "the first this many updates train only the "
         "critic (the policy is frozen)"),
+    # Rollout-trainer mismatch corrections (rl/rollout_correction.py; presets by name:
+    # config/algorithms.py ROLLOUT_CORRECTION_PRESETS; docs/operations.md).
+    Key("rollout_correction.is_level", "token", Choice(IS_LEVELS), "the level of the "
+        "algo.tis_cap weight: 'token' (each token's pi_trainer / pi_engine) or 'sequence' "
+        "(the product over the episode's action tokens, on each of them: Seq-TIS)"),
+    Key("rollout_correction.masks", "", CORRECTION_MASK_LIST, "rejection masks, ANDed: "
+        "'token' (IcePop: a token whose ratio is outside [token_low, token_high] leaves "
+        "the loss), 'geometric' (an episode whose geometric-mean ratio is outside "
+        "[geo_low, geo_high]), 'product' (its product ratio outside [product_low, "
+        "product_high]), 'seq_mean_kl' / 'seq_max_kl' (its mean / max per-token KL "
+        "estimate above seq_mean_kl / seq_max_kl), 'opsm' (DeepSeek-V3.2: negative "
+        "advantage and mean log(pi_engine / pi_trainer) above opsm_delta); '' none"),
+    Key("rollout_correction.token_low", 0.5, Real("(0, 1]"), "the 'token' mask's lower "
+        "ratio bound (IcePop's 0.5)"),
+    Key("rollout_correction.token_high", 5.0, Real("[1, inf)"), "the 'token' mask's upper "
+        "ratio bound (IcePop's 5)"),
+    Key("rollout_correction.geo_low", 0.99, Real("(0, 1]"), "the 'geometric' mask's lower "
+        "bound (SkyRL's recommended 0.99)"),
+    Key("rollout_correction.geo_high", 1.01, Real("[1, inf)"), "the 'geometric' mask's "
+        "upper bound (SkyRL's recommended 1.01)"),
+    Key("rollout_correction.product_low", 0.5, Real("(0, 1]"), "the 'product' mask's "
+        "lower bound (SkyRL's 0.5)"),
+    Key("rollout_correction.product_high", 2.0, Real("[1, inf)"), "the 'product' mask's "
+        "upper bound (SkyRL's 2)"),
+    Key("rollout_correction.kl_estimator", "k3", Choice(KL_MASK_ESTIMATORS), "the "
+        "per-token KL(engine || trainer) estimate of the KL masks: 'k2' (log r)^2 / 2 or "
+        "'k3' r - 1 - log r"),
+    Key("rollout_correction.seq_mean_kl", 0.01, POSITIVE_REAL, "the 'seq_mean_kl' mask's "
+        "bound (verl's K3-RS: 0.01)"),
+    Key("rollout_correction.seq_max_kl", 0.3, POSITIVE_REAL, "the 'seq_max_kl' mask's "
+        "bound (0.3: k3 of a token ratio of about 2 or 0.4)"),
+    Key("rollout_correction.opsm_delta", 1e-4, POSITIVE_REAL, "the 'opsm' mask's bound "
+        "on an episode's mean log(pi_engine / pi_trainer) (slime's default 1e-4)"),
 )
 
 OPTIM = Section(

@@ -1,5 +1,5 @@
 """One registry per extension point: env suites, tools, reward components, policy-loss
-kinds, advantage estimators, rollout sources.
+kinds, advantage estimators, rollout sources, rollout-trainer mismatch masks.
 
     POLICY_LOSSES = Registry("policy loss kind")
 

@@ -5,8 +5,9 @@ registry ADVANTAGES of the estimators a config chooses), `aggregation` (micro-ba
 reduction to a loss with global denominators), `policy_losses` (`policy_loss` and the
 registry POLICY_LOSSES of its kinds), `losses` (value / KL / entropy losses and the
 trainer's objective `rl_objective`), `kl` (k1/k2/k3 estimators, entropy), `offpolicy`
-(importance weights of the decoupled PPO objective), `preference` (DPO / IPO / hinge on
-trajectory pairs), `logprobs` (chunked token log-probs from hidden states), `shaping`
+(importance weights of the decoupled PPO objective), `rollout_correction` (the
+rollout-trainer mismatch: its metrics and rejection masks), `preference` (DPO / IPO /
+hinge on trajectory pairs), `logprobs` (chunked token log-probs from hidden states), `shaping`
 (length penalties, DAPO filter) and `token_packing` (a minibatch's episodes packed into
 micro-batches of a token budget, inside jit).
 From a model (an nnx graphdef): `objectives` (the update's loss functions: RL, value,
@@ -25,6 +26,7 @@ from agentjax.rl import (
     policy_losses,
     preference,
     prepare,
+    rollout_correction,
     shaping,
     token_packing,
 )
@@ -92,6 +94,7 @@ __all__ = [
     "remax",
     "rl_objective",
     "rloo",
+    "rollout_correction",
     "sequence_logprobs",
     "shaping",
     "token_packing",

@@ -29,6 +29,11 @@ w being the token's loss weighted by w. Its other forms:
     recomputed log-probs, their ratio to the engine's as the weight) is this formula with
     pi_prox recomputed at the weights that sampled; a synchronous run is that case.
   - mu = pi_prox (and C >= 1): w = 1 exactly and L is the standard PPO loss, bit for bit.
+  - Sequence level (verl rollout_corr_helper.py: compute_rollout_correction_weights,
+    rollout_is="sequence"; SkyRL off_policy_correction_utils.py: compute_tis_ratio,
+    "sequence"): one weight per row, w_i = bound(exp(clamp(sum_t log rho_t, +-20))), on
+    every action token of the row: the product of the token ratios, the unbiased (and
+    high-variance) correction of a whole trajectory's likelihood.
   - No proximal policy (verl's "bypass" policy gradient with token TIS):
     L = agg_t[ -sg(min(pi_t / mu_t, C)) A_t log pi_t ], which is kind="cispo" with
     old_logp = log mu, clip_low = 1 and clip_high = C - 1.
@@ -38,7 +43,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from agentjax.config.choices import IS_BOUNDS
+from agentjax.config.choices import IS_BOUNDS, IS_LEVELS
 from agentjax.rl import _common
 from agentjax.rl._common import as_float
 from agentjax.rl.aggregation import masked_extreme, masked_mean
@@ -56,8 +61,10 @@ def _mask(ratio, cap):
 _BOUND_FNS = {"truncate": _truncate, "mask": _mask}
 
 
-def importance_weights(proximal_logp, behavior_logp, mask, *, cap, bound="truncate"):
-    """Per-token importance weights w = bound(pi_prox / mu) of the decoupled objective.
+def importance_weights(proximal_logp, behavior_logp, mask, *, cap, bound="truncate",
+                       level="token"):
+    """Importance weights w = bound(pi_prox / mu) of the decoupled objective, per token or
+    per sequence.
 
     Args:
       proximal_logp: [B, T] log-probs of the taken tokens under the proximal policy (the
@@ -68,19 +75,25 @@ def importance_weights(proximal_logp, behavior_logp, mask, *, cap, bound="trunca
         anything, even NaN.
       cap: C > 0, the bound of the weights (C >= 1 keeps on-policy tokens at weight 1).
       bound: one of IS_BOUNDS: "truncate" (min(rho, C)) or "mask" (0 where rho > C).
+      level: one of IS_LEVELS: "token" (rho_t per token) or "sequence" (rho = the
+        product of the row's token ratios, on each of its action tokens).
 
     Returns:
       (weights, metrics): weights [B, T] (constants: gradient stopped; exactly 1 at mask-0
       positions) and scalars over the action tokens: is_ratio_mean / is_ratio_max (rho
       before the bound; 1 without action tokens), is_weight_mean (w) and is_clipfrac (the
-      fraction with rho > C, truncated or masked).
+      fraction with rho > C, truncated or masked); at sequence level each row's rho
+      counts once per action token.
     """
     _common.check_choice("bound", bound, IS_BOUNDS)
+    _common.check_choice("level", level, IS_LEVELS)
     _common.check_range("cap", cap, low=0.0, low_open=True)
     _common.check_tokens(proximal_logp=proximal_logp, behavior_logp=behavior_logp, mask=mask)
     proximal_logp, behavior_logp = as_float(proximal_logp, behavior_logp)
     valid = mask.astype(bool)
     log_ratio = jnp.where(valid, proximal_logp - behavior_logp, 0.0)
+    if level == "sequence":
+        log_ratio = jnp.broadcast_to(log_ratio.sum(axis=1, keepdims=True), log_ratio.shape)
     ratio = jnp.exp(jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     weights = lax.stop_gradient(jnp.where(valid, _BOUND_FNS[bound](ratio, cap), 1.0))
     metrics = {

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentjax.rl import kl as kl_lib
-from agentjax.rl import token_packing
+from agentjax.rl import rollout_correction, token_packing
 from agentjax.rl.advantages import ADVANTAGES, needs_critic
 from agentjax.rl.aggregation import masked_mean
 from agentjax.rl.objectives import policy_logprobs
@@ -87,9 +87,15 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
     The batch must hold `temperature` [B]: the rollout temperature, so recomputed
     log-probs describe the distribution the engine sampled from.
 
-    Metrics: logp_mismatch_abs and logp_mismatch_kl (k3 of KL(behavior || current)) over
-    action tokens; kl_ref (KL(old || ref) over loss tokens) with a KL term; value_mean with
-    a critic; advantage_abs_mean over loss tokens.
+    Rollout-trainer mismatch (`algo.rollout_correction`, rl/rollout_correction.py): the
+    tis_cap weight per token or per sequence (is_level), and the rejection masks, which
+    take their tokens and sequences out of `loss_mask` once the advantages are computed.
+
+    Metrics: logp_mismatch_abs, logp_mismatch_kl (k3 of KL(behavior || current)),
+    logp_mismatch_k1 and logp_mismatch_ratio_mean / _min / _max (of pi_current /
+    pi_behavior) over action tokens; rollout_correction/masked_tokens, /masked_seqs and
+    per mask /<mask>_masked_tokens (0 without masks); kl_ref (KL(old || ref) over loss
+    tokens) with a KL term; value_mean with a critic; advantage_abs_mean over loss tokens.
     """
     estimator = ADVANTAGES.get(algo.advantage)
     micro_tokens = algo.get("micro_tokens", 0)
@@ -106,6 +112,7 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
     if critic and value_fn is None:
         raise ValueError(f"advantage={algo.advantage!r} needs a critic: pass value_fn")
     need_ref = algo.kl_coef > 0
+    masks, thresholds = rollout_correction.from_config(algo.rollout_correction)
     ref_logprob_fn = ref_logprob_fn or logprob_fn
 
     def prepare(params, ref_params, critic_params, batch):
@@ -121,13 +128,15 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
         # Off-policy gap between the engine's sampling and the trainer's numerics.
         metrics["logp_mismatch_abs"] = masked_mean(jnp.abs(current - behavior), action)
         metrics["logp_mismatch_kl"] = masked_mean(kl_lib.kl(behavior, current, "k3"), action)
+        metrics.update(rollout_correction.mismatch_metrics(current, behavior, action))
         if algo.old_logp == "behavior":
             old = jnp.where(action > 0, behavior, current)
         else:
             old = current
             if algo.tis_cap:
                 batch["is_weights"], is_metrics = importance_weights(
-                    current, behavior, action, cap=algo.tis_cap, bound=algo.tis_bound)
+                    current, behavior, action, cap=algo.tis_cap, bound=algo.tis_bound,
+                    level=algo.rollout_correction.is_level)
                 if offpolicy_metrics:
                     metrics.update(is_metrics)
         batch["old_logp"] = old
@@ -151,6 +160,10 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
         if estimate.returns is not None:
             batch["returns"] = estimate.returns
         metrics["advantage_abs_mean"] = masked_mean(jnp.abs(batch["advantages"]), mask)
+        batch["loss_mask"], mask_metrics = rollout_correction.rejection_mask(
+            current, behavior, action, mask, batch["advantages"], masks=masks,
+            thresholds=thresholds)
+        metrics.update(mask_metrics)
         return batch, metrics
 
     return prepare

@@ -137,7 +137,8 @@ def rounding_warnings(metrics: dict[str, float]) -> list[str]:
 
 
 def failure_warnings(metrics: dict[str, float], *, max_action_tokens: int,
-                     entropy_floor: float = 0.05, kl_ceiling: float = 1.0) -> list[str]:
+                     entropy_floor: float = 0.05, kl_ceiling: float = 1.0,
+                     rejected_ceiling: float = 0.5) -> list[str]:
     """Warnings for the failure modes visible in one step's metrics (and updates lost to
     rounding, `rounding_warnings`).
 
@@ -145,6 +146,8 @@ def failure_warnings(metrics: dict[str, float], *, max_action_tokens: int,
       metrics: one step's metrics row (`rollout_metrics` plus the update's).
       max_action_tokens: the most action tokens an episode can generate (max turns x
         new tokens per turn, within the context): responses near it are exploding.
+      rejected_ceiling: more than this fraction of episodes rejected by the rollout
+        correction's masks is a failure.
     """
     warnings = rounding_warnings(metrics)
     if metrics.get("entropy", 1.0) < entropy_floor:
@@ -166,4 +169,12 @@ def failure_warnings(metrics: dict[str, float], *, max_action_tokens: int,
     if metrics.get("mask/leak", 0.0) > 0:
         warnings.append(f"action-mask leak: {metrics['mask/leak']:.0f} prompt/padding "
                         "tokens marked as actions")
+    # Most episodes out of the loss: the engine's log-probs are far from the trainer's
+    # (another distribution, rl/rollout_correction.py), or the bounds are too tight.
+    if metrics.get("rollout_correction/masked_seqs", 0.0) > rejected_ceiling:
+        warnings.append(
+            f"rollout correction rejected {metrics['rollout_correction/masked_seqs']:.0%} of "
+            f"the episodes (logp_mismatch_kl={metrics.get('logp_mismatch_kl', 0.0):.3g}): "
+            "check that the engine's log-probs are of the sampling distribution, or widen "
+            "algo.rollout_correction's bounds")
     return warnings

@@ -5,7 +5,7 @@ from agentjax.config import choices
 from agentjax.data import curriculum
 from agentjax.envs.search.demonstrators import DemonstratorConfig
 from agentjax.models import config as model_config
-from agentjax.rl import offpolicy, policy_losses, preference
+from agentjax.rl import offpolicy, policy_losses, preference, rollout_correction
 from agentjax.data import offline_jsonl
 from agentjax.train.stages import offline
 from agentjax.agents import sources
@@ -49,6 +49,10 @@ def test_every_policy_loss_has_a_function():
 
 def test_every_is_bound_has_a_function():
     assert tuple(offpolicy._BOUND_FNS) == choices.IS_BOUNDS
+
+
+def test_every_rollout_correction_mask_is_registered():
+    assert rollout_correction.MASKS.names() == choices.ROLLOUT_CORRECTION_MASKS
 
 
 def test_every_dpo_kind_has_a_function():

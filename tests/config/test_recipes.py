@@ -206,3 +206,23 @@ def test_the_package_and_a_recipe_load_without_jax():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+RL_RECIPES = ("grpo_search.py", "dapo_search.py", "ppo_search.py", "grpo_python.py",
+              "grpo_code.py", "grpo_tools.py")
+
+
+@pytest.mark.parametrize("name", RL_RECIPES)
+def test_the_mismatch_is_corrected_where_the_engine_samples_in_bfloat16(name):
+    """hf (a bfloat16 engine): token TIS and SkyRL's geometric mask; cpu and test keep
+    today's token TIS alone (their numbers unchanged)."""
+    hf = recipe(name).get_config("hf")
+    assert hf.model.dtype == "bfloat16"
+    assert (hf.algo.tis_cap, hf.algo.rollout_correction.masks) == (2.0, "geometric")
+    assert (hf.algo.rollout_correction.geo_low, hf.algo.rollout_correction.geo_high) == (
+        0.99, 1.01)
+    for variant in ("cpu", "test"):
+        config = recipe(name).get_config(variant)
+        assert config.algo.rollout_correction.to_dict() == (
+            config_lib.default_config().algo.rollout_correction.to_dict()), variant
+        assert (config.algo.tis_cap, config.algo.tis_bound) == (2.0, "truncate"), variant

@@ -26,6 +26,8 @@ BAD_TEXT = {
     rules.URL: ["localhost:8000", "ftp://host/x", "http://a b"],
     rules.URLS: ["http://a,localhost:1", "http://a,"],
     rules.LORA_TARGET_LIST: ["", "q,qkv", "q,q", "q;k", "Q"],
+    rules.CORRECTION_MASK_LIST: ["icepop", "token,token", "geometric;opsm", "token,",
+                                 "Geometric"],
     rules.HOST_PORT: ["host", "host:port", "host:1:2"],
     rules.SERVED_MODEL: ["judge 7b", " "],
     rules.FOLDER_TO_CREATE: ["runs/\0weights"],

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from agentjax.config.schema import default_config
+from agentjax.rl import losses
 from agentjax.rl.prepare import build_prepare
 from tests import reference as ref
 
@@ -157,6 +158,74 @@ def test_masked_importance_weights_and_their_metrics(run):
     assert not any(key.startswith("is_") for key in metrics)
 
 
+def test_sequence_level_importance_weights(run):
+    algo = make_algo(tis_cap=2.5)
+    algo.rollout_correction.is_level = "sequence"
+    out, _ = run(algo, loss_on_observations=True)
+    # Each row's product of ratios on its action tokens, capped at 2.5: 0.5 * 1.5 * 3 =
+    # 2.25 | 1 * exp(20) | 1.5 * 0.5 | 1 * 1 * 2; 1 on observation and padding tokens.
+    expected = np.where(ACTION > 0, np.array([[2.25], [2.5], [0.75], [2.0], [1.0]]), 1.0)
+    np.testing.assert_allclose(out["is_weights"], expected, **TOL)
+
+
+def _masking_algo():
+    """Token TIS capped at 2.5, IcePop's token mask in [0.6, 2.5] and the sequence mask on
+    the max per-token k3 at 0.35."""
+    algo = make_algo(tis_cap=2.5)
+    correction = algo.rollout_correction
+    correction.masks = "token,seq_max_kl"
+    correction.token_low, correction.token_high, correction.seq_max_kl = 0.6, 2.5, 0.35
+    return algo
+
+
+# The loss mask _masking_algo leaves: the token mask rejects ratios 0.5, 3 and exp(30);
+# the max k3 rejects rows 0 (k3 of 3 = 0.90) and 1 (k3 of exp(20)), keeps rows 2 (0.19)
+# and 3 (k3 of 2 = 0.31).
+KEPT = np.zeros((B, T), np.float32)
+KEPT[2, 2] = KEPT[3, 2] = KEPT[3, 3] = KEPT[3, 5] = 1.0
+
+
+def test_rejection_masks(run):
+    out, metrics = run(_masking_algo())
+    np.testing.assert_array_equal(out["loss_mask"], KEPT)
+    # The advantages were computed before the masks: a rejected episode is still a sample
+    # of its group.
+    np.testing.assert_allclose(out["advantages"], per_row(DR_GRPO, ACTION), **TOL)
+    np.testing.assert_allclose(metrics["rollout_correction/masked_tokens"], 6 / 10, **TOL)
+    np.testing.assert_allclose(metrics["rollout_correction/masked_seqs"], 3 / 4, **TOL)
+    np.testing.assert_allclose(metrics["rollout_correction/token_masked_tokens"], 4 / 10,
+                               **TOL)
+    np.testing.assert_allclose(metrics["rollout_correction/seq_max_kl_masked_tokens"], 5 / 10,
+                               **TOL)
+
+
+def test_corrections_compose_with_decoupled_ppo(run):
+    """As docs/operations.md says: with the recomputed (proximal) old policy, a kept
+    token's loss is w_t * PPO(pi / pi_prox, A), w_t the tis_cap weight of rho_t = pi_prox /
+    mu_t, and a rejected token is out of the loss and its denominators; an engine
+    log-prob of an older weight version (the ratio 3, exp(30)) is corrected the same."""
+    out, _ = run(_masking_algo())
+    rng = np.random.default_rng(0)
+    logp = CURRENT + 0.3 * rng.standard_normal((B, T)).astype(np.float32)
+    weights = np.ones((B, T))
+    weights[ACTION > 0] = [0.5, 1.5, 2.5, 1.0, 2.5, 1.5, 0.5, 1.0, 1.0, 2.0]
+    np.testing.assert_allclose(out["is_weights"], weights, **TOL)
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        def loss_fn(logp):
+            return losses.rl_objective(logp, out["old_logp"], out["advantages"],
+                                       out["loss_mask"], is_weights=out["is_weights"],
+                                       agg=agg, clip_low=0.2, clip_high=0.2)[0]
+
+        loss, grad = jax.value_and_grad(loss_fn)(jnp.asarray(logp))
+        adv = per_row(DR_GRPO, ACTION)
+        token_args = (logp, CURRENT, adv, KEPT > 0, "ppo")
+        token_loss = weights * ref.policy_token_loss(*token_args, clip_low=0.2, clip_high=0.2)
+        np.testing.assert_allclose(loss, ref.aggregate(token_loss, KEPT > 0, agg), **TOL)
+        np.testing.assert_allclose(
+            grad, ref.aggregate_weights(KEPT > 0, agg) * weights
+            * ref.policy_token_grad(*token_args, clip_low=0.2, clip_high=0.2), **TOL)
+
+
 def test_mismatch_metrics(run):
     _, metrics = run(make_algo())
     # k3 of KL(engine || trainer) per action token: r - 1 - log r of the ratio r, and
@@ -165,9 +234,23 @@ def test_mismatch_metrics(run):
     np.testing.assert_allclose(metrics["logp_mismatch_kl"], np.mean(k3), **TOL)
     abs_log_ratio = 30.0 + 2 * np.log(2) + 2 * np.log(1.5) + np.log(3) + np.log(2)
     np.testing.assert_allclose(metrics["logp_mismatch_abs"], abs_log_ratio / 10, **TOL)
+    # k1 = mean(log pi_engine - log pi_trainer), the log-ratio of 30 unclamped; the ratio's
+    # statistics with it clamped at 20.
+    sum_log_ratio = 30.0 + np.log(0.5 * 1.5 * 3.0 * 1.5 * 0.5 * 2.0)
+    np.testing.assert_allclose(metrics["logp_mismatch_k1"], -sum_log_ratio / 10, **TOL)
+    ratios = [np.exp(20.0) if r is None else r for r in _RATIOS]
+    np.testing.assert_allclose(metrics["logp_mismatch_ratio_mean"], np.mean(ratios), rtol=1e-6)
+    np.testing.assert_allclose(metrics["logp_mismatch_ratio_min"], 0.5, **TOL)
+    np.testing.assert_allclose(metrics["logp_mismatch_ratio_max"], np.exp(20.0), rtol=1e-6)
     np.testing.assert_allclose(metrics["advantage_abs_mean"],
                                (3 * 0.5 + 2 * 0.5 + 2 * 0.75 + 3 * 0.75) / 10, **TOL)
-    assert set(metrics) == {"logp_mismatch_abs", "logp_mismatch_kl", "advantage_abs_mean"}
+    # Without masks nothing is rejected, and that is logged too.
+    assert metrics["rollout_correction/masked_tokens"] == 0
+    assert metrics["rollout_correction/masked_seqs"] == 0
+    assert set(metrics) == {"logp_mismatch_abs", "logp_mismatch_kl", "logp_mismatch_k1",
+                            "logp_mismatch_ratio_mean", "logp_mismatch_ratio_min",
+                            "logp_mismatch_ratio_max", "rollout_correction/masked_tokens",
+                            "rollout_correction/masked_seqs", "advantage_abs_mean"}
 
 
 def test_kl_as_a_loss_term(run):

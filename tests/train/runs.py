@@ -12,6 +12,7 @@ import collections
 import fcntl
 import hashlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -99,6 +100,11 @@ def check_finished_run(config: str, workdir, out: str) -> None:
         for row in rows:
             assert row["mask/leak"] == 0
             assert "grad_norm" in row and "entropy" in row and "reward/mean" in row
+            # The float32 engine's log-probs are the trainer's to rounding (measured: the
+            # ratio within 5e-7 of 1), logged every step; no mask is on.
+            assert abs(math.log(row["logp_mismatch_ratio_max"])) < 1e-4
+            assert abs(math.log(row["logp_mismatch_ratio_min"])) < 1e-4
+            assert row["rollout_correction/masked_tokens"] == 0
         assert (workdir / "hf" / "model.safetensors").exists()
     assert "| RL agent |" in out or config.startswith("sft")
     if "search" in config:  # held-out success split by what SFT taught (evaluate.py)

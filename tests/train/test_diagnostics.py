@@ -7,7 +7,8 @@ from agentjax.train.diagnostics import cached_token_frac, failure_warnings
 from agentjax.train.stages.rl import episode_action_budget
 
 HEALTHY = {"entropy": 1.0, "approx_kl": 0.01, "groups/zero_variance_frac": 0.5,
-           "stop/failed": 0.0, "stop/max_turns": 0.1, "mask/leak": 0.0}
+           "stop/failed": 0.0, "stop/max_turns": 0.1, "mask/leak": 0.0,
+           "rollout_correction/masked_seqs": 0.1}
 
 
 def _length_warnings(response_mean: float, budget: int) -> list[str]:
@@ -39,7 +40,9 @@ def test_healthy_metrics_warn_of_nothing_and_each_failure_is_named():
              "KL blow-up": {"approx_kl": 2.0},
              "all groups have zero reward variance": {"groups/zero_variance_frac": 1.0},
              "length explosion": {"stop/max_turns": 0.9},
-             "action-mask leak": {"mask/leak": 3.0}}
+             "action-mask leak": {"mask/leak": 3.0},
+             "rollout correction rejected 75% of the episodes":
+                 {"rollout_correction/masked_seqs": 0.75, "logp_mismatch_kl": 0.2}}
     for name, change in cases.items():
         warnings = failure_warnings({**HEALTHY, **change}, max_action_tokens=100)
         assert len(warnings) == 1 and warnings[0].startswith(name), (name, warnings)

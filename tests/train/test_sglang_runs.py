@@ -3,6 +3,7 @@ launched local servers sample exactly what the in-process engine samples, and a 
 whose servers all die saves a checkpoint, stops with one error line naming them, and
 resumes to the uninterrupted run's end once servers are back."""
 import json
+import math
 import os
 import subprocess
 import time
@@ -31,9 +32,13 @@ def _same_runs(reference, other, changes_at=None):
     assert len(a) == len(b) > 0
     for row_a, row_b in zip(comparable(a), comparable(b)):
         assert (row_b.pop("config/changes", None) is not None) == (row_b["step"] == changes_at)
-        mismatch_a = row_a.pop("logp_mismatch_abs")
-        mismatch_b = row_b.pop("logp_mismatch_abs")
-        assert abs(mismatch_a - mismatch_b) < LOGP_ROUNDING
+        # The mismatch metrics are of those log-probs: means of log-ratios within the
+        # rounding, and ratios whose logs are.
+        for key in [k for k in row_a if k.startswith("logp_mismatch_")]:
+            mismatch_a, mismatch_b = row_a.pop(key), row_b.pop(key)
+            if key.startswith("logp_mismatch_ratio_"):
+                mismatch_a, mismatch_b = math.log(mismatch_a), math.log(mismatch_b)
+            assert abs(mismatch_a - mismatch_b) < LOGP_ROUNDING, key
         assert row_a == row_b
     for name in ("final.json",):
         # Timings and each process's own compile counts (an SGLang run's engine runs in
