@@ -29,6 +29,7 @@ from agentjax.config.choices import (
     ENGINE_ATTENTION,
     ENGINES,
     LORA_TARGETS,
+    GIGPO_NORMS,
     GUESSES,
     INSTRUCTIONS,
     IS_BOUNDS,
@@ -45,6 +46,8 @@ from agentjax.config.choices import (
     SGLANG_LORA_MODES,
     STAGES,
     TOOL_FORMATS,
+    TURN_ANCHORS,
+    TURN_BASELINES,
     WANDB_MODES,
 )
 from agentjax.config.rules import (
@@ -513,6 +516,19 @@ ALGO = Section(
         "(0: off)"),
     Key("critic_warmup_steps", 0, COUNT, "the first this many updates train only the "
         "critic (the policy is frozen)"),
+    Key("turn_gamma", 0.95, PROBABILITY, "the turn-level estimators' (gigpo, turn_rloo) "
+        "discount per turn: a turn's return is its reward plus turn_gamma times the next "
+        "turn's return (rl/turn_credit.py)"),
+    Key("gigpo_weight", 1.0, NON_NEGATIVE, "gigpo: w in A = A_episode + w * A_step, the "
+        "weight of the anchor-state step advantage (0: GRPO)"),
+    Key("gigpo_norm", "mean", Choice(GIGPO_NORMS), "gigpo: both parts centered on their "
+        "group's mean ('mean', verl-agent's mean_norm) or also divided by its std ('std')"),
+    Key("turn_anchor", "context", Choice(TURN_ANCHORS), "gigpo: turns share an anchor "
+        "state when the exact token ids before them are equal ('context') or the last "
+        "observation's are ('observation'); core/anchors.py"),
+    Key("turn_baseline", "episode", Choice(TURN_BASELINES), "turn_rloo: the leave-one-out "
+        "baseline of a turn's return: the group's other episodes' returns from their start "
+        "('episode') or from the same turn index, 0 once ended ('turn')"),
 )
 
 OPTIM = Section(
