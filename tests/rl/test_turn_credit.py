@@ -66,66 +66,12 @@ def build(episodes, group_ids, *, rows=None, length=T, prompt=2, seed=0):
     return rewards, mask, turn_ids, anchor_ids, groups, turn_rewards
 
 
-def ref_returns(turn_rewards, gamma):
-    """G_k = sum_{j >= k} gamma^(j - k) r_j, float64."""
-    return [sum(gamma ** (j - k) * r for j, r in enumerate(turn_rewards) if j >= k)
-            for k in range(len(turn_rewards))]
-
-
 def per_token(values_per_turn, mask, turn_ids, rows):
     """Token t of turn k of row b gets values_per_turn[b][k - 1]; others 0."""
     out = np.zeros(mask.shape)
     for b in range(rows):
         for t in np.flatnonzero(mask[b]):
             out[b, t] = values_per_turn[b][turn_ids[b, t] - 1]
-    return out
-
-
-def ref_gigpo(episodes, group_ids, turn_rewards, num_groups, *, gamma, weight, norm_by_std,
-              eps=1e-6):
-    """GiGPO (Feng et al. 2025, Eq. 3, 5, 7, 8) per turn, in float64."""
-    scores = [sum(r) for r in turn_rewards]
-    episode = ref.grpo(np.asarray(scores), group_ids[:len(episodes)], num_groups,
-                       norm_by_std=norm_by_std, eps=eps)
-    returns = [ref_returns(r, gamma) for r in turn_rewards]
-    anchors = {}
-    for i, turns in enumerate(episodes):
-        for k, turn in enumerate(turns):
-            anchors.setdefault((group_ids[i], turn[3]), []).append(returns[i][k])
-    out = []
-    for i, turns in enumerate(episodes):
-        row = []
-        for k, turn in enumerate(turns):
-            members = np.asarray(anchors[(group_ids[i], turn[3])])
-            step = 0.0
-            if len(members) > 1 and members.max() != members.min():
-                step = returns[i][k] - members.mean()
-                if norm_by_std:
-                    step /= members.std(ddof=1) + eps
-            row.append(episode[i] + weight * step if 0 <= group_ids[i] < num_groups else 0.0)
-        out.append(row)
-    return out
-
-
-def ref_turn_rloo(group_ids, turn_rewards, num_groups, *, gamma, baseline):
-    """G_{i,k} minus the mean over the group's other episodes of G_{j,1} ("episode") or
-    G_{j,k}, 0 past their end ("turn"); a group of one keeps G. float64."""
-    returns = [ref_returns(r, gamma) for r in turn_rewards]
-    out = []
-    for i, own in enumerate(returns):
-        others = [j for j in range(len(returns)) if j != i and group_ids[j] == group_ids[i]]
-        row = []
-        for k, g in enumerate(own):
-            if not 0 <= group_ids[i] < num_groups:
-                row.append(0.0)
-                continue
-            if not others:
-                row.append(g)
-                continue
-            column = 0 if baseline == "episode" else k
-            row.append(g - np.mean([returns[j][column] if column < len(returns[j]) else 0.0
-                                    for j in others]))
-        out.append(row)
     return out
 
 
@@ -169,7 +115,8 @@ class ReferenceTest(chex.TestCase):
                               self.anchor_ids)
             chex.assert_shape(got, (ROWS, T))
             chex.assert_type(got, jnp.float32)
-            expected = per_token(ref_gigpo(EPISODES, self.groups, self.sums, NUM_GROUPS,
+            anchors = [[turn[3] for turn in turns] for turns in EPISODES]
+            expected = per_token(ref.gigpo(self.sums, anchors, self.groups, NUM_GROUPS,
                                            gamma=gamma, weight=weight,
                                            norm_by_std=norm_by_std),
                                  self.mask, self.turn_ids, len(EPISODES))
@@ -186,7 +133,7 @@ class ReferenceTest(chex.TestCase):
             got = fn(self.rewards, self.mask, self.groups, self.turn_ids)
             chex.assert_shape(got, (ROWS, T))
             chex.assert_type(got, jnp.float32)
-            expected = per_token(ref_turn_rloo(self.groups, self.sums, NUM_GROUPS,
+            expected = per_token(ref.turn_rloo(self.sums, self.groups, NUM_GROUPS,
                                                gamma=gamma, baseline=baseline),
                                  self.mask, self.turn_ids, len(EPISODES))
             np.testing.assert_allclose(got, expected, **TOL, err_msg=str((gamma, baseline)))
