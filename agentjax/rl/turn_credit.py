@@ -184,9 +184,10 @@ def turn_rloo(rewards, mask, group_ids, turn_ids, num_groups, *, gamma, baseline
     the gradient is unbiased (`tests/rl/test_turn_credit.py` shows both by exact
     enumeration). Leaving the episode itself out (RLOO) also avoids GRPO's (1 - 1/n)
     self-inclusion, and no std division: the std would depend on the episode's own
-    return. "episode" compares every turn with the value of the start; "turn" with the
-    value of reaching turn k, lower-variance where rewards come per turn. With one turn
-    per episode (or rewards only at the end and gamma = 1 for "episode") it is RLOO.
+    return. "episode" compares every turn with the others' value from the start; "turn"
+    with their return from turn k on, on the scale of G_{i,k} when rewards come per turn.
+    With one turn per episode (or rewards only at the end and gamma = 1 for "episode")
+    it is RLOO.
 
     Args:
       rewards, mask, group_ids, num_groups: as `advantages.rloo` / the trainer's batch.
