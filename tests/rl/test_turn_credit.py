@@ -290,10 +290,15 @@ def test_per_turn_index_baseline_is_biased_toward_another_turn_ours_is_not():
         naive += [a[0] for a in naive_per_turn_index(turn_rewards[c * group:(c + 1) * group],
                                                      gamma=1.0)]
     bias = expected_gradient(naive)
-    # The closed form: -E[b_2] (b_2 = mean outcome of the turn-2 episodes, 1 - 2 * 0.3)
-    # times E[d log pi] over the "another turn" episodes, p(1 - p), up to the chance that
-    # no other episode took turn 2: positive, toward another turn.
-    assert bias > 0.01, bias
+    # The closed form: A_{i,1} = G_i - b_1 - [another turn] b_2. G_i's term is the true
+    # gradient, 0; b_1's is -(1/n) d E[r_1] / d theta (its own r_{i,1}) = (1/n) p (1 - p)
+    # E[outcome]; b_2's, only on "another turn", -p (1 - p) E[b_2] with E[b_2] the mean
+    # outcome: in all -(1 - 1/n) p (1 - p) E[outcome], positive where outcomes average
+    # below 0: toward another turn.
+    mean_outcome = 2 * success - 1
+    np.testing.assert_allclose(bias, -(1 - 1 / group) * p_more * (1 - p_more) * mean_outcome,
+                               rtol=1e-12)
+    assert bias > 0.05, bias
 
     with jax.enable_x64(True):
         rewards, mask, turn_ids, anchor_ids, groups, _ = build(episodes, group_ids, length=4,
