@@ -73,8 +73,11 @@ def anchor_ids(trajectories: Sequence[Trajectory], shape: tuple[int, int], *,
     out = np.full((rows, length), -1, np.int32)
     dense: dict[tuple[int, bytes], int] = {}
     for row, traj in enumerate(trajectories):
-        # collate's position t describes token t + 1 (next-token alignment).
-        turn_of_token = traj.turn_ids[1:length + 1]
+        # `Trajectory.turn_ids`, without its per-token Python loop; collate's position t
+        # describes token t + 1 (next-token alignment).
+        sizes = [len(traj.prompt_ids)] + [len(t.action_ids) + len(t.observation_ids)
+                                          for t in traj.turns]
+        turn_of_token = np.repeat(np.arange(len(sizes)), sizes)[1:length + 1]
         kept = set(turn_of_token.tolist())
         # Only turns with a token in the row get an id (a truncated row's cut turns do
         # not), so there are at most B x T ids.
