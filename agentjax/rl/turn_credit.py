@@ -37,6 +37,7 @@ from agentjax.rl.advantages import (
     rloo,
 )
 
+
 def _slots(turn_ids, mask):
     """(flat slot index [B, T], valid [B, T], slot count B * (T + 1)) of the loss tokens."""
     rows, length = turn_ids.shape
