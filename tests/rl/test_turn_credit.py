@@ -13,6 +13,8 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from agentjax.config.schema import default_config
+from agentjax.core.anchors import anchor_ids
+from agentjax.core.trajectory import Trajectory, Turn, collate
 from agentjax.rl import advantages as adv
 from agentjax.rl import turn_credit as tc
 from agentjax.rl.aggregation import loss_norm
@@ -181,6 +183,41 @@ def test_masked_positions_get_zero_and_never_leak(batch):
                              baseline="turn")):
         assert np.isfinite(out).all()
         assert (np.asarray(out)[~mask] == 0).all()
+
+
+def test_collated_episodes_with_their_anchor_ids_give_the_reference():
+    """The real path: Trajectories with turn rewards and a final reward, `collate`, then
+    `core.anchors.anchor_ids` (context keys), against the reference on the episodes'
+    turn rewards, each turn keyed by the tuple of ids before it."""
+    def episode(turns, group, final):
+        return Trajectory(prompt_ids=[1, 2], group_id=group, final_reward=final, turns=[
+            Turn(list(a), [0.0] * len(a), "stop", list(o), reward=r) for a, o, r in turns])
+
+    trajectories = [
+        episode([([5, 6], [9], 0.5), ([7], [9], 0.0), ([8], [], 0.0)], 0, 1.0),
+        episode([([5, 6], [9], 0.5), ([7], [9], 0.0), ([6], [], 0.0)], 0, 0.0),
+        episode([([5, 6], [9], 0.5), ([8], [], 0.0)], 0, 1.0),
+        episode([([6], [9], 0.0), ([7, 7], [], 0.0)], 0, 0.0),
+        episode([([5], [], 0.0)], 1, 1.0),
+        episode([([5], [9], 0.25), ([5], [], 0.0)], 1, 0.0),
+    ]
+    batch = collate(trajectories, buckets=(16,), pad_id=0, batch_size=7)
+    anchors = anchor_ids(trajectories, batch["targets"].shape)
+    mask = batch["action_mask"] > 0
+    got, metrics = jax.jit(functools.partial(tc.gigpo, num_groups=2, gamma=0.9, weight=1.0,
+                                             norm_by_std=True))(
+        batch["rewards"], mask, batch["group_ids"], batch["turn_ids"], anchors)
+    turn_rewards = [[t.reward for t in traj.turns] for traj in trajectories]
+    for rewards, traj in zip(turn_rewards, trajectories):
+        rewards[-1] += traj.final_reward
+    keys = [[tuple(traj.token_ids[:int(np.flatnonzero(traj.turn_ids == k)[0])])
+             for k in range(1, len(traj.turns) + 1)] for traj in trajectories]
+    expected = ref.gigpo(turn_rewards, keys, batch["group_ids"], 2, gamma=0.9, weight=1.0,
+                         norm_by_std=True)
+    np.testing.assert_allclose(got, per_token(expected, mask, batch["turn_ids"], 6), **TOL)
+    # Shared anchors: turn 1 of episodes 0-3, turn 2 of 0-2, turn 3 of 0-1 (the same
+    # context, different actions), turn 1 of 4-5: 11 of the 13 turns.
+    np.testing.assert_allclose(metrics["step_grouped_frac"], 11 / 13, **TOL)
 
 
 # ---------------------------------------------------------------------------- identities
