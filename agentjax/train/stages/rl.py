@@ -271,11 +271,11 @@ class RLStage(Stage):
 
     def train(self, state, data, step: int):
         groups, rows = data[0], self.rows
-        episodes = [t for group in groups for t in group]
-        batch = collate(episodes, buckets=self.buckets,
+        batch = collate([t for group in groups for t in group], buckets=self.buckets,
                         pad_id=self.policy.tokenizer.pad_token_id, batch_size=rows)
         if needs_turns(self.config.algo.advantage):
-            batch["anchor_ids"] = anchor_ids(episodes, batch["targets"].shape,
+            batch["anchor_ids"] = anchor_ids([t for group in groups for t in group],
+                                             batch["targets"].shape,
                                              key=self.config.algo.turn_anchor)
         metrics = diagnostics.rollout_metrics(groups, batch)
         batch["temperature"] = np.full((rows,), temperature_at(self.config, step), np.float32)
