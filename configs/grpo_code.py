@@ -93,6 +93,13 @@ SWEEPS = {
     "turns": [("multi_turn", {"env.max_turns": 4}), ("single_shot", {"env.max_turns": 1})],
     "outcome": [("fraction", {"reward.outcome": "tests"}),
                 ("all_or_nothing", {"reward.outcome": "em"})],
+    # Turn-level credit against episode-level, each pair differing in the credit only:
+    # GiGPO's anchor-state step term on top of GRPO (std-normalized as GRPO is, so its
+    # weight 0 is GRPO exactly), and per-turn returns against RLOO (rl/turn_credit.py).
+    "credit": [("grpo", {"algo.advantage": "grpo"}),
+               ("gigpo", {"algo.advantage": "gigpo", "algo.gigpo_norm": "std"}),
+               ("rloo", {"algo.advantage": "rloo"}),
+               ("turn_rloo", {"algo.advantage": "turn_rloo"})],
 }
 
 

@@ -155,6 +155,66 @@ def turn_returns(turn_rewards, turn_ids, mask, gamma):
     return out
 
 
+# ------------------------------------------------------------------- turn credit
+
+
+def turn_slot_returns(turn_rewards, gamma):
+    """G_k = sum_{j >= k} gamma^(j - k) r_j over one episode's per-turn rewards."""
+    return [sum(gamma ** (j - k) * r for j, r in enumerate(turn_rewards) if j >= k)
+            for k in range(len(turn_rewards))]
+
+
+def gigpo(turn_rewards, turn_anchors, group_ids, num_groups, *, gamma, weight, norm_by_std,
+          eps=1e-6):
+    """GiGPO (Feng et al. 2025, Eq. 3, 5, 7, 8) per turn of each episode: the episode's
+    GRPO advantage plus weight x its return against the returns of the group's turns with
+    the same anchor key (0 alone or all equal). turn_rewards / turn_anchors: one list per
+    episode."""
+    scores = [sum(r) for r in turn_rewards]
+    episode = grpo(np.asarray(scores), group_ids[:len(scores)], num_groups,
+                   norm_by_std=norm_by_std, eps=eps)
+    returns = [turn_slot_returns(r, gamma) for r in turn_rewards]
+    members = {}
+    for i, anchors in enumerate(turn_anchors):
+        for k, anchor in enumerate(anchors):
+            members.setdefault((group_ids[i], anchor), []).append(returns[i][k])
+    out = []
+    for i, anchors in enumerate(turn_anchors):
+        row = []
+        for k, anchor in enumerate(anchors):
+            same = np.asarray(members[(group_ids[i], anchor)])
+            step = 0.0
+            if len(same) > 1 and same.max() != same.min():
+                step = returns[i][k] - same.mean()
+                if norm_by_std:
+                    step /= same.std(ddof=1) + eps
+            row.append(episode[i] + weight * step if 0 <= group_ids[i] < num_groups else 0.0)
+        out.append(row)
+    return out
+
+
+def turn_rloo(turn_rewards, group_ids, num_groups, *, gamma, baseline):
+    """Per turn of each episode: G_{i,k} minus the mean over the group's other episodes
+    of G_{j,1} ("episode") or G_{j,k}, 0 past their end ("turn"); a group of one keeps G."""
+    returns = [turn_slot_returns(r, gamma) for r in turn_rewards]
+    out = []
+    for i, own in enumerate(returns):
+        others = [j for j in range(len(returns)) if j != i and group_ids[j] == group_ids[i]]
+        row = []
+        for k, g in enumerate(own):
+            if not 0 <= group_ids[i] < num_groups:
+                row.append(0.0)
+                continue
+            if not others:
+                row.append(g)
+                continue
+            column = 0 if baseline == "episode" else k
+            row.append(g - np.mean([returns[j][column] if column < len(returns[j]) else 0.0
+                                    for j in others]))
+        out.append(row)
+    return out
+
+
 # ---------------------------------------------------------------------------- kl
 
 

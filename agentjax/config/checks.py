@@ -162,7 +162,8 @@ def _check_algo(config) -> None:
                f"critic), and only with it; algo.name is {algo.name!r}")
     if algo.name == "ppo" and algo.critic_lr == 0:
         reject("algo.critic_lr", algo.critic_lr, "algo.name='ppo' needs a critic: > 0")
-    group_based = algo.advantage in ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
+    group_based = algo.advantage in ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline",
+                                     "gigpo", "turn_rloo")
     if group_based and config.rollout.group_size < 2:
         reject("rollout.group_size", config.rollout.group_size,
                f"algo.advantage={algo.advantage!r} compares samples within a group: "

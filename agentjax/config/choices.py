@@ -35,7 +35,13 @@ KERNEL_PAGE_SIZES = {
     "pallas_tpu": ("a multiple of 16", lambda size: size >= 16 and not size % 16),
 }
 # rl/advantages.py: ADVANTAGES ("gae" is the one with a critic: needs_critic).
-ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
+ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae",
+              "gigpo", "turn_rloo")
+# rl/turn_credit.py: the turn-level estimators' options (GiGPO's normalization, the
+# per-turn return's baseline) and core/anchors.py: anchor_ids (what keys a turn's state).
+GIGPO_NORMS = ("mean", "std")
+TURN_BASELINES = ("episode", "turn")
+TURN_ANCHORS = ("context", "observation")
 # rl/policy_losses.py: POLICY_LOSSES.
 POLICY_LOSSES = ("ppo", "gspo", "cispo", "reinforce")
 # rl/aggregation.py: aggregate.

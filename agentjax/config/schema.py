@@ -29,6 +29,7 @@ from agentjax.config.choices import (
     ENGINE_ATTENTION,
     ENGINES,
     LORA_TARGETS,
+    GIGPO_NORMS,
     GUESSES,
     INSTRUCTIONS,
     IS_BOUNDS,
@@ -47,6 +48,8 @@ from agentjax.config.choices import (
     SGLANG_LORA_MODES,
     STAGES,
     TOOL_FORMATS,
+    TURN_ANCHORS,
+    TURN_BASELINES,
     WANDB_MODES,
 )
 from agentjax.config.rules import (
@@ -549,6 +552,19 @@ ALGO = Section(
         "bound (0.3: k3 of a token ratio of about 2 or 0.4)"),
     Key("rollout_correction.opsm_delta", 1e-4, POSITIVE_REAL, "the 'opsm' mask's bound "
         "on an episode's mean log(pi_engine / pi_trainer) (slime's default 1e-4)"),
+    Key("turn_gamma", 0.95, PROBABILITY, "the turn-level estimators' (gigpo, turn_rloo) "
+        "discount per turn: a turn's return is its reward plus turn_gamma times the next "
+        "turn's return (rl/turn_credit.py)"),
+    Key("gigpo_weight", 1.0, NON_NEGATIVE, "gigpo: w in A = A_episode + w * A_step, the "
+        "weight of the anchor-state step advantage (0: GRPO)"),
+    Key("gigpo_norm", "mean", Choice(GIGPO_NORMS), "gigpo: both parts centered on their "
+        "group's mean ('mean', verl-agent's mean_norm) or also divided by its std ('std')"),
+    Key("turn_anchor", "context", Choice(TURN_ANCHORS), "gigpo: turns share an anchor "
+        "state when the exact token ids before them are equal ('context') or the last "
+        "observation's are ('observation'); core/anchors.py"),
+    Key("turn_baseline", "episode", Choice(TURN_BASELINES), "turn_rloo: the leave-one-out "
+        "baseline of a turn's return: the group's other episodes' returns from their start "
+        "('episode') or from the same turn index, 0 once ended ('turn')"),
 )
 
 OPTIM = Section(

@@ -8,7 +8,9 @@ trainer's objective `rl_objective`), `kl` (k1/k2/k3 estimators, entropy), `offpo
 (importance weights of the decoupled PPO objective), `rollout_correction` (the
 rollout-trainer mismatch: its metrics and rejection masks), `preference` (DPO / IPO /
 hinge on trajectory pairs), `logprobs` (chunked token log-probs from hidden states), `shaping`
-(length penalties, DAPO filter) and `token_packing` (a minibatch's episodes packed into
+(length penalties, DAPO filter), `turn_credit` (turn-level estimators: GiGPO's step
+groups, per-turn returns with a leave-one-out baseline) and `token_packing` (a
+minibatch's episodes packed into
 micro-batches of a token budget, inside jit).
 From a model (an nnx graphdef): `objectives` (the update's loss functions: RL, value,
 SFT, DPO) and `prepare` (log-probs, KL and advantages of a rollout batch).
@@ -29,6 +31,7 @@ from agentjax.rl import (
     rollout_correction,
     shaping,
     token_packing,
+    turn_credit,
 )
 from agentjax.rl.advantages import (
     ADVANTAGES,
@@ -100,6 +103,7 @@ __all__ = [
     "token_packing",
     "token_logprobs",
     "token_logprobs_full",
+    "turn_credit",
     "turn_returns",
     "value_loss",
     "whiten",

@@ -14,11 +14,13 @@ exactly 0 (never NaN, never rounding noise / eps) and that rows whose group id l
 
 `ADVANTAGES` registers the estimators a config chooses (`algo.advantage`), one function
 each with one signature (`AdvantageFn`) over the trainer's [B, T] batch; `needs_critic`
-says which read a critic's values. `remax` and `turn_returns` are library API with no
-trainer path yet (not registered): ReMax's baseline is the reward of a greedy rollout of
-each prompt, an extra rollout per prompt the RL loop does not make; `turn_returns` needs
-each turn's reward as a [B, K] array, while the trainer's batch holds rewards per token
-(`collate`), which `reinforce_plus_plus` discounts per token.
+says which read a critic's values, `needs_turns` which read the turn structure (the
+turn-level estimators of rl/turn_credit.py). `remax` and `turn_returns` are library API
+with no trainer path yet (not registered): ReMax's baseline is the reward of a greedy
+rollout of each prompt, an extra rollout per prompt the RL loop does not make;
+`turn_returns` needs each turn's reward as a [B, K] array, while the trainer's batch holds
+rewards per token (`collate`), which `reinforce_plus_plus` discounts per token and
+rl/turn_credit.py sums per turn.
 """
 from __future__ import annotations
 
@@ -370,6 +372,7 @@ class AdvantageEstimate(NamedTuple):
 
     advantages: jax.Array  # [B, T], 0 at mask-0 positions
     returns: jax.Array | None = None  # [B, T] critic targets (estimators with a critic)
+    metrics: Mapping[str, jax.Array] | None = None  # scalars the trainer logs
 
 
 # (rewards [B, T], mask [B, T], group_ids [B], values [B, T] | None, *, num_groups,
@@ -377,16 +380,20 @@ class AdvantageEstimate(NamedTuple):
 # is in the reward; a sequence's score is their sum), mask the loss mask, group_ids -1 on
 # padding rows, values the critic's (None unless `needs_critic`), num_groups static and
 # params the algo config section, a Mapping from which each estimator reads its own
-# hyperparameters by their config names (gamma, lam).
+# hyperparameters by their config names (gamma, lam). An estimator registered with
+# `turns=True` also takes the keyword arguments turn_ids and anchor_ids, the batch's
+# [B, T] int arrays (`core.anchors.anchor_ids`).
 AdvantageFn = Callable[..., AdvantageEstimate]
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
 
 
-def register_advantage(name: str, *, critic: bool = False):
-    """Registers an `AdvantageFn` under `name`; `critic` marks one that reads values."""
+def register_advantage(name: str, *, critic: bool = False, turns: bool = False):
+    """Registers an `AdvantageFn` under `name`; `critic` marks one that reads values,
+    `turns` one that reads the batch's turn_ids and anchor_ids."""
 
     def add(fn):
         fn.needs_critic = critic
+        fn.needs_turns = turns
         return ADVANTAGES.register(name)(fn)
 
     return add
@@ -395,6 +402,12 @@ def register_advantage(name: str, *, critic: bool = False):
 def needs_critic(kind: str) -> bool:
     """Whether estimator `kind` reads a critic's values (the trainer then trains one)."""
     return ADVANTAGES.get(kind).needs_critic
+
+
+def needs_turns(kind: str) -> bool:
+    """Whether estimator `kind` reads turn_ids and anchor_ids (the trainer then adds
+    `core.anchors.anchor_ids` to the batch)."""
+    return ADVANTAGES.get(kind).needs_turns
 
 
 @register_advantage("grpo")

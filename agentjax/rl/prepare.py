@@ -95,7 +95,8 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
     logp_mismatch_k1 and logp_mismatch_ratio_mean / _min / _max (of pi_current /
     pi_behavior) over action tokens; rollout_correction/masked_tokens, /masked_seqs and
     per mask /<mask>_masked_tokens (0 without masks); kl_ref (KL(old || ref) over loss
-    tokens) with a KL term; value_mean with a critic; advantage_abs_mean over loss tokens.
+    tokens) with a KL term; value_mean with a critic; advantage_abs_mean over loss tokens;
+    the estimator's own (`AdvantageEstimate.metrics`, e.g. gigpo/step_grouped_frac).
     """
     estimator = ADVANTAGES.get(algo.advantage)
     micro_tokens = algo.get("micro_tokens", 0)
@@ -154,11 +155,18 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
                 per_token(lambda b: value_fn(critic_params, b), batch))
             batch["old_values"] = values
             metrics["value_mean"] = masked_mean(values, mask)
+        turns = {}
+        if estimator.needs_turns:
+            if "anchor_ids" not in batch:
+                raise ValueError(f"advantage={algo.advantage!r} reads the batch's anchor_ids "
+                                 "(core.anchors.anchor_ids): add them after collate")
+            turns = dict(turn_ids=batch["turn_ids"], anchor_ids=batch["anchor_ids"])
         estimate = estimator(token_rewards, mask, batch["group_ids"], values,
-                             num_groups=num_groups, params=algo)
+                             num_groups=num_groups, params=algo, **turns)
         batch["advantages"] = estimate.advantages
         if estimate.returns is not None:
             batch["returns"] = estimate.returns
+        metrics.update(estimate.metrics or {})
         metrics["advantage_abs_mean"] = masked_mean(jnp.abs(batch["advantages"]), mask)
         batch["loss_mask"], mask_metrics = rollout_correction.rejection_mask(
             current, behavior, action, mask, batch["advantages"], masks=masks,

@@ -32,6 +32,8 @@ def _ppo(**overrides):
 # a phrase it contains). Keys are written a__b for a.b.
 COMBINATIONS = [
     (_search(rollout__group_size=1), "rollout.group_size", "within a group"),
+    (_search(rollout__group_size=1, algo__advantage="gigpo"), "rollout.group_size",
+     "within a group"),
     (_search(algo__minibatches=3), "algo.minibatches", "rollout batch"),
     (_search(algo__loss="gspo", algo__dual_clip=3.0), "algo.dual_clip", "algo.loss='ppo'"),
     (_search(algo__microbatch_size=3), "algo.microbatch_size", "minibatch size 4"),
@@ -181,6 +183,16 @@ def test_a_loaded_model_may_leave_the_tiny_model_keys_inconsistent(tmp_path):
     ("init_from", MISSING), ("data.train_path", MISSING), ("model.path", MISSING)])
 def test_reported_bad_values_are_rejected_naming_the_key(key, value):
     config = presets.search_config("grpo", "cpu")
+    sweep_plan.set_dotted(config, key, value)
+    assert _error(config).startswith(f"config key {key!r} is {value!r}; allowed: ")
+
+
+@pytest.mark.parametrize("key,value", [
+    ("algo.turn_gamma", 1.5), ("algo.gigpo_weight", -1.0), ("algo.gigpo_norm", "median"),
+    ("algo.turn_anchor", "state"), ("algo.turn_baseline", "index")])
+def test_turn_credit_keys_are_ranged(key, value):
+    config = _search(algo__advantage="gigpo")
+    config_lib.validate(config)
     sweep_plan.set_dotted(config, key, value)
     assert _error(config).startswith(f"config key {key!r} is {value!r}; allowed: ")
 

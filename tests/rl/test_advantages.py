@@ -226,6 +226,7 @@ def test_bad_arguments_name_the_argument():
 def test_every_advantage_choice_is_registered_and_vice_versa():
     assert set(adv.ADVANTAGES) == set(choices.ADVANTAGES)
     assert {kind for kind in adv.ADVANTAGES if adv.needs_critic(kind)} == {"gae"}
+    assert {kind for kind in adv.ADVANTAGES if adv.needs_turns(kind)} == {"gigpo", "turn_rloo"}
 
 
 def test_registered_estimators_are_the_library_functions():
@@ -248,7 +249,8 @@ def test_registered_estimators_are_the_library_functions():
                                                                   num_groups, mask),
         "gae": adv.whiten(gae_adv, mask),
     }
-    assert set(expected) == set(adv.ADVANTAGES)
+    # The turn-level estimators take turn_ids and anchor_ids too: test_turn_credit.py.
+    assert set(expected) == {kind for kind in adv.ADVANTAGES if not adv.needs_turns(kind)}
     for kind, advantages in expected.items():
         estimate = adv.ADVANTAGES.get(kind)(
             rewards, mask, group_ids, values if adv.needs_critic(kind) else None,

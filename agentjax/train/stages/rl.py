@@ -14,7 +14,9 @@ sync and its undonated copy, the log and the groups log). One step:
                                                       and overlong shaping) or async, a
                                                       producer running ahead
                                                       (agents/sources.py)
-    batch = collate(groups)                           core/trajectory.py
+    batch = collate(groups)                           core/trajectory.py (+ the turns'
+                                                      anchor states, core/anchors.py,
+                                                      for a turn-level advantage)
     batch = prepare(params, ref, critic, batch)       log-probs, KL, advantages
     state, metrics = update(state, batch)             train/update.py: epochs x minibatches
                                                       x micro-batches (rows, or episodes
@@ -41,6 +43,7 @@ from flax import nnx
 from agentjax.agents.evaluation import solved
 from agentjax.agents.groups import GroupRules, Hindsight, Overlong
 from agentjax.agents.sources import GROUPS_LOG, RolloutPlan, RolloutPort, make_source
+from agentjax.core.anchors import anchor_ids
 from agentjax.core.task import Task
 from agentjax.core.trajectory import collate
 from agentjax.data.curriculum import make_sampler
@@ -48,7 +51,7 @@ from agentjax.models import ValueModel
 from agentjax.models.lora import base_graphdef, has_adapters, split_adapters
 from agentjax.models.tokenizer import prompt_ids
 from agentjax.rl import objectives
-from agentjax.rl.advantages import needs_critic
+from agentjax.rl.advantages import needs_critic, needs_turns
 from agentjax.rl.prepare import build_prepare, critic_value_fn, model_logprob_fn
 from agentjax.train import diagnostics, update as step_lib
 from agentjax.train.fit import Hook, Stage, fit, micro_batches
@@ -270,6 +273,10 @@ class RLStage(Stage):
         groups, rows = data[0], self.rows
         batch = collate([t for group in groups for t in group], buckets=self.buckets,
                         pad_id=self.policy.tokenizer.pad_token_id, batch_size=rows)
+        if needs_turns(self.config.algo.advantage):
+            batch["anchor_ids"] = anchor_ids([t for group in groups for t in group],
+                                             batch["targets"].shape,
+                                             key=self.config.algo.turn_anchor)
         metrics = diagnostics.rollout_metrics(groups, batch)
         batch["temperature"] = np.full((rows,), temperature_at(self.config, step), np.float32)
         del batch["truncated"]
