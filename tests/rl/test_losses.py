@@ -190,6 +190,14 @@ _MICRO = 2  # rows per micro-batch
 @given(logp=_token_floats, old_logp=_token_floats, adv=_token_floats,
        mask=hnp.arrays(np.bool_, (B, T)))
 def test_micro_batches_sum_to_the_full_batch(logp, old_logp, adv, mask):
+    # The split is exact algebra, so it is checked in float64: in float32 the full batch
+    # and its micro-batches sum up to ~100 terms of size up to |A| e^4 in different orders
+    # (rounding of 1e-5 with cancellation), which would hide a real 1e-6 error.
+    with jax.enable_x64(True):
+        _check_micro_batches_sum(*(x.astype(np.float64) for x in (logp, old_logp, adv)), mask)
+
+
+def _check_micro_batches_sum(logp, old_logp, adv, mask):
     norm = loss_norm(mask, constant=20.0)
     cases = [("ppo", mode) for mode in AGGREGATIONS]
     cases += [(kind, "seq-mean-token-mean")
@@ -201,10 +209,11 @@ def test_micro_batches_sum_to_the_full_batch(logp, old_logp, adv, mask):
                                   mask[i:i + _MICRO], norm, kind, agg)
             for i in range(0, B, _MICRO)
         ]
-        np.testing.assert_allclose(sum(p[0] for p in parts), full_loss, rtol=1e-6, atol=1e-6,
-                                   err_msg=f"{kind} {agg}")
-        np.testing.assert_allclose(np.concatenate([p[1] for p in parts]), full_grad, rtol=1e-6,
-                                   atol=1e-6, err_msg=f"{kind} {agg}")
+        assert full_loss.dtype == jnp.float64, full_loss.dtype
+        np.testing.assert_allclose(sum(p[0] for p in parts), full_loss, rtol=1e-12,
+                                   atol=1e-12, err_msg=f"{kind} {agg}")
+        np.testing.assert_allclose(np.concatenate([p[1] for p in parts]), full_grad,
+                                   rtol=1e-12, atol=1e-12, err_msg=f"{kind} {agg}")
 
 
 def test_sharded_matches_single_device(eight_devices):
