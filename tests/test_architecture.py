@@ -11,8 +11,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "agentjax"
 # Lowest first: a room may import its own modules and those of the rooms before it.
 # One room a tier, so two rooms that import each other always fail: an env's suite uses
 # the env-agnostic data and the rewards, which both use the action parsers.
-TIERS = [("config",), ("core",), ("parsers",), ("models",), ("rl",), ("engine",), ("data",),
-         ("rewards",), ("envs",), ("agents",), ("sglang",), ("train",), ("sweep",)]
+TIERS = [("config",), ("core",), ("parsers",), ("models",), ("rl",), ("engine",), ("endpoint",),
+         ("data",), ("rewards",), ("envs",), ("agents",), ("sglang",), ("train",), ("sweep",)]
 # The one arrow downward: trajectories are built from the chat template's exact token
 # ids (`Trajectory.from_demonstration`, `observation_token_ids`, `tool_turn_ids`).
 ALLOWED_UPWARD = {("core.trajectory", "models.tokenizer"), ("core.trajectory", "models.chat")}

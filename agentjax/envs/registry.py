@@ -57,6 +57,8 @@ class TaskSuite:
         (data.hindsight, agents/hindsight.py); None where the suite cannot relabel.
       tools: the function schemas of a native tool-calling env (env.tool_format
         "native"; its demonstrations' turns are messages), else None.
+      episode_runner: plays an episode instead of `make_env` and the agent loop (the
+        rollout pool's `EpisodeRunner`: a user's agent, envs/openai_agent), else None.
     """
 
     train_tasks: list[Task]
@@ -71,6 +73,7 @@ class TaskSuite:
     pretrain_corpus: Callable[[], list[str]] | None = None
     relabel: Callable[[Task, EpisodeLog], Task | None] | None = None
     tools: list[dict] | None = None
+    episode_runner: Callable | None = None
 
     def __post_init__(self):
         if self.tools:
