@@ -28,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
+import importlib.util
+import os
 import traceback
 import uuid
 from concurrent.futures import Executor
@@ -36,7 +38,7 @@ from typing import Any, Callable, Mapping
 import httpx
 import openai
 
-from agentjax.core.task import EpisodeLog, Task
+from agentjax.core.task import EpisodeLog, Task, TurnLog
 from agentjax.core.trajectory import Trajectory
 from agentjax.endpoint.sessions import Sessions
 from agentjax.engine.protocol import EnginesUnavailable, SamplingParams
@@ -48,12 +50,22 @@ MODEL_NAME = "agentjax-policy"
 
 
 def load_agent(spec: str) -> Callable:
-    """The function `spec` names, 'package.module:function' (env.agent)."""
-    module, _, name = spec.partition(":")
+    """The function `spec` names (env.agent): 'package.module:function', or
+    'path/to/file.py:function' for a file that is not on the import path."""
+    module, _, name = spec.rpartition(":")
     if not (module and name):
         raise ValueError(f"an agent is named 'package.module:function', got {spec!r}")
     try:
-        agent = getattr(importlib.import_module(module), name)
+        if module.endswith(".py"):
+            loaded = importlib.util.spec_from_file_location(
+                os.path.splitext(os.path.basename(module))[0], module)
+            if loaded is None or not os.path.isfile(module):
+                raise ImportError(f"no file {module!r}")
+            imported = importlib.util.module_from_spec(loaded)
+            loaded.loader.exec_module(imported)
+        else:
+            imported = importlib.import_module(module)
+        agent = getattr(imported, name)
     except (ImportError, AttributeError) as error:
         raise ValueError(f"env.agent={spec!r}: {type(error).__name__}: {error}") from None
     if not asyncio.iscoroutinefunction(agent):
@@ -87,14 +99,15 @@ class AgentRunner:
       reward_fn: the task env's `reward_fn(task, log) -> (total, components)`, scoring a
         returned answer.
       success_key: the reward component that says a task was solved.
-      app_factory: builds the endpoint's app on an engine (`default_app`'s arguments).
+      app_factory: builds the endpoint's app on an engine (`default_app`'s arguments;
+        None: `default_app`).
       request_timeout_s: the client's timeout per model call.
     """
 
     agent: Callable
     reward_fn: Callable[[Task, EpisodeLog], tuple[float, Mapping[str, float]]]
     success_key: str
-    app_factory: Callable = default_app
+    app_factory: Callable | None = None
     request_timeout_s: float = 600.0
 
     def __post_init__(self):
@@ -106,10 +119,10 @@ class AgentRunner:
         """The endpoint's app on `engine` (one per engine, built at its first episode)."""
         key = id(engine)
         if key not in self._apps:
-            app = self.app_factory(engine, tokenizer, sessions=self.sessions,
-                                   sampling_defaults=SamplingParams(),
-                                   max_context=max_context, model_name=MODEL_NAME,
-                                   session_sampling=self._sampling.get)
+            build = self.app_factory or default_app
+            app = build(engine, tokenizer, sessions=self.sessions,
+                        sampling_defaults=SamplingParams(), max_context=max_context,
+                        model_name=MODEL_NAME, session_sampling=self._sampling.get)
             self._apps[key] = (engine, app)  # the engine kept: its id stays its own
         return self._apps[key][1]
 
@@ -171,7 +184,10 @@ class AgentRunner:
         if answer is None:
             replies = [m for m in outcome["messages"] if m.get("role") == "assistant"]
             answer = (replies[-1].get("content") or "") if replies else ""
-        log = EpisodeLog(task=task, final_answer=str(answer), done=True, stop_reason="answer")
+        # The answering turn as an env logs it: rewards read its `<answer>` tag or, without
+        # one, the final answer (rewards/outcome.py: episode_answer).
+        log = EpisodeLog(task=task, turns=[TurnLog(str(answer), "answer")],
+                         final_answer=str(answer), done=True, stop_reason="answer")
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(executor, self.reward_fn, task, log)
