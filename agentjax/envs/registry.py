@@ -25,7 +25,7 @@ import os
 import pkgutil
 from typing import Any, Callable, Mapping
 
-from agentjax.config.choices import OUTCOMES
+from agentjax.config.choices import OUTCOMES, task_env
 from agentjax.core.registry import Registry
 from agentjax.core.task import EpisodeLog, Task
 from agentjax.envs.base import Env
@@ -142,7 +142,7 @@ def reward_config(config, **components: Any) -> dict:
     the search world's process reward)."""
     weights = config.reward
     out = {name: float(key == weights.outcome)
-           for key, name in OUTCOMES[config.env.name].items()
+           for key, name in OUTCOMES[task_env(config)].items()
            if key != "judge" or key == weights.outcome}
     # Native tool calls are the model's own markup, checked by the parser, not tags.
     format_spec = ({"weight": weights.format_weight, "native": True}

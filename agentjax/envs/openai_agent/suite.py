@@ -12,11 +12,8 @@ from agentjax.envs.registry import SUITES, TaskSuite, register_env
 def build_openai_agent_suite(config, data_dir: str) -> TaskSuite:
     """The task env's suite (its tasks, reward, demonstrations, tokenizer texts) with the
     agent as its episode runner."""
-    tasks_config = config.copy_and_resolve_references()
-    with tasks_config.unlocked():
-        tasks_config.env.name = config.env.agent_tasks
-        tasks_config.env.agent = ""
-    suite = SUITES.get(config.env.agent_tasks)(tasks_config, data_dir)
+    # The task env's builder reads its outcomes through `choices.task_env`.
+    suite = SUITES.get(config.env.agent_tasks)(config, data_dir)
     suite.episode_runner = AgentRunner(load_agent(config.env.agent), suite.reward_fn,
                                        suite.success_key)
     return suite
