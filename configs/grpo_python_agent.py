@@ -29,3 +29,14 @@ def get_config(arg=None):
     config.rollout.max_segments = config.env.max_turns
     config.data.test_questions = f"1:{config.eval.num_tasks}"
     return config
+
+
+# Each segment of a rollout a sequence of its own, against one rollout counted once
+# (rl/segments.py): what algo.rollout_normalization changes for an agent whose prompts
+# do not always extend.
+SWEEPS = {"rollout_normalization": [("per_rollout", {}),
+                                    ("per_segment", {"algo.rollout_normalization": False})]}
+
+
+def sweep(name):
+    return presets.arms(SWEEPS, name)

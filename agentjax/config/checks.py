@@ -37,8 +37,9 @@ def check_combinations(config) -> None:
 def _check_reward(config) -> None:
     """The rewarded outcome is one the env has."""
     if config.reward.outcome not in OUTCOMES[task_env(config)]:
+        tasks = ("env.agent_tasks" if config.env.name == AGENT_ENV else "env.name")
         reject("reward.outcome", config.reward.outcome,
-               f"with the tasks of env {task_env(config)!r} choose one of "
+               f"with {tasks}={task_env(config)!r} choose one of "
                f"{sorted(OUTCOMES[task_env(config)])}")
     _check_judge(config.reward)
 

@@ -22,6 +22,7 @@ from agentjax.rl.losses import rl_objective
 from agentjax.rl.prepare import build_prepare
 from agentjax.train.update import accumulate_grads
 from tests import reference as ref
+from tests.sharding import assert_rows_sharded_match_one_device
 
 JIT = pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 
@@ -212,3 +213,29 @@ def test_collate_gives_segments_rows_of_their_rollout_and_keeps_the_last():
     kept = collate(rollouts, buckets=(64,), pad_id=0, batch_size=6, max_segments=2)
     np.testing.assert_array_equal(kept["rollout_ids"], [0, 0, 1, 2, 3, -1])
     np.testing.assert_array_equal(kept["inputs"][:2], batch["inputs"][3:5])
+
+
+def test_sharded_matches_single_device(eight_devices):
+    """Segments of one rollout on different devices: advantages, rollout token counts and
+    the loss's denominators are global."""
+    rng = np.random.default_rng(1)
+    mask = (rng.random((8, 6)) < 0.7).astype(np.float32)
+    rewards = np.zeros((8, 6), np.float32)
+    rewards[:, -1] = rng.integers(0, 2, 8)
+    group_ids = np.array([0, 0, 0, 0, 1, 1, 1, -1], np.int32)
+    rollout_ids = np.array([0, 0, 0, 1, 2, 2, 3, -1], np.int32)
+    logp = -rng.random((8, 6)).astype(np.float32)
+    old_logp = logp - 0.05 * rng.standard_normal((8, 6)).astype(np.float32)
+    algo = default_config().algo
+
+    def objective(logp, old_logp, rewards, mask, group_ids, rollout_ids):
+        advantages = segments.per_rollout_advantages(
+            ADVANTAGES.get("grpo"), rewards, mask, group_ids, rollout_ids, num_groups=2,
+            params=algo).advantages
+        norm = loss_norm(mask, rollout_tokens=segments.rollout_tokens(mask, rollout_ids))
+        return rl_objective(logp, old_logp, advantages, mask, kind="ppo",
+                            agg="seq-mean-token-mean", norm=norm, clip_low=0.2,
+                            clip_high=0.28)
+
+    assert_rows_sharded_match_one_device(
+        objective, (logp, old_logp, rewards, mask, group_ids, rollout_ids), eight_devices)
