@@ -146,9 +146,10 @@ class AgentRunner:
         except TimeoutError as error:
             failure = (("timeout", f"agent exceeded the episode timeout_s={limits.timeout_s}")
                        if timer.expired() else ("agent_error", _traceback(error)))
-        except EnginesUnavailable:
-            raise
         except Exception as error:  # noqa: BLE001 - the agent's failure is its episode's
+            unavailable = _engines_unavailable(error)
+            if unavailable is not None:  # no engine left: the run's failure, not the agent's
+                raise unavailable from error
             failure = ("agent_error", _traceback(error))
         finally:
             self._sampling.pop(session, None)
@@ -193,6 +194,18 @@ class AgentRunner:
             return await loop.run_in_executor(executor, self.reward_fn, task, log)
         except Exception as error:  # noqa: BLE001
             raise AgentFailure("reward_error", f"reward_fn failed: {_traceback(error)}") from None
+
+
+def _engines_unavailable(error: BaseException) -> EnginesUnavailable | None:
+    """The `EnginesUnavailable` behind an agent's error (the client wraps what the app
+    raised), if any."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, EnginesUnavailable):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _traceback(error: BaseException) -> str:

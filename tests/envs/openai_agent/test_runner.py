@@ -1,6 +1,7 @@
 """The agent API: `async def agent(client, task)` rolled out by the pool through the
 endpoint (its stand-in app here), its calls merged into trajectories and segments."""
 import asyncio
+import os
 import time
 
 import pytest
@@ -8,14 +9,17 @@ import pytest
 from agentjax.agents.pool import RolloutPool
 from agentjax.core.task import Task
 from agentjax.endpoint.sessions import RecordedCall
-from agentjax.engine.protocol import SamplingParams
+from agentjax.engine.protocol import EnginesUnavailable, SamplingParams
 from agentjax.envs.openai_agent.calls import merge_calls
 from agentjax.envs.openai_agent.runner import AgentRunner, load_agent
 from agentjax.models.chat import hermes_call_text
-from agentjax.train.episodes import EpisodesFailed, check_failures
+from agentjax.train.episodes import (EpisodesFailed, check_failures, episode_segments,
+                                     render_episode)
 from tests.agents.fakes import ScriptedEngine
 from tests.envs.openai_agent.standin import build_standin_app
+from tests.train.runs import ROOT
 
+EXAMPLES = os.path.join(ROOT, "examples")
 TASKS = [Task(f"t{i}", f"question {i}", answers=("Paris",)) for i in range(3)]
 SAMPLING = SamplingParams(max_new_tokens=64, seed=3)
 
@@ -205,9 +209,38 @@ def test_timeouts_and_bad_agents_are_flagged_and_their_sessions_closed(tokenizer
     assert not runner.sessions._open
 
 
+class _GoneEngine:
+    async def generate(self, requests):
+        raise EnginesUnavailable("every server is gone")
+
+    def end_session(self, session_id):
+        pass
+
+
+def test_no_engine_left_ends_the_rollout_not_the_agent(tokenizer):
+    """The client wraps what the app raised; the runner finds it and raises it, for the
+    trainer to checkpoint and exit (as the env loop does)."""
+    pool, runner = _pool(tokenizer, one_call_agent, _GoneEngine(), concurrency=2)
+    with pool, pytest.raises(EnginesUnavailable, match="every server is gone"):
+        pool.collect_sync(TASKS[:1], group_size=2, sampling=SAMPLING)
+    assert not runner.sessions._open
+
+
+def test_samples_show_every_segment(tokenizer):
+    pool, _ = _pool(tokenizer, summarizing_agent, _engine(tokenizer), concurrency=2)
+    with pool:
+        [[traj]] = pool.collect_sync(TASKS[:1], group_size=1, sampling=SAMPLING)
+    parts = episode_segments(traj, tokenizer)
+    assert [p.kind for p in parts] == ["prompt", "action"] * 3
+    assert [p.turn for p in parts if p.kind == "action"] == [1, 2, 3]
+    assert render_episode(traj, tokenizer).count("#### prompt") == 3
+
+
 def test_load_agent_names_what_is_wrong():
     assert load_agent("tests.envs.openai_agent.test_runner:tool_agent") is tool_agent
+    assert load_agent(f"{EXAMPLES}/python_agent.py:agent").__name__ == "agent"
     for spec, error in [("nocolon", "package.module:function"),
+                        ("no/such/file.py:agent", "no file"),
                         ("tests.envs.openai_agent.test_runner:missing", "AttributeError"),
                         ("tests.envs.openai_agent.test_runner:_reward", "async def")]:
         with pytest.raises(ValueError, match=error):
