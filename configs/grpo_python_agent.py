@@ -24,9 +24,12 @@ def get_config(arg=None):
     config.env.name = "openai_agent"
     config.env.agent_tasks = "python"
     config.env.agent = os.path.normpath(AGENT) + ":agent"
-    # A call whose prompt does not extend the one before (the template wrote a turn back
-    # otherwise than it was sampled) starts a segment: room for one per model call.
-    config.rollout.max_segments = config.env.max_turns
+    # One batch row per rollout, as the built-in env's: the agent keeps its history, so
+    # its prompts extend (agent/prompt_extends_frac). Where they do not (the template
+    # wrote a turn back otherwise than it was sampled), a rollout is several segments and
+    # only its last is trained (rollout/segments_dropped): raise this to env.max_turns,
+    # which makes the batch, and the update's time, that many times bigger.
+    config.rollout.max_segments = 1
     config.data.test_questions = f"1:{config.eval.num_tasks}"
     return config
 

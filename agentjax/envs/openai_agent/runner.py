@@ -36,7 +36,6 @@ from concurrent.futures import Executor
 from typing import Any, Callable, Mapping
 
 import httpx
-import openai
 
 from agentjax.core.task import EpisodeLog, Task, TurnLog
 from agentjax.core.trajectory import Trajectory
@@ -128,6 +127,8 @@ class AgentRunner:
 
     async def __call__(self, engine, tokenizer, task: Task, sampling: SamplingParams, limits,
                        *, group_id: int, executor: Executor) -> Trajectory:
+        import openai  # the agent's client: imported by agent runs only (a run loads every suite)
+
         app = self.app(engine, tokenizer, limits.max_context_tokens)
         session = f"rollout-{uuid.uuid4().hex}"
         self.sessions.open(session)

@@ -53,7 +53,8 @@ def standin_endpoint(monkeypatch):
 def test_an_agent_that_summarizes_its_history_trains_through_segments(standin_endpoint,
                                                                       tmp_path):
     """(examples/python_agent.py trains in tests/train/test_run.py, as every recipe.)"""
-    results = run(_config(("sft.steps", 0), ("env.agent", SUMMARIZING)), str(tmp_path))
+    results = run(_config(("sft.steps", 0), ("env.agent", SUMMARIZING),
+                          ("rollout.max_segments", 2)), str(tmp_path))
     rows = read_metrics(str(tmp_path))
     assert [r["step"] for r in rows] == [1, 2] and "eval/success_sampled" in results
     for row in rows:
