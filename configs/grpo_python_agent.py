@@ -34,11 +34,14 @@ def get_config(arg=None):
     return config
 
 
-# Each segment of a rollout a sequence of its own, against one rollout counted once
-# (rl/segments.py): what algo.rollout_normalization changes for an agent whose prompts
+# A rollout's later segments dropped (one row each), against every segment trained with
+# the rollout counted once (rl/segments.py) or each segment a sequence of its own: what
+# rollout.max_segments and algo.rollout_normalization change for an agent whose prompts
 # do not always extend.
-SWEEPS = {"rollout_normalization": [("per_rollout", {}),
-                                    ("per_segment", {"algo.rollout_normalization": False})]}
+SEGMENTS = {"rollout.max_segments": 3}
+SWEEPS = {"segments": [
+    ("last_segment", {}), ("per_rollout", SEGMENTS),
+    ("per_segment", {**SEGMENTS, "algo.rollout_normalization": False})]}
 
 
 def sweep(name):
