@@ -49,7 +49,7 @@ def standin_endpoint(monkeypatch):
     monkeypatch.setattr(runner_lib, "default_app", build_standin_app)
 
 
-@pytest.mark.slow  # ~20 s (the engine's and the update's programs compile): a whole run
+@pytest.mark.slow  # a whole run: 7 s with the compilation cache warm, 20-75 s cold (compiles)
 def test_an_agent_that_summarizes_its_history_trains_through_segments(standin_endpoint,
                                                                       tmp_path):
     """(examples/python_agent.py trains in tests/train/test_run.py, as every recipe.)"""
