@@ -14,6 +14,12 @@ sample from): `collect` raises it, for the trainer to checkpoint and exit. A thr
 for it at the timeout and the thread finishes (or not) on its own — size `tool_workers`
 with that in mind.
 
+What an episode is, is the pool's one seam: `runner` plays one (an `EpisodeRunner`);
+the default plays an env with the agent loop (`run_episode`) and scores it with
+`reward_fn`, and a user's agent behind the OpenAI-compatible endpoint is another
+(envs/openai_agent). Groups, seeds, timeouts, concurrency and progress are the pool's
+either way.
+
 KV reuse across turns: give the JaxEngine at least `concurrency` slots (`max_slots`);
 with fewer, parked sessions are evicted while their tools run and re-prefilled later.
 """
@@ -24,8 +30,8 @@ import copy
 import dataclasses
 import itertools
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Mapping, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -36,6 +42,16 @@ from agentjax.engine.protocol import Engine, SamplingParams
 from agentjax.core.trajectory import Trajectory
 
 RewardFn = Callable[[Task, EpisodeLog], tuple[float, Mapping[str, float]]]
+
+
+class EpisodeRunner(Protocol):
+    """Plays one episode; returns it as a Trajectory, its failures flagged in metadata
+    (never raised, but `EnginesUnavailable`), its reward set. `limits.timeout_s` bounds
+    it; `executor` is the pool's thread pool for blocking calls."""
+
+    async def __call__(self, engine: Engine, tokenizer, task: Task, sampling: SamplingParams,
+                       limits: EpisodeLimits, *, group_id: int,
+                       executor: Executor) -> Trajectory: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +94,7 @@ class RolloutPool:
       episode_timeout_s: wall-clock limit per episode (None: limits.timeout_s).
       tool_workers: threads for env and reward calls (default: concurrency).
       progress: called with a PoolProgress after every finished episode.
+      runner: plays one episode (None: `env_episode`, the env and the agent loop).
     """
 
     def __init__(
@@ -92,6 +109,7 @@ class RolloutPool:
         episode_timeout_s: float | None = None,
         tool_workers: int | None = None,
         progress: Callable[[PoolProgress], Any] | None = None,
+        runner: EpisodeRunner | None = None,
     ):
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -104,6 +122,7 @@ class RolloutPool:
         self.concurrency = concurrency
         self.reward_fn = reward_fn
         self.progress = progress
+        self.runner = runner or self.env_episode
         self._executor = ThreadPoolExecutor(
             max_workers=tool_workers or concurrency, thread_name_prefix="rollout-env")
         self._group_ids = itertools.count()
@@ -169,7 +188,8 @@ class RolloutPool:
                     stats["in_flight"] -= 1
             stats["done"] += 1
             stats["failed"] += bool(traj.metadata.get("failed"))
-            stats["tokens"] += sum(len(t.action_ids) for t in traj.turns)
+            stats["tokens"] += sum(len(t.action_ids) for part in [*traj.segments, traj]
+                                   for t in part.turns)
             if self.progress is not None:
                 self.progress(PoolProgress(
                     total, stats["done"], stats["in_flight"], stats["failed"],
@@ -190,25 +210,33 @@ class RolloutPool:
 
     async def _episode(self, task: Task, sampling: SamplingParams, group_id: int,
                        member: int) -> Trajectory:
-        """One episode plus its reward; every failure comes back as a flagged trajectory."""
-        loop = asyncio.get_running_loop()
+        """One episode of the group's member, with its own seed."""
         if sampling.seed is not None:
             sampling = dataclasses.replace(sampling, seed=episode_seed(sampling.seed, group_id,
                                                                        member))
+        return await self.runner(self.engine, self.tokenizer, task, sampling, self.limits,
+                                 group_id=group_id, executor=self._executor)
+
+    async def env_episode(self, engine: Engine, tokenizer, task: Task,
+                          sampling: SamplingParams, limits: EpisodeLimits, *, group_id: int,
+                          executor: Executor) -> Trajectory:
+        """The default `EpisodeRunner`: an env from `env_factory` played by the agent loop,
+        plus its reward; every failure comes back as a flagged trajectory."""
+        loop = asyncio.get_running_loop()
         try:
-            env = await loop.run_in_executor(self._executor, self.env_factory)
+            env = await loop.run_in_executor(executor, self.env_factory)
         except Exception as error:  # noqa: BLE001
             return Trajectory(
                 prompt_ids=[], task_id=task.task_id, group_id=group_id, task=task,
                 metadata={"stop_reason": "env_error", "failed": True,
                           "error": f"env_factory failed: {describe_error(error)}",
                           "num_turns": 0, "env_log": None})
-        traj = await run_episode(self.engine, env, task, sampling, self.limits,
-                                 self.tokenizer, group_id=group_id, executor=self._executor)
+        traj = await run_episode(engine, env, task, sampling, limits, tokenizer,
+                                 group_id=group_id, executor=executor)
         if self.reward_fn is not None and traj.metadata.get("env_log") is not None:
             try:
                 total, components = await loop.run_in_executor(
-                    self._executor, self.reward_fn, task, traj.metadata["env_log"])
+                    executor, self.reward_fn, task, traj.metadata["env_log"])
                 traj.final_reward = float(total)
                 traj.metadata["reward_components"] = dict(components)
             except Exception as error:  # noqa: BLE001

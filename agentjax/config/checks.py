@@ -2,7 +2,8 @@
 several keys must agree on for a run to work. Each names the key to change."""
 from __future__ import annotations
 
-from agentjax.config.choices import KERNEL_PAGE_SIZES, OUTCOMES
+from agentjax.config.choices import (AGENT_ENV, KERNEL_PAGE_SIZES, OUTCOMES,
+                                     PER_ROLLOUT_ADVANTAGES, task_env)
 from agentjax.config.errors import reject
 
 
@@ -27,6 +28,7 @@ def check_combinations(config) -> None:
     _check_rollout_correction(config.algo)
     _check_batches(config)
     _check_micro_tokens(config)
+    _check_agent(config)
     _check_sglang(config)
     if config.rollout.mode == "async":
         _check_async(config)
@@ -35,10 +37,11 @@ def check_combinations(config) -> None:
 
 def _check_reward(config) -> None:
     """The rewarded outcome is one the env has."""
-    if config.reward.outcome not in OUTCOMES[config.env.name]:
+    if config.reward.outcome not in OUTCOMES[task_env(config)]:
+        tasks = ("env.agent_tasks" if config.env.name == AGENT_ENV else "env.name")
         reject("reward.outcome", config.reward.outcome,
-               f"with env.name={config.env.name!r} choose one of "
-               f"{sorted(OUTCOMES[config.env.name])}")
+               f"with {tasks}={task_env(config)!r} choose one of "
+               f"{sorted(OUTCOMES[task_env(config)])}")
     _check_judge(config.reward)
 
 
@@ -376,3 +379,29 @@ def _check_async(config) -> None:
     if config.multihost.enabled:
         reject("rollout.mode", "async", "every host would train on the groups its own "
                "timing produced: multi-host runs need rollout.mode='sync'")
+
+
+def _check_agent(config) -> None:
+    """An agent run names its agent; its segments count once only with an estimator that
+    gives one advantage per sequence."""
+    env, algo = config.env, config.algo
+    if env.name != AGENT_ENV:
+        if env.agent:
+            reject("env.agent", env.agent, f"it is the agent of env.name={AGENT_ENV!r}; "
+                   f"env.name is {env.name!r}")
+        return
+    module, _, function = env.agent.partition(":")
+    if not (module and function):
+        reject("env.agent", env.agent, "env.name='openai_agent' needs its agent as "
+               "'package.module:function'")
+    if config.data.hindsight:
+        reject("data.hindsight", True, "relabeling replays an env's prompt; an agent's "
+               "prompts are its own")
+    if (algo.rollout_normalization and config.rollout.max_segments > 1
+            and algo.advantage not in PER_ROLLOUT_ADVANTAGES):
+        reject("algo.advantage", algo.advantage, "it gives each token its own value, so "
+               "it would see each segment of a rollout alone: choose one of "
+               f"{PER_ROLLOUT_ADVANTAGES} or set algo.rollout_normalization=False")
+    if config.rollout.max_segments > 1 and algo.advantage in ("gigpo", "turn_rloo"):
+        reject("algo.advantage", algo.advantage, "its turns and anchor states are an env "
+               "episode's; an agent's segments have neither: use rollout.max_segments=1")

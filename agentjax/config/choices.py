@@ -16,6 +16,17 @@ is the exact set of names its implementation accepts (named in the comment above
 OUTCOMES = {"search": {"em": "exact_match", "f1": "f1", "judge": "judge"},
             "python": {"em": "math_match"},
             "code": {"em": "all_tests_pass", "tests": "tests_pass"}}
+# The env whose episodes a user's agent plays through the OpenAI-compatible endpoint
+# (envs/openai_agent): its tasks and reward are those of the env env.agent_tasks names.
+AGENT_ENV = "openai_agent"
+
+
+def task_env(config) -> str:
+    """The env whose tasks and outcomes a run uses: env.name, or for an agent run the
+    env its tasks come from (env.agent_tasks)."""
+    return config.env.agent_tasks if config.env.name == AGENT_ENV else config.env.name
+
+
 # models/config.py (`_ARCHS`: the HF architectures entry of each) and models/decoder.py.
 ARCHS = ("llama", "qwen2", "qwen3")
 # models/decoder.py: remat_policy ("auto": none for short sequences,
@@ -42,6 +53,9 @@ ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"
 GIGPO_NORMS = ("mean", "std")
 TURN_BASELINES = ("episode", "turn")
 TURN_ANCHORS = ("context", "observation")
+# rl/segments.py: the estimators whose advantage is one value per sequence, so a
+# segmented rollout gets one (algo.rollout_normalization); the others see each segment.
+PER_ROLLOUT_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
 # rl/policy_losses.py: POLICY_LOSSES.
 POLICY_LOSSES = ("ppo", "gspo", "cispo", "reinforce")
 # rl/aggregation.py: aggregate.

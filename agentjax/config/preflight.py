@@ -16,6 +16,8 @@ import importlib.util
 import os
 import shutil
 
+from agentjax.config.choices import task_env
+
 INSTALL = "pip install -e .  (from the agentjax checkout)"
 
 
@@ -93,8 +95,8 @@ def check_runtime(config) -> None:
     if missing:
         raise MissingDependency("missing " + "; ".join(missing) + ". Install with: "
                                 + " and ".join(commands))
-    if config.env.name in SANDBOXED_ENVS:
-        check_sandbox_tools(config.env.name)
+    if task_env(config) in SANDBOXED_ENVS:
+        check_sandbox_tools(task_env(config))
 
 
 def check_sandbox_tools(env_name: str) -> None:

@@ -19,6 +19,7 @@ from agentjax.config.algorithms import ALGORITHMS
 from agentjax.config.mcp_servers import MCP_SERVERS
 from agentjax.config.choices import (
     ADVANTAGES,
+    AGENT_ENV,
     AGGREGATIONS,
     ARCHS,
     ATTENTION_IMPLS,
@@ -262,9 +263,11 @@ DATA = Section(
 
 ENV = Section(
     "env", "The environment the agent acts in (envs/registry.py: SUITES).",
-    Key("name", "search", Choice(tuple(OUTCOMES)), "'search' (multi-hop questions, a "
-        "search tool), 'python' (arithmetic, a sandboxed Python tool) or 'code' (programs "
-        "written, run against tests and fixed; envs/code)"),
+    Key("name", "search", Choice((*OUTCOMES, AGENT_ENV)), "'search' (multi-hop "
+        "questions, a search tool), 'python' (arithmetic, a sandboxed Python tool), 'code' "
+        "(programs written, run against tests and fixed; envs/code) or 'openai_agent' "
+        "(your own agent, env.agent, through the OpenAI-compatible endpoint; "
+        "docs/agents.md)"),
     Key("topk", 3, POSITIVE, "documents a search returns"),
     Key("max_turns", 4, POSITIVE, "actions an episode may take"),
     Key("max_observation_words", 120, POSITIVE, "an observation's documents are cut after "
@@ -287,6 +290,11 @@ ENV = Section(
     Key("loss_on_observations", False, Flag(), "True puts the observation tokens (what "
         "the tools returned) into the loss, an ablation; False trains only the agent's "
         "own tokens"),
+    Key("agent", "", ONE_LINE, "env.name='openai_agent': the agent, "
+        "'package.module:function' naming an `async def agent(client, task)` that returns "
+        "its reward or {'answer': ...} for env.agent_tasks' reward (docs/agents.md)"),
+    Key("agent_tasks", "python", Choice(tuple(OUTCOMES)), "env.name='openai_agent': the "
+        "env whose tasks the agent gets and whose reward function scores its answer"),
     Key("mcp_servers", "", MCP_SERVERS, "MCP servers whose tools the env offers besides its "
         "own, a JSON list ('' = none), e.g. '[{\"name\": \"time\", \"command\": "
         "\"mcp-server-time\"}]' (config/mcp_servers.py: the fields; envs/mcp.py)"),
@@ -411,6 +419,11 @@ ROLLOUT = Section(
         "take to start", resume=FREE),
     Key("prompts_per_step", 16, POSITIVE, "questions (groups) an RL step rolls out"),
     Key("group_size", 8, POSITIVE, "episodes per question"),
+    Key("max_segments", 1, POSITIVE, "batch rows per rollout: a rollout whose model "
+        "calls do not extend one another's tokens (an agent that rewrote its history) is "
+        "several segments, each a row; one of more keeps its last this many (the others "
+        "are counted in rollout/segments_dropped). The batch has prompts_per_step x "
+        "group_size x this many rows"),
     Key("temperature", 1.0, NON_NEGATIVE, "the sampling temperature"),
     Key("final_temperature", 1.0, NON_NEGATIVE, "the temperature at the run's end, on a "
         "linear schedule from rollout.temperature"),
@@ -514,6 +527,11 @@ ALGO = Section(
     Key("overlong_max_len", 256, POSITIVE, "L_max of the shaping (action tokens per "
         "episode)"),
     Key("overlong_factor", 1.0, NON_NEGATIVE, "the shaping's penalty at L_max"),
+    Key("rollout_normalization", True, Flag(), "a rollout of several segments (batch "
+        "rows, rollout.max_segments) counts once: one score in the group statistics, the "
+        "weight of one sequence in the loss under every algo.agg (rl/segments.py); "
+        "unsegmented rollouts get the same numbers either way. False: each segment is a "
+        "sequence of its own"),
     Key("critic_lr", 1e-3, NON_NEGATIVE, "the critic's learning rate (algo.name='ppo')"),
     Key("value_clip", 0.2, Real("(0, inf)", special=OFF), "the value loss's clip range "
         "(0: off)"),

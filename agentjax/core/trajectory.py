@@ -26,6 +26,13 @@ bucket T: its first T + 1 tokens are kept (inputs `token_ids[:T]`, targets
 the kept part, and no reward is lost: rewards of turns whose last action token was cut
 (and the final reward) land on the last kept action token, so `rewards.sum(-1) ==
 seq_rewards` whenever a row keeps at least one action token.
+
+A rollout whose context was rewritten between two model calls (an agent that trimmed
+or summarized its history, a compacted context) is not one token sequence: it is a
+`Trajectory` holding its earlier `segments`, each a Trajectory of its own tokens.
+`collate` gives every segment a row of its own and every row of a rollout the same
+`rollout_ids` entry; the segments share the rollout's group and reward (on its last
+segment), and `rl.segments` makes advantages and the loss count the rollout once.
 """
 from __future__ import annotations
 
@@ -110,6 +117,10 @@ class Trajectory:
       task: the Task itself, when known.
       metadata: stop_reason, failed, error, reward_components, num_tool_calls, the
         env's EpisodeLog under "env_log", ...
+      segments: the rollout's earlier segments, in order, when its context was
+        rewritten between calls (module docstring): this trajectory is its last segment
+        and carries its reward and metadata; each earlier one is a Trajectory of its
+        own tokens (no reward, no segments of its own).
     """
 
     prompt_ids: list[int]
@@ -119,6 +130,7 @@ class Trajectory:
     group_id: int = 0
     task: Task | None = None
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+    segments: list["Trajectory"] = dataclasses.field(default_factory=list)
 
     def _segments(self):
         """Yields (ids, logprobs or None, mask value, turn id) in token order."""
@@ -388,12 +400,38 @@ def bucket_length(needed: int, buckets: Sequence[int]) -> int:
     return ordered[-1]
 
 
+def rollout_rows(trajectories: Sequence[Trajectory],
+                 max_segments: int | None = None) -> tuple[list[Trajectory], list[int], int]:
+    """The rows of rollouts: each rollout's earlier segments, then itself.
+
+    Args:
+      trajectories: the rollouts.
+      max_segments: most rows per rollout; a rollout of more segments keeps its last
+        `max_segments` (the earlier ones are dropped and counted). None: all.
+
+    Returns:
+      (rows, rollout index of each row, segments dropped).
+    """
+    if max_segments is not None and max_segments < 1:
+        raise ValueError(f"max_segments must be >= 1, got {max_segments}")
+    rows, owners, dropped = [], [], 0
+    for index, traj in enumerate(trajectories):
+        parts = [*traj.segments, traj]
+        if max_segments is not None and len(parts) > max_segments:
+            dropped += len(parts) - max_segments
+            parts = parts[-max_segments:]
+        rows += parts
+        owners += [index] * len(parts)
+    return rows, owners, dropped
+
+
 def collate(
     trajectories: Sequence[Trajectory],
     *,
     buckets: Sequence[int],
     pad_id: int,
     batch_size: int | None = None,
+    max_segments: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Pads trajectories into fixed-shape arrays aligned for next-token prediction.
 
@@ -403,19 +441,24 @@ def collate(
     See the module docstring for the truncation rule.
 
     Args:
-      trajectories: the episodes, one row each.
+      trajectories: the episodes (rollouts), one row each, or one row per segment of a
+        segmented rollout (`rollout_rows`), all its rows with its group id.
       buckets: allowed lengths T; the smallest that fits the longest row is used, so
         jit sees only len(buckets) shapes.
       pad_id: token id written on padding.
       batch_size: pad the batch with empty rows (segment_ids 0, group_ids -1) up to this
-        many rows; None: exactly one row per trajectory.
+        many rows; None: exactly one row per trajectory segment.
+      max_segments: most rows per rollout (`rollout_rows`); None: every segment.
 
     Returns:
       inputs, targets, positions, segment_ids (1 on real positions, 0 on padding),
       turn_ids: int32 [B, T]; action_mask, behavior_logp, rewards: float32 [B, T];
       seq_rewards: float32 [B] (final + turn rewards of the whole episode);
-      group_ids: int32 [B]; truncated: bool [B].
+      group_ids: int32 [B]; rollout_ids: int32 [B] (the index of the row's rollout in
+      `trajectories`, -1 on padding); truncated: bool [B].
     """
+    original = trajectories
+    trajectories, owners, _ = rollout_rows(trajectories, max_segments)
     rows = len(trajectories)
     if batch_size is None:
         batch_size = rows
@@ -436,9 +479,10 @@ def collate(
         "rewards": np.zeros((batch_size, length), np.float32),
         "seq_rewards": np.zeros((batch_size,), np.float32),
         "group_ids": np.full((batch_size,), -1, np.int32),
+        "rollout_ids": np.full((batch_size,), -1, np.int32),
         "truncated": np.zeros((batch_size,), bool),
     }
-    for row, traj in enumerate(trajectories):
+    for row, (traj, owner) in enumerate(zip(trajectories, owners)):
         ids = traj.token_ids
         used = max(min(len(ids) - 1, length), 0)
         # Per-token arrays are indexed by the token they describe; shifting by one
@@ -459,6 +503,7 @@ def collate(
                 position = kept_actions[-1]
             out["rewards"][row, position] += reward
         out["seq_rewards"][row] = traj.total_reward
-        out["group_ids"][row] = traj.group_id
+        out["group_ids"][row] = original[owner].group_id
+        out["rollout_ids"][row] = owner
         out["truncated"][row] = len(ids) - 1 > length
     return out

@@ -59,8 +59,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from agentjax.endpoint.replies import Reply, completion_chunks, completion_json, read_completion
 from agentjax.endpoint.requests import ApiError, ChatRequest, parse_chat_request
 from agentjax.endpoint.sessions import RecordedCall, SessionError, Sessions
-from agentjax.engine.protocol import (Completion, GenerateRequest, SamplingParams,
-                                      sampled_versions)
+from agentjax.engine.protocol import (Completion, EnginesUnavailable, GenerateRequest,
+                                      SamplingParams, sampled_versions)
 from agentjax.models import chat
 from agentjax.models.tokenizer import stop_token_ids
 from agentjax.parsers.tool_calls import TOOL_PARSERS
@@ -186,6 +186,12 @@ class ChatService:
             if error.code != "session_closed":
                 record(None)
             raise
+        except EnginesUnavailable:
+            # Not this call's failure but the run's: it leaves the app unanswered, so an
+            # in-process client (the agent runner's) sees it and the trainer can stop
+            # with a checkpoint; a client over HTTP gets uvicorn's 500.
+            record(None)
+            raise
         record(completion)
         if completion.finish_reason == "abort":
             raise ApiError(f"the engine aborted the request: "
@@ -257,6 +263,8 @@ class ChatService:
                                status=410, code="session_closed")
             try:
                 return task.result()
+            except EnginesUnavailable:
+                raise
             except ValueError as error:  # the engine refused the request
                 raise ApiError(str(error)) from None
             except RuntimeError as error:  # closed, its thread died, no server reachable
@@ -288,7 +296,10 @@ class ChatService:
             versions=() if aborted else tuple(sampled_versions(completion)),
             finish_reason="abort" if aborted else completion.finish_reason,
             weight_version=meta.get("weight_version", ""), messages=call.messages,
-            tools=call.tools, logprob_distribution=meta.get("logprob_distribution", ""))
+            tools=call.tools,
+            # An engine that does not say samples from its distribution as the agent
+            # loop assumes (agents/loop.py).
+            logprob_distribution=meta.get("logprob_distribution", "sampling"))
         try:
             self.sessions.record(session_id, recorded)
         except SessionError as error:  # closed while the call ran: nothing recorded

@@ -45,7 +45,8 @@ class RecordedCall:
       messages: the request's messages, as sent.
       tools: the request's tools, as sent (() when none).
       logprob_distribution: what `logprobs` describe (Completion.meta
-        "logprob_distribution"; "" when the engine does not say).
+        "logprob_distribution"; "sampling" when the engine does not say, as the
+        agent loop assumes).
     """
 
     prompt_ids: tuple[int, ...]

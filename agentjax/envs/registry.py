@@ -25,7 +25,7 @@ import os
 import pkgutil
 from typing import Any, Callable, Mapping
 
-from agentjax.config.choices import OUTCOMES
+from agentjax.config.choices import OUTCOMES, task_env
 from agentjax.core.registry import Registry
 from agentjax.core.task import EpisodeLog, Task
 from agentjax.envs.base import Env
@@ -57,6 +57,8 @@ class TaskSuite:
         (data.hindsight, agents/hindsight.py); None where the suite cannot relabel.
       tools: the function schemas of a native tool-calling env (env.tool_format
         "native"; its demonstrations' turns are messages), else None.
+      episode_runner: plays an episode instead of `make_env` and the agent loop (the
+        rollout pool's `EpisodeRunner`: a user's agent, envs/openai_agent), else None.
     """
 
     train_tasks: list[Task]
@@ -71,6 +73,7 @@ class TaskSuite:
     pretrain_corpus: Callable[[], list[str]] | None = None
     relabel: Callable[[Task, EpisodeLog], Task | None] | None = None
     tools: list[dict] | None = None
+    episode_runner: Callable | None = None
 
     def __post_init__(self):
         if self.tools:
@@ -139,7 +142,7 @@ def reward_config(config, **components: Any) -> dict:
     the search world's process reward)."""
     weights = config.reward
     out = {name: float(key == weights.outcome)
-           for key, name in OUTCOMES[config.env.name].items()
+           for key, name in OUTCOMES[task_env(config)].items()
            if key != "judge" or key == weights.outcome}
     # Native tool calls are the model's own markup, checked by the parser, not tags.
     format_spec = ({"weight": weights.format_weight, "native": True}

@@ -8,6 +8,12 @@ gradient), unlike dividing each micro-batch by its own token count. `norm=None` 
 (`trainer/ppo/core_algos.py: agg_loss`) and Dr.GRPO's constant normalizer
 (arXiv 2503.20783).
 
+With rollout normalization (`rl/segments.py`: a rollout cut into several rows, its
+segments) the sequences counted are rollouts: `loss_norm(..., rollout_tokens=n_r)` takes
+each row's rollout's action-token count n_r, counts row b as n_b / n_r of a sequence (a
+rollout's rows add up to one), and "seq-mean-token-mean" divides a row by n_r instead of
+n_b, so every mode gives a segmented rollout the weight of one row with its tokens.
+
 `masked_mean` / `masked_extreme` are the metrics' reductions over a mask (0 / `empty`
 when it is all zero).
 """
@@ -32,9 +38,12 @@ class LossNorm(NamedTuple):
     num_tokens: jax.Array  # action tokens in the full batch (>= 1)
     num_seqs: jax.Array  # sequences with at least one action token in the full batch (>= 1)
     constant: jax.Array  # Dr.GRPO length constant of seq-mean-token-sum-norm
+    # [B] action tokens of each row's rollout (rollout normalization), for the rows being
+    # aggregated (`for_rows` rebinds it to a micro-batch's); None: each row is a sequence.
+    rollout_tokens: jax.Array | None = None
 
 
-def loss_norm(mask, *, constant=None) -> LossNorm:
+def loss_norm(mask, *, constant=None, rollout_tokens=None) -> LossNorm:
     """Global denominators for `aggregate` from the mask of the *full* batch.
 
     Args:
@@ -42,6 +51,9 @@ def loss_norm(mask, *, constant=None) -> LossNorm:
         jit a sharded mask gives global counts).
       constant: the Dr.GRPO constant of "seq-mean-token-sum-norm" (e.g. the maximum
         response length); defaults to T.
+      rollout_tokens: [B] action tokens (of `mask`) of each row's rollout
+        (`segments.rollout_tokens`); the sequence count is then sum_b n_b / n_r (module
+        docstring). None: every row is its own sequence.
 
     Returns:
       LossNorm with counts clamped to >= 1, so an all-masked batch aggregates to 0.
@@ -51,11 +63,26 @@ def loss_norm(mask, *, constant=None) -> LossNorm:
         constant = mask.shape[1]
     _common.check_range("constant", constant, low=0.0, low_open=True)
     per_seq = mask.astype(bool).sum(axis=1)
+    if rollout_tokens is None:
+        num_seqs = (per_seq > 0).sum().astype(jnp.float32)
+    else:
+        _common.check_rank("rollout_tokens", rollout_tokens, 1)
+        num_seqs = (per_seq / jnp.maximum(rollout_tokens, 1.0)).sum().astype(jnp.float32)
     return LossNorm(
         num_tokens=jnp.maximum(per_seq.sum(), 1).astype(jnp.float32),
-        num_seqs=jnp.maximum((per_seq > 0).sum(), 1).astype(jnp.float32),
+        num_seqs=jnp.maximum(num_seqs, 1.0),
         constant=jnp.asarray(constant, jnp.float32),
+        rollout_tokens=rollout_tokens,
     )
+
+
+def for_rows(norm, batch: dict):
+    """`norm` for the rows of `batch` (a micro-batch of the batch `norm` was built from):
+    its rollout_tokens rebound to theirs. Any other norm (DPO's pair count) is returned
+    as it is."""
+    if isinstance(norm, LossNorm) and norm.rollout_tokens is not None:
+        return norm._replace(rollout_tokens=batch["rollout_tokens"])
+    return norm
 
 
 def aggregate(x, mask, mode, *, norm=None):
@@ -89,7 +116,9 @@ def aggregate(x, mask, mode, *, norm=None):
     if mode == "token-mean":
         return row_sum.sum() / norm.num_tokens
     if mode == "seq-mean-token-mean":
-        row_count = jnp.maximum(valid.sum(axis=1), 1).astype(x.dtype)
+        counts = valid.sum(axis=1) if norm.rollout_tokens is None else norm.rollout_tokens
+        _common.check_same_shape(row_sum=row_sum, rollout_tokens=counts)
+        row_count = jnp.maximum(counts, 1).astype(x.dtype)
         return (row_sum / row_count).sum() / norm.num_seqs
     if mode == "seq-mean-token-sum":
         return row_sum.sum() / norm.num_seqs

@@ -6,8 +6,10 @@
 
 that adds to a collated batch everything the update's losses (`rl.objectives`) read:
 `loss_mask`, `old_logp`, `ref_logp`, `advantages` (and with a critic `old_values`,
-`returns`), `is_weights`. All advantages are computed on the full batch before any
-minibatching, by the estimator `algo.advantage` names (`advantages.ADVANTAGES`). The
+`returns`), `is_weights`, and with `algo.rollout_normalization` `rollout_tokens`
+(rl/segments.py: a rollout cut into segments counts once). All advantages are computed
+on the full batch before any minibatching, by the estimator `algo.advantage` names
+(`advantages.ADVANTAGES`). The
 model enters only through `logprob_fn` (and `value_fn` for a critic), so every branch can
 be tested with fixed arrays; `model_logprob_fn` and `critic_value_fn` build them from
 graphdefs.
@@ -21,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentjax.rl import kl as kl_lib
-from agentjax.rl import rollout_correction, token_packing
+from agentjax.rl import rollout_correction, segments, token_packing
 from agentjax.rl.advantages import ADVANTAGES, needs_critic
 from agentjax.rl.aggregation import masked_mean
 from agentjax.rl.objectives import policy_logprobs
@@ -114,6 +116,8 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
         raise ValueError(f"advantage={algo.advantage!r} needs a critic: pass value_fn")
     need_ref = algo.kl_coef > 0
     masks, thresholds = rollout_correction.from_config(algo.rollout_correction)
+    # A rollout of several rows (segments) counts once: rl/segments.py.
+    per_rollout = algo.get("rollout_normalization", False)
     ref_logprob_fn = ref_logprob_fn or logprob_fn
 
     def prepare(params, ref_params, critic_params, batch):
@@ -161,8 +165,15 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
                 raise ValueError(f"advantage={algo.advantage!r} reads the batch's anchor_ids "
                                  "(core.anchors.anchor_ids): add them after collate")
             turns = dict(turn_ids=batch["turn_ids"], anchor_ids=batch["anchor_ids"])
-        estimate = estimator(token_rewards, mask, batch["group_ids"], values,
-                             num_groups=num_groups, params=algo, **turns)
+        # Without rollout_ids every row is its own rollout: the same numbers either way.
+        per_rollout_batch = per_rollout and "rollout_ids" in batch
+        if per_rollout_batch and segments.is_per_rollout(algo.advantage):
+            estimate = segments.per_rollout_advantages(
+                estimator, token_rewards, mask, batch["group_ids"], batch["rollout_ids"],
+                num_groups=num_groups, params=algo)
+        else:
+            estimate = estimator(token_rewards, mask, batch["group_ids"], values,
+                                 num_groups=num_groups, params=algo, **turns)
         batch["advantages"] = estimate.advantages
         if estimate.returns is not None:
             batch["returns"] = estimate.returns
@@ -172,6 +183,9 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
             current, behavior, action, mask, batch["advantages"], masks=masks,
             thresholds=thresholds)
         metrics.update(mask_metrics)
+        if per_rollout_batch:  # the tokens the loss reads: after the rejection masks
+            batch["rollout_tokens"] = segments.rollout_tokens(batch["loss_mask"],
+                                                              batch["rollout_ids"])
         return batch, metrics
 
     return prepare

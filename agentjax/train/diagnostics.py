@@ -81,7 +81,8 @@ def rollout_metrics(groups: Sequence[Sequence[Trajectory]], batch: dict) -> dict
         # keeps the sampled tokens either way.
         m["tools/rerendered_turn_frac"] = (sum(t.metadata["rerendered_turns"] for t in native)
                                            / max(sum(len(t.turns) for t in native), 1))
-    m["truncated/collate_frac"] = float(np.mean(batch["truncated"][:len(episodes)]))
+    m["truncated/collate_frac"] = float(np.mean(batch["truncated"][batch["rollout_ids"] >= 0]))
+    m.update(segment_metrics(episodes, batch["rollout_ids"]))
     m["truncated/turn_length_frac"] = np.mean([
         any(turn.finish_reason == "length" for turn in t.turns) for t in episodes])
 
@@ -101,6 +102,32 @@ def rollout_metrics(groups: Sequence[Sequence[Trajectory]], batch: dict) -> dict
     m["tools/duplicate_rate"] = sum(_consecutive_duplicates(log) for log in logs) / turns
     m["tools/calls_per_episode"] = np.mean([log.num_tool_calls for log in logs]) if logs else 0.
     return {k: float(v) for k, v in m.items()}
+
+
+def segment_metrics(episodes: Sequence[Trajectory], rollout_ids) -> dict[str, float]:
+    """Rollouts cut into segments (core/trajectory.py) and, for an agent's rollouts
+    (envs/openai_agent), how its model calls merged.
+
+    rollout/segments_mean: segments per rollout; rollout/segments_dropped: segments past
+    rollout.max_segments, left out of the batch (`rollout_ids`: each row's rollout);
+    agent/prompt_extends_frac: of the calls after a rollout's first, the fraction whose
+    prompt extends the previous call's prompt and completion token for token (so merged
+    into one segment); agent/merge_reused_tokens_mean: per rollout, the context tokens
+    those calls re-used rather than starting a segment."""
+    segments = np.array([1 + len(t.segments) for t in episodes])
+    kept = np.bincount(np.asarray(rollout_ids)[np.asarray(rollout_ids) >= 0],
+                       minlength=len(episodes))[:len(episodes)]
+    m = {"rollout/segments_mean": segments.mean(),
+         "rollout/segments_dropped": float((segments - kept).sum())}
+    agents = [t.metadata for t in episodes if "calls" in t.metadata]
+    if agents:
+        later = sum(max(meta["calls"] - 1, 0) for meta in agents)
+        m["agent/calls_mean"] = np.mean([meta["calls"] for meta in agents])
+        m["agent/prompt_extends_frac"] = (sum(meta["calls_extended"] for meta in agents)
+                                          / max(later, 1))
+        m["agent/merge_reused_tokens_mean"] = np.mean([meta["merge_reused_tokens"]
+                                                       for meta in agents])
+    return m
 
 
 # An update counts as rounded away when the params moved by less than this fraction of

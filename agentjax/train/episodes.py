@@ -57,17 +57,23 @@ class Segment:
 
 
 def episode_segments(traj: Trajectory, tokenizer) -> list[Segment]:
-    """The prompt, then each turn's action (trained or not) and observation (masked)."""
+    """The prompt, then each turn's action (trained or not) and observation (masked); a
+    rollout cut into segments (`Trajectory.segments`) has a prompt before each, its turns
+    numbered on."""
     def text(ids):
         return _clip(tokenizer.decode(list(ids), skip_special_tokens=False))
 
-    segments = [Segment("prompt", 0, len(traj.prompt_ids), False, text(traj.prompt_ids))]
-    for index, turn in enumerate(traj.turns, 1):
-        segments.append(Segment("action", index, len(turn.action_ids), turn.trainable,
-                                text(turn.action_ids), turn.finish_reason))
-        if turn.observation_ids:
-            segments.append(Segment("observation", index, len(turn.observation_ids), False,
-                                    text(turn.observation_ids)))
+    segments, index = [], 0
+    for part in [*traj.segments, traj]:
+        segments.append(Segment("prompt", 0, len(part.prompt_ids), False,
+                                text(part.prompt_ids)))
+        for turn in part.turns:
+            index += 1
+            segments.append(Segment("action", index, len(turn.action_ids), turn.trainable,
+                                    text(turn.action_ids), turn.finish_reason))
+            if turn.observation_ids:
+                segments.append(Segment("observation", index, len(turn.observation_ids),
+                                        False, text(turn.observation_ids)))
     return segments
 
 

@@ -93,7 +93,7 @@ class Rollouts:
             engine, suite.make_env, policy.tokenizer,
             limits=EpisodeLimits(max_turns=config.env.max_turns, max_context_tokens=r.max_tokens),
             concurrency=r.concurrency, reward_fn=suite.reward_fn,
-            episode_timeout_s=r.episode_timeout_s)
+            episode_timeout_s=r.episode_timeout_s, runner=suite.episode_runner)
         recorder = EpisodeRecorder(runtime.workdir, policy.tokenizer, samples=config.log.samples,
                                    enabled=runtime.is_main, tracking=runtime.tracking)
         return cls(config, suite=suite, engine=engine, close_engine=close_engine, pool=pool,

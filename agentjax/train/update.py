@@ -48,7 +48,7 @@ from flax import nnx
 
 from agentjax.models.lora import has_adapters, join_adapters, split_adapters
 from agentjax.rl import token_packing
-from agentjax.rl.aggregation import loss_norm
+from agentjax.rl.aggregation import for_rows, loss_norm
 from agentjax.rl.objectives import LossFn, NormFn
 
 
@@ -229,8 +229,14 @@ def accumulate_grads(loss_fn: LossFn, params: Any, batch: dict, *, micro_batches
         raise ValueError(f"micro-batches by tokens (micro_tokens={micro_tokens}) or by rows "
                          f"(micro_batches={micro_batches}), not both")
     norm = (norm_fn(batch) if norm_fn is not None
-            else loss_norm(batch["loss_mask"], constant=norm_constant))
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+            else loss_norm(batch["loss_mask"], constant=norm_constant,
+                           rollout_tokens=batch.get("rollout_tokens")))
+    # A micro-batch's rows read their own rollouts' token counts (rl/segments.py).
+    value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def grad_fn(params, micro, norm):
+        return value_and_grad(params, micro, for_rows(norm, micro))
+
     if micro_tokens:
         return _token_micro_grads(grad_fn, params, batch, norm, micro_tokens)
     if micro_batches == 1:

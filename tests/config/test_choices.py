@@ -18,8 +18,9 @@ from agentjax.rewards import composite
 
 
 def test_every_env_has_a_task_suite():
-    # The envs agentjax's own folders register (a test may register more).
-    assert sorted(suites.load_builtin_envs()) == sorted(choices.OUTCOMES)
+    # The envs agentjax's own folders register (a test may register more): the task envs
+    # and the one that runs a user's agent on their tasks.
+    assert sorted(suites.load_builtin_envs()) == sorted([*choices.OUTCOMES, choices.AGENT_ENV])
     assert set(choices.OUTCOMES) <= set(suites.SUITES.names())
 
 

@@ -49,14 +49,15 @@ def test_an_unknown_env_name_lists_the_registered_ones(tmp_path):
 
 def test_the_built_in_envs_are_the_folders_with_a_suite():
     builtin = suites.load_builtin_envs()
-    assert set(builtin) == set(choices.OUTCOMES) == {"search", "python", "code"}
+    assert set(builtin) == {*choices.OUTCOMES, choices.AGENT_ENV} == {
+        "search", "python", "code", "openai_agent"}
     assert "test_registry_toy" not in builtin  # registered here, not by an env folder
     for name in builtin:
         assert suites.SUITES.get(name).__module__ == f"agentjax.envs.{name}.suite"
 
 
 def test_build_suite_registers_the_built_in_envs_without_their_import():
-    """A fresh interpreter that imports only the registry finds both envs (the error of an
+    """A fresh interpreter that imports only the registry finds the envs (the error of an
     unknown name lists them), without importing the env packages beforehand."""
     script = (
         "import sys, ml_collections\n"
@@ -70,4 +71,4 @@ def test_build_suite_registers_the_built_in_envs_without_their_import():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "registered: ['code', 'python', 'search']" in result.stdout
+    assert "registered: ['code', 'openai_agent', 'python', 'search']" in result.stdout

@@ -40,7 +40,8 @@ FOUR_DEVICES = with_devices(4)
 # grpo_search.py:test runs in tests/train/test_tracking_run.py, with every tracker on.
 @pytest.mark.parametrize("config", ["ppo_search.py:test", "dapo_search.py:test",
                                     "sft_search.py:test", "grpo_python.py:test",
-                                    "grpo_code.py:test", "grpo_tools.py:test"])
+                                    "grpo_code.py:test", "grpo_tools.py:test",
+                                    "grpo_python_agent.py:test"])
 def test_every_config_runs_end_to_end(config, tmp_path):
     check_finished_run(config, tmp_path, _train(config, tmp_path))
 

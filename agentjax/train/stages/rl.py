@@ -69,6 +69,12 @@ def length_buckets(max_tokens: int, count: int = 4, multiple: int = 32) -> tuple
     return tuple(sorted(min(s, max_tokens) for s in sizes))
 
 
+def batch_rows(config) -> int:
+    """Rows of an RL batch: a row per rollout segment, up to rollout.max_segments each."""
+    r = config.rollout
+    return r.prompts_per_step * r.group_size * r.max_segments
+
+
 def optimizer_updates(config) -> int:
     """Optimizer updates an RL run makes (the lr schedule's horizon): each of its
     total_steps runs ppo_epochs x minibatches of them."""
@@ -131,7 +137,7 @@ def build_rl_update(config: ml_collections.ConfigDict, runtime: Runtime, graphde
     configured algorithm, jitted."""
     algo = config.algo
     state, optimizer, critic_graphdef, critic_optimizer = init_rl_state(config, graphdef, params)
-    rows = config.rollout.prompts_per_step * config.rollout.group_size
+    rows = batch_rows(config)
     policy_loss = objectives.rl_loss(graphdef, algo, chunk_size=config.model.logprob_chunk)
     critic_loss = (objectives.value_loss_fn(critic_graphdef, algo) if critic_graphdef
                    else None)
@@ -236,7 +242,7 @@ class RLStage(Stage):
         self.log_every, self.optim = config.log.every, config.optim
         self.hooks = [Hook(config.eval.every, self.evaluate)]
         r = config.rollout
-        self.rows, self.buckets = r.prompts_per_step * r.group_size, length_buckets(r.max_tokens)
+        self.rows, self.buckets = batch_rows(config), length_buckets(r.max_tokens)
         self.sampler = make_sampler(config.data.curriculum, rollouts.suite.train_tasks,
                                     seed=config.seed)
         self.rules = group_rules(config, rollouts.suite, policy.tokenizer, runtime.log)
@@ -272,7 +278,8 @@ class RLStage(Stage):
     def train(self, state, data, step: int):
         groups, rows = data[0], self.rows
         batch = collate([t for group in groups for t in group], buckets=self.buckets,
-                        pad_id=self.policy.tokenizer.pad_token_id, batch_size=rows)
+                        pad_id=self.policy.tokenizer.pad_token_id, batch_size=rows,
+                        max_segments=self.config.rollout.max_segments)
         if needs_turns(self.config.algo.advantage):
             batch["anchor_ids"] = anchor_ids([t for group in groups for t in group],
                                              batch["targets"].shape,
