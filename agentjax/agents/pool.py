@@ -135,8 +135,12 @@ class RolloutPool:
         return other
 
     def close(self) -> None:
-        """Releases the worker threads (threads stuck in hung env calls are abandoned)."""
+        """Releases the worker threads (threads stuck in hung env calls are abandoned) and
+        what the episode runner holds (an agent runner's local server)."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+        close_runner = getattr(self.runner, "close", None)
+        if close_runner is not None:
+            close_runner()
 
     def __enter__(self):
         return self

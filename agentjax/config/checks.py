@@ -389,6 +389,9 @@ def _check_agent(config) -> None:
         if env.agent:
             reject("env.agent", env.agent, f"it is the agent of env.name={AGENT_ENV!r}; "
                    f"env.name is {env.name!r}")
+        if env.agent_transport != "in_process":
+            reject("env.agent_transport", env.agent_transport, "it is how the agent of "
+                   f"env.name={AGENT_ENV!r} reaches the endpoint; env.name is {env.name!r}")
         return
     module, _, function = env.agent.partition(":")
     if not (module and function):

@@ -19,6 +19,10 @@ OUTCOMES = {"search": {"em": "exact_match", "f1": "f1", "judge": "judge"},
 # The env whose episodes a user's agent plays through the OpenAI-compatible endpoint
 # (envs/openai_agent): its tasks and reward are those of the env env.agent_tasks names.
 AGENT_ENV = "openai_agent"
+# How an agent reaches the endpoint (env.agent_transport): in the pool's own process and
+# event loop (httpx's ASGI transport), or over a real local HTTP server whose URL the
+# agent can hand to a subprocess or a CLI harness.
+AGENT_TRANSPORTS = ("in_process", "http")
 
 
 def task_env(config) -> str:

@@ -20,6 +20,7 @@ from agentjax.config.mcp_servers import MCP_SERVERS
 from agentjax.config.choices import (
     ADVANTAGES,
     AGENT_ENV,
+    AGENT_TRANSPORTS,
     AGGREGATIONS,
     ARCHS,
     ATTENTION_IMPLS,
@@ -295,6 +296,10 @@ ENV = Section(
         "its reward or {'answer': ...} for env.agent_tasks' reward (docs/agents.md)"),
     Key("agent_tasks", "python", Choice(tuple(OUTCOMES)), "env.name='openai_agent': the "
         "env whose tasks the agent gets and whose reward function scores its answer"),
+    Key("agent_transport", "in_process", Choice(AGENT_TRANSPORTS), "env.name="
+        "'openai_agent': how the agent's client reaches the endpoint: 'in_process' (on the "
+        "pool's event loop, no sockets) or 'http' (a local server; str(client.base_url) is "
+        "a real URL a subprocess or CLI agent can be given)"),
     Key("mcp_servers", "", MCP_SERVERS, "MCP servers whose tools the env offers besides its "
         "own, a JSON list ('' = none), e.g. '[{\"name\": \"time\", \"command\": "
         "\"mcp-server-time\"}]' (config/mcp_servers.py: the fields; envs/mcp.py)"),

@@ -19,9 +19,12 @@ no model call or runs past the episode timeout (its task is cancelled, its sessi
 closed) is a failed episode: flagged with the reason and, for a raise, its traceback
 (errors.jsonl), its calls so far kept.
 
-An agent that must run as a subprocess or CLI needs a real URL: serve the same app with
-uvicorn (`build_app(...)` is a FastAPI app) and give the program
-`<server>/sessions/<id>/v1`; `str(client.base_url)` is the in-process form of it.
+An agent that must run as a subprocess or CLI needs a real URL: with
+`transport="http"` (env.agent_transport) the same app is served by uvicorn on a free
+local port in a thread of its own, and `str(client.base_url)`
+(`http://127.0.0.1:<port>/sessions/<id>/v1`) is what the program is given. The engine is
+called from that server's event loop then (engines serve any loop: a synchronous run
+rolls out each step on a new one); the sessions are the same.
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ import dataclasses
 import importlib
 import importlib.util
 import os
+import threading
+import time
 import traceback
 import uuid
 from concurrent.futures import Executor
@@ -37,6 +42,7 @@ from typing import Any, Callable, Mapping
 
 import httpx
 
+from agentjax.config.choices import AGENT_TRANSPORTS
 from agentjax.core.task import EpisodeLog, Task, TurnLog
 from agentjax.core.trajectory import Trajectory
 from agentjax.endpoint.sessions import Sessions
@@ -81,6 +87,34 @@ def default_app(engine, tokenizer, *, sessions, sampling_defaults, max_context, 
                      session_sampling=session_sampling)
 
 
+class LocalServer:
+    """`app` served by uvicorn on 127.0.0.1 at a free port, in a daemon thread with its
+    own event loop, until `close`."""
+
+    def __init__(self, app, *, start_timeout_s: float = 30.0):
+        import uvicorn
+
+        self._server = uvicorn.Server(uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_level="warning", lifespan="off",
+            timeout_keep_alive=30))
+        self._thread = threading.Thread(target=self._server.run, daemon=True,
+                                        name="agent-endpoint")
+        self._thread.start()
+        deadline = time.monotonic() + start_timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the agents' local endpoint did not start (uvicorn "
+                                   f"on 127.0.0.1 within {start_timeout_s} s)")
+            time.sleep(0.01)
+        [listener] = self._server.servers
+        host, port = listener.sockets[0].getsockname()[:2]
+        self.url = f"http://{host}:{port}"
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+
 class AgentFailure(Exception):
     """Ends an agent's episode as failed with a stop reason."""
 
@@ -101,6 +135,8 @@ class AgentRunner:
       app_factory: builds the endpoint's app on an engine (`default_app`'s arguments;
         None: `default_app`).
       request_timeout_s: the client's timeout per model call.
+      transport: "in_process" (httpx's ASGI transport on the pool's event loop) or
+        "http" (a `LocalServer`: a real URL; module docstring).
     """
 
     agent: Callable
@@ -108,22 +144,45 @@ class AgentRunner:
     success_key: str
     app_factory: Callable | None = None
     request_timeout_s: float = 600.0
+    transport: str = "in_process"
 
     def __post_init__(self):
+        if self.transport not in AGENT_TRANSPORTS:
+            raise ValueError(f"transport must be one of {AGENT_TRANSPORTS}, got "
+                             f"{self.transport!r}")
         self.sessions = Sessions()
         self._sampling: dict[str, SamplingParams] = {}
         self._apps: dict[int, tuple[Any, Any]] = {}
+        self._servers: dict[int, LocalServer] = {}
+        self._lock = threading.Lock()  # an async run's producer thread builds them too
+
+    def close(self) -> None:
+        """Stops the local servers (transport "http")."""
+        with self._lock:
+            servers, self._servers = list(self._servers.values()), {}
+        for server in servers:
+            server.close()
 
     def app(self, engine, tokenizer, max_context: int):
         """The endpoint's app on `engine` (one per engine, built at its first episode)."""
         key = id(engine)
-        if key not in self._apps:
-            build = self.app_factory or default_app
-            app = build(engine, tokenizer, sessions=self.sessions,
-                        sampling_defaults=SamplingParams(), max_context=max_context,
-                        model_name=MODEL_NAME, session_sampling=self._sampling.get)
-            self._apps[key] = (engine, app)  # the engine kept: its id stays its own
-        return self._apps[key][1]
+        with self._lock:
+            if key not in self._apps:
+                build = self.app_factory or default_app
+                app = build(engine, tokenizer, sessions=self.sessions,
+                            sampling_defaults=SamplingParams(), max_context=max_context,
+                            model_name=MODEL_NAME, session_sampling=self._sampling.get)
+                self._apps[key] = (engine, app)  # the engine kept: its id stays its own
+            return self._apps[key][1]
+
+    def _base_url(self, engine, app) -> str:
+        """Where the agent's client sends its calls (before `/sessions/<id>/v1`)."""
+        if self.transport == "in_process":
+            return AGENT_HOST
+        with self._lock:
+            if id(engine) not in self._servers:
+                self._servers[id(engine)] = LocalServer(app)
+            return self._servers[id(engine)].url
 
     async def __call__(self, engine, tokenizer, task: Task, sampling: SamplingParams, limits,
                        *, group_id: int, executor: Executor) -> Trajectory:
@@ -137,10 +196,12 @@ class AgentRunner:
         outcome: Any = None
         failure: tuple[str, str] | None = None
         try:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                         base_url=AGENT_HOST) as http:
+            host = self._base_url(engine, app)
+            transport = (httpx.ASGITransport(app=app) if self.transport == "in_process"
+                         else None)
+            async with httpx.AsyncClient(transport=transport, base_url=host) as http:
                 client = openai.AsyncOpenAI(
-                    base_url=f"{AGENT_HOST}/sessions/{session}/v1", api_key="agentjax",
+                    base_url=f"{host}/sessions/{session}/v1", api_key="agentjax",
                     http_client=http, max_retries=0, timeout=self.request_timeout_s)
                 async with timer:
                     outcome = await self.agent(client, task)

@@ -15,5 +15,6 @@ def build_openai_agent_suite(config, data_dir: str) -> TaskSuite:
     # The task env's builder reads its outcomes through `choices.task_env`.
     suite = SUITES.get(config.env.agent_tasks)(config, data_dir)
     suite.episode_runner = AgentRunner(load_agent(config.env.agent), suite.reward_fn,
-                                       suite.success_key)
+                                       suite.success_key,
+                                       transport=config.env.agent_transport)
     return suite

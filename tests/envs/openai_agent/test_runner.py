@@ -2,7 +2,10 @@
 endpoint's app, its calls merged into trajectories and segments."""
 import asyncio
 import dataclasses
+import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -257,3 +260,50 @@ def test_load_agent_names_what_is_wrong():
                         ("tests.envs.openai_agent.test_runner:_reward", "async def")]:
         with pytest.raises(ValueError, match=error):
             load_agent(spec)
+
+
+# A CLI agent: its own process, the sync openai client, the URL it was given.
+CLI_AGENT = """
+import json, sys
+import openai
+client = openai.OpenAI(base_url=sys.argv[1], api_key="x", max_retries=0)
+messages = [{"role": "user", "content": sys.argv[2]}]
+tools = json.loads(sys.argv[3])
+for _ in range(4):
+    message = client.chat.completions.create(model="policy", messages=messages,
+                                             tools=tools).choices[0].message
+    messages.append(message.model_dump(exclude_none=True))
+    if not message.tool_calls:
+        print(message.content.replace("<answer>", "").replace("</answer>", ""))
+        break
+    for call in message.tool_calls:
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": "xof"})
+"""
+
+
+async def cli_agent(client, task):
+    url = str(client.base_url)
+    assert url.startswith("http://127.0.0.1:") and "/sessions/" in url, url
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", CLI_AGENT, url, task.question, json.dumps(TOOLS)],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {"answer": done.stdout.strip()}
+
+
+def test_over_http_a_subprocess_agent_trains_through_a_real_url(tokenizer):
+    runner = AgentRunner(cli_agent, _reward, "em", transport="http")
+    pool = RolloutPool(_engine(tokenizer), None, tokenizer, runner=runner, concurrency=4)
+    with pool:
+        groups = pool.collect_sync(TASKS[:2], group_size=2, sampling=SAMPLING)
+        [server] = runner._servers.values()
+        # A second step runs on a new event loop; the server and its sessions go on.
+        again = pool.collect_sync(TASKS[2:], group_size=1, sampling=SAMPLING)
+    for traj in [t for group in groups + again for t in group]:
+        assert not traj.metadata["failed"], traj.metadata["error"]
+        assert traj.final_reward == 1.0
+        assert traj.metadata["calls"] == 2 and traj.metadata["calls_extended"] == 1
+        assert "xof" in tokenizer.decode(traj.turns[0].observation_ids)
+    assert not runner._servers and not server._thread.is_alive()  # closed with the pool
+    with pytest.raises(ValueError, match="transport must be one of"):
+        AgentRunner(cli_agent, _reward, "em", transport="tcp")
