@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from agentjax.rl import distillation, losses
 from agentjax.rl.prepare import build_prepare
@@ -134,3 +135,23 @@ def test_per_token_gradient_is_the_teacher_signal(jit):
 def test_a_teacher_weight_without_a_teacher_is_a_setup_error():
     with pytest.raises(ValueError, match="distill_coef=0.5 needs the teacher"):
         build_prepare(fake_logprob_fn, make_algo(distill_coef=0.5), num_groups=NUM_GROUPS)
+
+
+def test_sharded_matches_single_device(eight_devices):
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=eight_devices)
+    rows = NamedSharding(mesh, PartitionSpec("data"))
+    rng = np.random.default_rng(1)
+    teacher, student = (rng.normal(-2, 1, (8, 7)).astype(np.float32) for _ in range(2))
+    action = (rng.random((8, 7)) < 0.6).astype(np.float32)
+    task = rng.normal(size=(8,)).astype(np.float32)
+
+    @jax.jit
+    def f(task, teacher, student, action):
+        signal = distillation.distill_advantages(teacher, student, action)
+        return (distillation.combine(task, signal, action, coef=0.7, task_weight=0.3),
+                distillation.distill_metrics(teacher, student, action))
+
+    args = (task, teacher, student, action)
+    single = f(*(jax.device_put(x, eight_devices[0]) for x in args))
+    sharded = f(*(jax.device_put(x, rows) for x in args))
+    chex.assert_trees_all_close(sharded, single, rtol=1e-6, atol=1e-6)
