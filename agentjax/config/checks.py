@@ -417,6 +417,9 @@ def _check_distillation(config) -> None:
     if algo.teacher and not algo.distill_coef:
         reject("algo.distill_coef", 0.0, f"algo.teacher={algo.teacher!r} is read only "
                "with a weight > 0 (algo.name='opd' sets 1)")
+    if algo.distill_task_weight != 1.0 and not algo.distill_coef:
+        reject("algo.distill_task_weight", algo.distill_task_weight, "it weighs the task "
+               "advantage beside a teacher's signal: it needs algo.distill_coef > 0")
     if algo.distill_coef and config.stage != "rl":
         reject("algo.distill_coef", algo.distill_coef, "the teacher scores the RL "
                f"stage's samples; stage is {config.stage!r}")

@@ -9,8 +9,10 @@ Thinking Machines' "On-Policy Distillation" (Lu et al., Oct 2025): the per-token
 KL log pi_student - log pi_teacher of the student's sample, negated, is the advantage
 of an importance-sampled policy gradient with discount 0, so its expectation is the
 gradient of -KL(pi_student || pi_teacher) per token. prime-rl adds it to the task
-advantage the same way (src/prime_rl/trainer/rl/loss.py: `adv_tau * advantages +
-teacher_tau * (teacher_logprobs - trainer_logprobs)`), slime subtracts
+advantage the same way (src/prime_rl/trainer/rl/loss.py, its default loss: `adv_tau`
+times the advantages plus `teacher_tau` times the detached teacher_logprobs -
+trainer_logprobs, zeroed where the teacher's value is not finite, as a token the
+teacher did not score is here), slime subtracts
 `--opd-kl-coef` times it from any estimator's advantage
 (docs/en/advanced/on-policy-distillation.md); TRL's GKDTrainer instead minimizes a
 generalized JSD between the full distributions (`generalized_jsd_loss`, beta = 1 its
@@ -18,8 +20,10 @@ reverse KL), which needs both models' logits in the loss, not only the sampled t
 
 The student's log-probs here are the trainer's (`prepare`'s recomputed `current`), the
 same numerics as the teacher's forward pass, so the rollout engine's mismatch never
-leaks into the signal; the term is a constant of the update (stop_gradient), so it
-enters every policy loss as an advantage does (rl/policy_losses.py).
+leaks into the signal; both are taken at the rollout temperature (at 1, the usual for
+distillation, the plain formula). The term is a constant of the update
+(stop_gradient), so it enters every policy loss as an advantage does
+(rl/policy_losses.py).
 """
 from __future__ import annotations
 

@@ -121,7 +121,11 @@ def test_the_teacher_and_its_weight_come_together_in_the_rl_stage(tmp_path):
     with pytest.raises(ConfigError, match=r"'algo.distill_coef' is 0.0; algo.teacher=.* is "
                                           r"read only with a weight > 0"):
         config_lib.validate(config)
-    config.algo.distill_coef, config.stage = 1.0, "dpo"
+    config.algo.teacher = ""
+    with pytest.raises(ConfigError, match=r"'algo.distill_task_weight' is 0.0; it weighs the "
+                                          r"task advantage beside a teacher's signal"):
+        config_lib.validate(config)
+    config.algo.distill_coef, config.algo.teacher, config.stage = 1.0, str(tmp_path), "dpo"
     with pytest.raises(ConfigError, match=r"the teacher scores the RL stage's samples"):
         config_lib.validate(config)
 
