@@ -549,3 +549,28 @@ def dynamic_sampling_keep(scores, group_ids, num_groups):
         group = members[int(g)]
         keep.append(len(group) > 1 and float(np.std(group)) > 0)
     return np.array(keep)
+
+
+def distill_advantages(task_adv, teacher_logp, student_logp, loss_mask, action_mask, coef,
+                       task_weight):
+    """On-policy distillation's advantages: task_weight * A_task + coef * (log pi_teacher -
+    log pi_student) on loss tokens, the second term only on action tokens the teacher
+    scored (a finite log-prob), no discount; and (k1, k3, scored fraction) of
+    KL(student || teacher) per scored action token (k3 clamped as `kl`'s)."""
+    task_adv, teacher_logp, student_logp = _f64(task_adv, teacher_logp, student_logp)
+    loss_mask, action_mask = np.asarray(loss_mask) > 0, np.asarray(action_mask) > 0
+    if task_adv.ndim == 1:
+        task_adv = np.repeat(task_adv[:, None], loss_mask.shape[1], axis=1)
+    out = np.zeros_like(student_logp)
+    k1, k3, scored = [], [], 0
+    for b, t in np.ndindex(*out.shape):
+        is_scored = action_mask[b, t] and math.isfinite(teacher_logp[b, t])
+        signal = teacher_logp[b, t] - student_logp[b, t] if is_scored else 0.0
+        if loss_mask[b, t]:
+            out[b, t] = task_weight * task_adv[b, t] + coef * signal
+        if is_scored:
+            scored += 1
+            k1.append(student_logp[b, t] - teacher_logp[b, t])
+            k3.append(float(kl(student_logp[b, t], teacher_logp[b, t], "k3")))
+    mean = (lambda xs: sum(xs) / len(xs) if xs else 0.0)
+    return out, (mean(k1), mean(k3), scored / max(int(action_mask.sum()), 1))

@@ -20,6 +20,11 @@ ALGORITHM_PRESETS = {
                   clip_high=4.0),
     "ppo": dict(advantage="gae", loss="ppo", agg="token-mean", gamma=1.0, lam=0.95,
                 value_clip=0.2),
+    # On-policy distillation (Thinking Machines, Oct 2025; rl/distillation.py): the
+    # teacher's per-token signal alone, token-mean as each token is its own term, no KL
+    # to the initial policy (the teacher is the anchor); algo.teacher names the teacher.
+    "opd": dict(advantage="grpo", loss="ppo", agg="token-mean", kl_coef=0.0,
+                distill_coef=1.0, distill_task_weight=0.0),
 }
 ALGORITHMS = tuple(ALGORITHM_PRESETS)
 

@@ -26,6 +26,7 @@ def check_combinations(config) -> None:
     _check_lora(config)
     _check_algo(config)
     _check_rollout_correction(config.algo)
+    _check_distillation(config)
     _check_batches(config)
     _check_micro_tokens(config)
     _check_agent(config)
@@ -408,3 +409,20 @@ def _check_agent(config) -> None:
     if config.rollout.max_segments > 1 and algo.advantage in ("gigpo", "turn_rloo"):
         reject("algo.advantage", algo.advantage, "its turns and anchor states are an env "
                "episode's; an agent's segments have neither: use rollout.max_segments=1")
+
+
+def _check_distillation(config) -> None:
+    """A teacher and its weight come together, in the RL stage."""
+    algo = config.algo
+    if algo.distill_coef and not algo.teacher:
+        reject("algo.teacher", "", f"algo.distill_coef={algo.distill_coef} needs the "
+               "teacher: an HF folder or a run's workdir with the policy's tokenizer")
+    if algo.teacher and not algo.distill_coef:
+        reject("algo.distill_coef", 0.0, f"algo.teacher={algo.teacher!r} is read only "
+               "with a weight > 0 (algo.name='opd' sets 1)")
+    if algo.distill_task_weight != 1.0 and not algo.distill_coef:
+        reject("algo.distill_task_weight", algo.distill_task_weight, "it weighs the task "
+               "advantage beside a teacher's signal: it needs algo.distill_coef > 0")
+    if algo.distill_coef and config.stage != "rl":
+        reject("algo.distill_coef", algo.distill_coef, "the teacher scores the RL "
+               f"stage's samples; stage is {config.stage!r}")

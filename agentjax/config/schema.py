@@ -588,6 +588,16 @@ ALGO = Section(
     Key("turn_baseline", "episode", Choice(TURN_BASELINES), "turn_rloo: the leave-one-out "
         "baseline of a turn's return: the group's other episodes' returns from their start "
         "('episode') or from the same turn index, 0 once ended ('turn')"),
+    # On-policy distillation (rl/distillation.py; docs/operations.md).
+    Key("teacher", "", Path("folder", "an HF folder, or a run's workdir (its hf/ export)"),
+        "on-policy distillation's teacher: a model of the policy's tokenizer that scores "
+        "the policy's own samples (read with algo.distill_coef > 0)"),
+    Key("distill_coef", 0.0, NON_NEGATIVE, "weight of the teacher's per-token signal log "
+        "pi_teacher - log pi_student in the advantages, on action tokens, no discount "
+        "(0: off; algo.name='opd': 1)"),
+    Key("distill_task_weight", 1.0, NON_NEGATIVE, "with a teacher, the weight of the task "
+        "reward's advantage (algo.advantage) beside it (algo.name='opd': 0, distillation "
+        "alone)"),
 )
 
 OPTIM = Section(

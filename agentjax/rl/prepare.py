@@ -2,12 +2,14 @@
 
 `build_prepare(logprob_fn, algo, ...)` returns the pure function (jit it)
 
-    prepare(params, ref_params, critic_params, batch) -> (batch, metrics)
+    prepare(params, ref_params, critic_params, batch[, teacher_params]) -> (batch, metrics)
 
 that adds to a collated batch everything the update's losses (`rl.objectives`) read:
 `loss_mask`, `old_logp`, `ref_logp`, `advantages` (and with a critic `old_values`,
 `returns`), `is_weights`, and with `algo.rollout_normalization` `rollout_tokens`
-(rl/segments.py: a rollout cut into segments counts once). All advantages are computed
+(rl/segments.py: a rollout cut into segments counts once). With a teacher
+(`algo.distill_coef`) the advantages also carry its per-token signal
+(rl/distillation.py). All advantages are computed
 on the full batch before any minibatching, by the estimator `algo.advantage` names
 (`advantages.ADVANTAGES`). The
 model enters only through `logprob_fn` (and `value_fn` for a critic), so every branch can
@@ -23,7 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentjax.rl import kl as kl_lib
-from agentjax.rl import rollout_correction, segments, token_packing
+from agentjax.rl import distillation, rollout_correction, segments, token_packing
 from agentjax.rl.advantages import ADVANTAGES, needs_critic
 from agentjax.rl.aggregation import masked_mean
 from agentjax.rl.objectives import policy_logprobs
@@ -67,8 +69,10 @@ def loss_mask(batch: dict, *, loss_on_observations: bool) -> jax.Array:
 
 def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
                   loss_on_observations: bool = False, value_fn: ValueFn | None = None,
-                  offpolicy_metrics: bool = False, ref_logprob_fn: LogprobFn | None = None):
-    """Returns `prepare(params, ref_params, critic_params, batch) -> (batch, metrics)`.
+                  offpolicy_metrics: bool = False, ref_logprob_fn: LogprobFn | None = None,
+                  teacher_logprob_fn: LogprobFn | None = None):
+    """Returns `prepare(params, ref_params, critic_params, batch, teacher_params=None)
+    -> (batch, metrics)`.
 
     Args:
       logprob_fn: (params, batch, temperature) -> (logp, entropy) [B, T] of
@@ -85,6 +89,11 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
         when old_logp="recompute" and tis_cap > 0 (asynchronous runs log them).
       ref_logprob_fn: the reference's LogprobFn at `ref_params` (default `logprob_fn`;
         LoRA's is the base model's over the policy's own params).
+      teacher_logprob_fn: on-policy distillation's teacher (algo.distill_coef > 0): its
+        LogprobFn at `teacher_params`, another model of the same vocabulary; the
+        advantages become algo.distill_task_weight x the estimator's plus
+        algo.distill_coef x (log pi_teacher - log pi_student) on action tokens
+        (rl/distillation.py), before the rejection masks read them.
 
     The batch must hold `temperature` [B]: the rollout temperature, so recomputed
     log-probs describe the distribution the engine sampled from.
@@ -98,7 +107,8 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
     pi_behavior) over action tokens; rollout_correction/masked_tokens, /masked_seqs and
     per mask /<mask>_masked_tokens (0 without masks); kl_ref (KL(old || ref) over loss
     tokens) with a KL term; value_mean with a critic; advantage_abs_mean over loss tokens;
-    the estimator's own (`AdvantageEstimate.metrics`, e.g. gigpo/step_grouped_frac).
+    the estimator's own (`AdvantageEstimate.metrics`, e.g. gigpo/step_grouped_frac);
+    with a teacher distill/kl_k1, distill/kl_k3 and distill/scored_frac.
     """
     estimator = ADVANTAGES.get(algo.advantage)
     micro_tokens = algo.get("micro_tokens", 0)
@@ -119,8 +129,12 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
     # A rollout of several rows (segments) counts once: rl/segments.py.
     per_rollout = algo.get("rollout_normalization", False)
     ref_logprob_fn = ref_logprob_fn or logprob_fn
+    distill_coef = algo.get("distill_coef", 0.0)
+    if distill_coef and teacher_logprob_fn is None:
+        raise ValueError(f"algo.distill_coef={distill_coef} needs the teacher: pass "
+                         "teacher_logprob_fn")
 
-    def prepare(params, ref_params, critic_params, batch):
+    def prepare(params, ref_params, critic_params, batch, teacher_params=None):
         batch = dict(batch)
         mask = loss_mask(batch, loss_on_observations=loss_on_observations)
         batch["loss_mask"] = mask
@@ -178,6 +192,15 @@ def build_prepare(logprob_fn: LogprobFn, algo: Any, *, num_groups: int,
         if estimate.returns is not None:
             batch["returns"] = estimate.returns
         metrics.update(estimate.metrics or {})
+        if distill_coef:
+            teacher, _ = per_token(
+                lambda b: teacher_logprob_fn(teacher_params, b, temperature), batch)
+            teacher = jax.lax.stop_gradient(teacher)
+            signal = distillation.distill_advantages(teacher, current, action)
+            batch["advantages"] = distillation.combine(
+                batch["advantages"], signal, mask, coef=distill_coef,
+                task_weight=algo.distill_task_weight)
+            metrics.update(distillation.distill_metrics(teacher, current, action))
         metrics["advantage_abs_mean"] = masked_mean(jnp.abs(batch["advantages"]), mask)
         batch["loss_mask"], mask_metrics = rollout_correction.rejection_mask(
             current, behavior, action, mask, batch["advantages"], masks=masks,

@@ -16,6 +16,10 @@ it is not counted; the offline stages' batches are not planned):
   KL reference          float32 copy, when algo.kl_coef > 0 (TrainState.ref_params;
                         stage "dpo": the DPO reference)
   critic + Adam         3 x float32 (trunk copy + value head), PPO's critic only
+  distillation teacher  its params in the compute dtype, when algo.distill_coef > 0
+                        (train/teacher.py: frozen, any shape of the policy's vocabulary);
+                        its forward runs in `prepare`, without a backward, chunked as the
+                        reference's
   engine weights        the compute dtype (model.dtype), one copy per engine lane
   engine weight swap    one more lane copy while update_weights builds the new one
   staged weights        float32, rollout.mode="async": the update's params copied for
@@ -347,7 +351,8 @@ def _pages_bytes(model_config: ModelConfig, pages: int, page_size: int, mesh: Me
 
 
 def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, mesh: Mesh,
-                *, device_bytes: int | None = None) -> MemoryPlan:
+                *, device_bytes: int | None = None,
+                teacher: ModelConfig | None = None) -> MemoryPlan:
     """The per-device memory plan of `config` with the policy `model_config` on `mesh`.
 
     Args:
@@ -355,6 +360,7 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
       model_config: the policy's ModelConfig (compute dtype `dtype`).
       mesh: the trainer's mesh.
       device_bytes: one device's memory; None asks a device of the mesh.
+      teacher: on-policy distillation's teacher (`policy.teacher_config`), or None.
     """
     rules = parallel.resolve_rules(json.loads(config.rules) if config.rules else None)
     abstract = nnx.state(nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0))))
@@ -396,6 +402,12 @@ def memory_plan(config: ml_collections.ConfigDict, model_config: ModelConfig, me
     if needs_critic(algo.advantage):
         rows.append(MemoryRow("critic + Adam (3 x float32)", 3 * (master + head),
                               _SHARD_PARAMS))
+    if teacher is not None:
+        teacher_params = nnx.state(nnx.eval_shape(lambda: Decoder(teacher, rngs=nnx.Rngs(0))))
+        rows.append(MemoryRow(
+            f"distillation teacher ({teacher.dtype})",
+            bytes_of(teacher_params, jnp.dtype(teacher.dtype).itemsize),
+            f"a smaller algo.teacher, model.dtype='bfloat16', or {_SHARD_PARAMS}"))
     lane_weights = f"model.dtype='bfloat16' halves it, or {_SHARD_PARAMS}"
     rows.append(MemoryRow(f"engine weights ({model_config.dtype}, {r.engine_lanes} lane(s))",
                           r.engine_lanes * compute,

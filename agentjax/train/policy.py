@@ -87,7 +87,7 @@ class Policy:
         lora = lora_config(config, folder_config, runtime.log)
         if plan_memory:
             plan = memory_plan(config, dataclasses.replace(folder_config, lora=lora),
-                               runtime.mesh)
+                               runtime.mesh, teacher=teacher_config(config))
             local = [d for d in runtime.mesh.devices.flat
                      if d.process_index == jax.process_index()]
             if local[0].platform == "cpu":  # the devices are the host's memory
@@ -231,6 +231,29 @@ def model_folder(config: ml_collections.ConfigDict, workdir: str) -> str:
     if config.model.path:
         return config.model.path
     return os.path.join(workdir, TINY_MODEL_DIR)
+
+
+def teacher_folder(path: str) -> str:
+    """The HF folder of algo.teacher `path`: a run's workdir gives its final export
+    (HF_DIR), an HF folder itself."""
+    for folder in (os.path.join(path, HF_DIR), path):
+        if os.path.isfile(os.path.join(folder, "config.json")):
+            return folder
+    raise FileNotFoundError(f"algo.teacher={path!r} holds no HF model: neither "
+                            f"{os.path.join(path, HF_DIR, 'config.json')} (a finished run's "
+                            f"export) nor {os.path.join(path, 'config.json')} exists")
+
+
+def teacher_config(config: ml_collections.ConfigDict) -> ModelConfig | None:
+    """The ModelConfig of on-policy distillation's teacher (algo.teacher, read when
+    algo.distill_coef > 0; None otherwise), without its weights: frozen, it is held and
+    computes in config.model.dtype (train/teacher.py)."""
+    if not config.algo.distill_coef:
+        return None
+    m = config.model
+    with open(os.path.join(teacher_folder(config.algo.teacher), "config.json")) as f:
+        return ModelConfig.from_hf(json.load(f), param_dtype=m.dtype, dtype=m.dtype,
+                                   attention=m.attention, attention_block=m.attention_block)
 
 
 def build_tiny_model(config: ml_collections.ConfigDict, path: str,

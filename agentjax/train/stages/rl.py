@@ -29,6 +29,7 @@ state and sampling seeds (`Rollouts.sampling`).
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Callable
@@ -60,6 +61,7 @@ from agentjax.train.policy import HF_DIR, Policy
 from agentjax.train.precision import master_copy
 from agentjax.train.rollouts import Rollouts, temperature_at, undonated_copy
 from agentjax.train.runtime import Runtime
+from agentjax.train.teacher import Teacher, load_teacher
 
 
 def length_buckets(max_tokens: int, count: int = 4, multiple: int = 32) -> tuple[int, ...]:
@@ -132,9 +134,10 @@ def init_rl_state(config: ml_collections.ConfigDict, graphdef: nnx.GraphDef, par
 
 
 def build_rl_update(config: ml_collections.ConfigDict, runtime: Runtime, graphdef: nnx.GraphDef,
-                    params):
+                    params, teacher: Teacher | None = None):
     """(initial state, update(state, batch), prepare(params, ref, critic, batch)) of the
-    configured algorithm, jitted."""
+    configured algorithm, jitted; with on-policy distillation's `teacher`
+    (train/teacher.py) `prepare` holds its params."""
     algo = config.algo
     state, optimizer, critic_graphdef, critic_optimizer = init_rl_state(config, graphdef, params)
     rows = batch_rows(config)
@@ -155,7 +158,12 @@ def build_rl_update(config: ml_collections.ConfigDict, runtime: Runtime, graphde
         value_fn=critic_value_fn(critic_graphdef) if critic_graphdef else None,
         offpolicy_metrics=config.rollout.mode == "async",
         ref_logprob_fn=reference_logprob_fn(graphdef, params,
-                                            chunk_size=config.model.logprob_chunk)))
+                                            chunk_size=config.model.logprob_chunk),
+        teacher_logprob_fn=model_logprob_fn(teacher.graphdef,
+                                            chunk_size=config.model.logprob_chunk)
+        if teacher else None))
+    if teacher is not None:
+        prepare = functools.partial(prepare, teacher_params=teacher.params)
     return state, update, prepare
 
 
@@ -213,7 +221,11 @@ def run_rl(config: ml_collections.ConfigDict, runtime: Runtime, policy: Policy,
            rollouts: Rollouts, params):
     """RL from `params` for total_steps (resuming from the workdir's last committed
     checkpoint); exports to <workdir>/hf and returns (final params, last eval metrics)."""
-    state, update, prepare = build_rl_update(config, runtime, policy.graphdef, params)
+    teacher = (load_teacher(config, runtime, tokenizer=policy.tokenizer,
+                            vocab_size=policy.model_config.vocab_size)
+               if config.algo.distill_coef else None)
+    state, update, prepare = build_rl_update(config, runtime, policy.graphdef, params,
+                                             teacher)
     stage = RLStage(config, runtime, policy, rollouts, update=update, prepare=prepare)
     state = fit(runtime, stage, state, checkpoint_every=config.checkpoint.every)
     policy.export(state.params, os.path.join(runtime.workdir, HF_DIR))
