@@ -311,6 +311,7 @@ def observation_token_ids(
     role: str | None,
     action_ids: Sequence[int],
     max_tokens: int | None = None,
+    then: Sequence[Mapping[str, str]] = (),
 ) -> list[int]:
     """The ids appended after an action whose env returned `observation`.
 
@@ -334,20 +335,29 @@ def observation_token_ids(
       max_tokens: cut the observation's content to this many tokens (None: no cut).
         A cut chat observation is re-encoded from its decoded prefix, which is fine
         because the trajectory records the ids actually fed to the policy.
+      then: messages that follow the observation before the next assistant header (the
+        loop's own request, e.g. the summary request of a context compaction); an
+        inline observation's assistant turn is then closed with the end-of-turn token
+        (a template token) before them.
     """
     observation = strip_control_text(tokenizer, observation)
     content_ids = list(tokenizer.encode(observation, add_special_tokens=False))
     cut = max_tokens is not None and len(content_ids) > max_tokens
     ended = len(action_ids) and action_ids[-1] in (end_of_turn_id(tokenizer),
                                                    tokenizer.eos_token_id)
+    eot = end_of_turn_id(tokenizer)
     if role is None and not ended:
-        return content_ids[:max_tokens] if cut else content_ids
+        inline = content_ids[:max_tokens] if cut else content_ids
+        if not then:
+            return inline
+        first, *rest = then
+        return inline + [eot] + list(observation_ids(tokenizer, first["content"],
+                                                     first["role"], then=rest))
     role = role or "user"
     if cut:
         observation = tokenizer.decode(content_ids[:max_tokens])
-    eot = end_of_turn_id(tokenizer)
     prefix = [] if (len(action_ids) and action_ids[-1] == eot) else [eot]
-    return prefix + list(observation_ids(tokenizer, observation, role))
+    return prefix + list(observation_ids(tokenizer, observation, role, then=then))
 
 
 def tool_turn_ids(
