@@ -45,7 +45,7 @@ from agentjax.agents.groups import GroupRules, Hindsight, Overlong
 from agentjax.agents.sources import GROUPS_LOG, RolloutPlan, RolloutPort, make_source
 from agentjax.core.anchors import anchor_ids
 from agentjax.core.task import Task
-from agentjax.core.trajectory import collate
+from agentjax.core.trajectory import collate, mask_rollouts, truncated_rollouts
 from agentjax.data.curriculum import make_sampler
 from agentjax.models import ValueModel
 from agentjax.models.lora import base_graphdef, has_adapters, split_adapters
@@ -285,6 +285,10 @@ class RLStage(Stage):
                                              batch["targets"].shape,
                                              key=self.config.algo.turn_anchor)
         metrics = diagnostics.rollout_metrics(groups, batch)
+        if self.config.algo.truncated_rollouts == "mask":
+            episodes = [t for group in groups for t in group]
+            metrics["truncated/masked_rows"] = float(
+                mask_rollouts(batch, truncated_rollouts(episodes, batch)))
         batch["temperature"] = np.full((rows,), temperature_at(self.config, step), np.float32)
         del batch["truncated"]
         device_batch, prep_metrics = self.prepare(*prepare_inputs(state),
