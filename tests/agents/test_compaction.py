@@ -12,13 +12,18 @@ from agentjax.agents.loop import (DROPPED_OBSERVATION, SUMMARY_CONTINUE, SUMMARY
 from agentjax.config.choices import AGGREGATIONS
 from agentjax.core.task import Task
 from agentjax.core.trajectory import (Trajectory, Turn, collate, mask_rollouts,
-                                      observation_token_ids, truncated_rollouts)
+                                      observation_token_ids, tool_turn_ids,
+                                      truncated_rollouts)
 from agentjax.engine.protocol import SamplingParams
+from agentjax.envs.python.env import PythonEnv
+from agentjax.models import chat
 from agentjax.models.tokenizer import end_of_turn_id, observation_ids, prompt_ids
 from agentjax.rl import segments
 from agentjax.rl.aggregation import aggregate, loss_norm
 from agentjax.train import diagnostics
 from tests.agents.fakes import ScriptedEngine, ToyEnv
+from tests.envs.test_native import Lookup
+from tests.models.chat_templates import chat_tokenizer
 from tests.rl.test_segments import reference_weights
 
 TASK = Task("t1", "Which city is the capital of France?", answers=("Paris",))
@@ -223,3 +228,49 @@ def test_a_turn_cut_by_max_new_tokens_is_counted(tokenizer):
     batch = collate([traj], buckets=(256,), pad_id=0)
     metrics = diagnostics.rollout_metrics([[traj]], batch)
     assert metrics["truncated/turn_length_frac"] == 1.0 and metrics["stop/answer"] == 1.0
+
+
+@pytest.mark.parametrize("compaction", ["summary", "drop"])
+def test_native_tool_calls_compact_through_the_chat_template(tmp_path, compaction):
+    tokenizer = chat_tokenizer("qwen2.5", tmp_path)
+    eot = tokenizer.convert_ids_to_tokens(end_of_turn_id(tokenizer))
+    call = '<tool_call>\n{"name": "lookup", "arguments": {"word": "six"}}\n</tool_call>'
+    replies = {"call": call + eot, "summary": SUMMARY + eot,
+               "answer": "<answer> a word </answer>" + eot}
+
+    def script(context, index):
+        if index == 0:
+            return replies["call"]
+        asked = tokenizer.decode(list(context)).endswith(
+            SUMMARY_REQUEST + eot + "\n<|im_start|>assistant\n")
+        return replies["summary" if asked else "answer"]
+
+    engine = ScriptedEngine(tokenizer, script)
+    env = PythonEnv(tools=[Lookup()], tool_format="native", tool_parser="auto")
+    answered = []
+    step = env.step
+    env.step = lambda text: answered.append(step(text)) or answered[-1]
+    messages = PythonEnv(tools=[Lookup()], tool_format="native").reset(TASK)
+    prompt = chat.prompt_ids(tokenizer, messages, env.template_tools)
+    limits = EpisodeLimits(max_turns=4, max_context_tokens=4096, compaction=compaction,
+                           compaction_keep_turns=1, compact_at_tokens=len(prompt) + 1,
+                           max_compactions=1)
+    traj = asyncio.run(run_episode(engine, env, TASK, SamplingParams(max_new_tokens=256),
+                                   limits, tokenizer))
+    assert traj.metadata["stop_reason"] == "answer" and traj.metadata["compactions"] == 1
+    [old] = traj.segments
+    turn = answered[0].info["messages"]  # the parsed call and the tool's answer
+    if compaction == "summary":
+        # The tool's answer, then the request, rendered by the template after the call.
+        ids, _ = tool_turn_ids(tokenizer, messages, [*turn, {"role": "user",
+                                                             "content": SUMMARY_REQUEST}],
+                               tools=env.template_tools, action_ids=old.turns[0].action_ids)
+        assert old.turns[0].observation_ids == ids
+        history = [{"role": "assistant", "content": SUMMARY},
+                   {"role": "user", "content": SUMMARY_CONTINUE}]
+    else:
+        history = turn  # the last turn, kept verbatim
+    assert traj.prompt_ids == chat.prompt_ids(tokenizer, [*messages, *history],
+                                              env.template_tools)
+    assert traj.prompt_ids == list(engine.requests[-1].input_ids)
+    assert _rollout_actions(traj) == _sampled(engine)
