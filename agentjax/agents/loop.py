@@ -210,7 +210,7 @@ async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
     initial = list(await _env_call(loop, executor, env.reset, task))
     traj.prompt_ids = _render(tokenizer, initial, tools)
     history = list(initial)  # native tool calling: the conversation as messages
-    turn_messages: list[list[dict]] = []  # each env turn as chat messages (compaction)
+    turn_messages: list[list[dict]] = []  # each env turn as chat messages ("drop")
     context = list(traj.prompt_ids)
     stop = tuple(dict.fromkeys(tuple(sampling.stop) + tuple(env.stop)))
     for turn_index in range(limits.max_turns):
@@ -245,10 +245,11 @@ async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
             # sampled tokens, and this counts the turns where the two differ.
             traj.metadata["rerendered_turns"] = (
                 traj.metadata.get("rerendered_turns", 0) + (not kept))
-        turn_messages.append(
-            _turn_messages(tokenizer, text, result, env.observation_role,
-                           limits.max_observation_tokens) if tools is None
-            else [dict(m) for m in result.info["messages"]])
+        if limits.compaction == "drop" and limits.compact_at_tokens:
+            turn_messages.append(
+                _turn_messages(tokenizer, text, result, env.observation_role,
+                               limits.max_observation_tokens) if tools is None
+                else [dict(m) for m in result.info["messages"]])
         if (limits.compact_at_tokens and len(traj.segments) < limits.max_compactions
                 and len(context) + len(observation) >= limits.compact_at_tokens):
             if limits.compaction == "summary":
@@ -268,7 +269,6 @@ async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
                 compacted = [{"role": "assistant",
                               "content": action_text(tokenizer, summary.action_ids)},
                              {"role": "user", "content": SUMMARY_CONTINUE}]
-                turn_messages = []
             else:
                 _close_last_turn(turn, tokenizer,
                                  room=limits.max_context_tokens - len(context))
