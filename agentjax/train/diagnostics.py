@@ -55,7 +55,7 @@ def rollout_metrics(groups: Sequence[Sequence[Trajectory]], batch: dict) -> dict
     group_std = [np.std([t.total_reward for t in group]) for group in groups]
     m["groups/zero_variance_frac"] = float(np.mean([s == 0 for s in group_std]))
 
-    lengths = np.array([t.num_action_tokens for t in episodes])
+    lengths = np.array([t.rollout_action_tokens for t in episodes])
     m.update({"length/response_mean": lengths.mean(), "length/response_max": lengths.max(),
               "length/response_p90": np.percentile(lengths, 90),
               "length/episode_tokens_mean": np.mean([t.num_tokens for t in episodes]),

@@ -9,6 +9,7 @@ import pytest
 
 from agentjax.agents.loop import (DROPPED_OBSERVATION, SUMMARY_CONTINUE, SUMMARY_REQUEST,
                                   EpisodeLimits, run_episode)
+from agentjax.config import presets
 from agentjax.config.choices import AGGREGATIONS
 from agentjax.core.task import Task
 from agentjax.core.trajectory import (Trajectory, Turn, collate, mask_rollouts,
@@ -21,6 +22,7 @@ from agentjax.models.tokenizer import end_of_turn_id, observation_ids, prompt_id
 from agentjax.rl import segments
 from agentjax.rl.aggregation import aggregate, loss_norm
 from agentjax.train import diagnostics
+from agentjax.train.stages.rl import episode_action_budget
 from tests.agents.fakes import ScriptedEngine, ToyEnv
 from tests.envs.test_native import Lookup
 from tests.models.chat_templates import chat_tokenizer
@@ -274,3 +276,19 @@ def test_native_tool_calls_compact_through_the_chat_template(tmp_path, compactio
                                               env.template_tools)
     assert traj.prompt_ids == list(engine.requests[-1].input_ids)
     assert _rollout_actions(traj) == _sampled(engine)
+
+
+def test_lengths_and_the_action_budget_count_every_segment(tokenizer):
+    long, short = _compacted_group(tokenizer)
+    assert long.rollout_action_tokens == sum(
+        len(turn.action_ids) for part in (*long.segments, long) for turn in part.turns)
+    batch = collate([long, short], buckets=(512,), pad_id=0, max_segments=2)
+    metrics = diagnostics.rollout_metrics([[long, short]], batch)
+    assert metrics["length/response_mean"] == (long.rollout_action_tokens
+                                               + short.rollout_action_tokens) / 2
+    # Each segment has a context of its own: the budget is per turn, summaries included.
+    config = presets.search_config("grpo", "test")
+    config.env.compact_at_tokens, config.env.max_compactions = 200, 3
+    assert episode_action_budget(config) == (config.env.max_turns + 3) * 12
+    config.env.compaction = "drop"
+    assert episode_action_budget(config) == config.env.max_turns * 12

@@ -83,9 +83,13 @@ def optimizer_updates(config) -> int:
 
 def episode_action_budget(config) -> int:
     """The most action tokens one episode can generate: max_new_tokens per turn for
-    env.max_turns turns, within the context of rollout.max_tokens."""
-    r = config.rollout
-    return min(config.env.max_turns * r.max_new_tokens, r.max_tokens)
+    env.max_turns turns, within the context of rollout.max_tokens (with context
+    compaction, env.max_compactions summaries more, each segment its own context)."""
+    r, env = config.rollout, config.env
+    if env.compact_at_tokens:
+        summaries = env.max_compactions if env.compaction == "summary" else 0
+        return (env.max_turns + summaries) * r.max_new_tokens
+    return min(env.max_turns * r.max_new_tokens, r.max_tokens)
 
 
 def _copy(tree):
@@ -308,7 +312,7 @@ class RLStage(Stage):
         success_key = self.rollouts.suite.success_key
         metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
                         "time/step_s": t2 - t0,
-                        "rollout/tokens_per_s": sum(t.num_action_tokens
+                        "rollout/tokens_per_s": sum(t.rollout_action_tokens
                                                     for t in episodes) / (t1 - t0),
                         **info, "rollout/temperature": temperature_at(self.config, step),
                         "success/train": np.mean([solved(t, success_key)
