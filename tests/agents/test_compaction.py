@@ -24,6 +24,7 @@ from agentjax.rl.aggregation import aggregate, loss_norm
 from agentjax.train import diagnostics
 from agentjax.train.stages.rl import episode_action_budget
 from tests.agents.fakes import ScriptedEngine, ToyEnv
+from tests.engine.reference import full_logits, reference_logp
 from tests.envs.test_native import Lookup
 from tests.models.chat_templates import chat_tokenizer
 from tests.rl.test_segments import reference_weights
@@ -292,3 +293,21 @@ def test_lengths_and_the_action_budget_count_every_segment(tokenizer):
     assert episode_action_budget(config) == (config.env.max_turns + 3) * 12
     config.env.compaction = "drop"
     assert episode_action_budget(config) == config.env.max_turns * 12
+
+
+def test_compacted_segments_on_the_jax_engine_are_exact(engine, tiny_model, tokenizer):
+    """Each segment's behavior log-probs are one forward over that segment's own ids
+    (its prompt rendered fresh, positions from 0): what the engine saw, token for token."""
+    prompt = prompt_ids(tokenizer, ToyEnv().reset(TASK))
+    limits = EpisodeLimits(max_turns=3, max_context_tokens=90, compaction="drop",
+                           compaction_keep_turns=1, compact_at_tokens=len(prompt) + 1)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
+    traj = asyncio.run(run_episode(engine, ToyEnv(observation_role="user"), TASK, sampling,
+                                   limits, tokenizer))
+    assert not traj.metadata["failed"] and traj.metadata["compactions"] >= 1
+    for part in (*traj.segments, traj):
+        ids = part.token_ids
+        logits = full_logits(tiny_model, ids.tolist())
+        positions = np.flatnonzero(part.action_mask)
+        expected = [reference_logp(logits[p - 1], 1.0, -1, 1.0)[ids[p]] for p in positions]
+        np.testing.assert_allclose(part.behavior_logp[positions], expected, atol=1e-4)
