@@ -382,32 +382,6 @@ def _check_async(config) -> None:
                "timing produced: multi-host runs need rollout.mode='sync'")
 
 
-def _check_agent(config) -> None:
-    """An agent run names its agent; its segments count once only with an estimator that
-    gives one advantage per sequence."""
-    env, algo = config.env, config.algo
-    if env.name != AGENT_ENV:
-        if env.agent:
-            reject("env.agent", env.agent, f"it is the agent of env.name={AGENT_ENV!r}; "
-                   f"env.name is {env.name!r}")
-        return
-    module, _, function = env.agent.partition(":")
-    if not (module and function):
-        reject("env.agent", env.agent, "env.name='openai_agent' needs its agent as "
-               "'package.module:function'")
-    if config.data.hindsight:
-        reject("data.hindsight", True, "relabeling replays an env's prompt; an agent's "
-               "prompts are its own")
-    if (algo.rollout_normalization and config.rollout.max_segments > 1
-            and algo.advantage not in PER_ROLLOUT_ADVANTAGES):
-        reject("algo.advantage", algo.advantage, "it gives each token its own value, so "
-               "it would see each segment of a rollout alone: choose one of "
-               f"{PER_ROLLOUT_ADVANTAGES} or set algo.rollout_normalization=False")
-    if config.rollout.max_segments > 1 and algo.advantage in ("gigpo", "turn_rloo"):
-        reject("algo.advantage", algo.advantage, "its turns and anchor states are an env "
-               "episode's; an agent's segments have neither: use rollout.max_segments=1")
-
-
 def _check_compaction(config) -> None:
     """Context compaction fits the context, is the env loop's (an agent manages its own
     context), and its segments train as one rollout."""
@@ -434,3 +408,30 @@ def _check_compaction(config) -> None:
         reject("algo.advantage", algo.advantage, "its turns and anchor states are one "
                "context's; a compacted episode's segments start anew: set "
                "env.compact_at_tokens=0")
+
+
+def _check_agent(config) -> None:
+    """An agent run names its agent; its segments count once only with an estimator that
+    gives one advantage per sequence."""
+    env, algo = config.env, config.algo
+    if env.name != AGENT_ENV:
+        if env.agent:
+            reject("env.agent", env.agent, f"it is the agent of env.name={AGENT_ENV!r}; "
+                   f"env.name is {env.name!r}")
+        return
+    module, _, function = env.agent.partition(":")
+    if not (module and function):
+        reject("env.agent", env.agent, "env.name='openai_agent' needs its agent as "
+               "'package.module:function'")
+    if config.data.hindsight:
+        reject("data.hindsight", True, "relabeling replays an env's prompt; an agent's "
+               "prompts are its own")
+    if (algo.rollout_normalization and config.rollout.max_segments > 1
+            and algo.advantage not in PER_ROLLOUT_ADVANTAGES):
+        reject("algo.advantage", algo.advantage, "it gives each token its own value, so "
+               "it would see each segment of a rollout alone: choose one of "
+               f"{PER_ROLLOUT_ADVANTAGES} or set algo.rollout_normalization=False")
+    if config.rollout.max_segments > 1 and algo.advantage in ("gigpo", "turn_rloo"):
+        reject("algo.advantage", algo.advantage, "its turns and anchor states are an env "
+               "episode's; an agent's segments have neither: use rollout.max_segments=1")
+
