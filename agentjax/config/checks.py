@@ -434,4 +434,3 @@ def _check_agent(config) -> None:
     if config.rollout.max_segments > 1 and algo.advantage in ("gigpo", "turn_rloo"):
         reject("algo.advantage", algo.advantage, "its turns and anchor states are an env "
                "episode's; an agent's segments have neither: use rollout.max_segments=1")
-
