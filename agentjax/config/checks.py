@@ -399,6 +399,10 @@ def _check_compaction(config) -> None:
     if config.data.hindsight:
         reject("data.hindsight", True, "relabeling replays an episode's turns after a new "
                "prompt; a compacted episode's earlier segments have prompts of their own")
+    if config.stage in ("rft", "dpo"):
+        reject("env.compact_at_tokens", env.compact_at_tokens, f"stage={config.stage!r} "
+               "packs one row per episode and would leave a compacted episode's earlier "
+               "segments out; compaction trains in the RL stage")
     if (algo.rollout_normalization and config.rollout.max_segments > 1
             and algo.advantage not in PER_ROLLOUT_ADVANTAGES):
         reject("algo.advantage", algo.advantage, "it gives each token its own value, so "

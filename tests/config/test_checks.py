@@ -223,7 +223,9 @@ def test_sglang_log_probs_are_accepted_where_they_are_the_sampled_ones(overrides
       "algo__advantage": "reinforce_pp"},
      "algo.advantage", "each segment of a compacted rollout"),
     ({"env__compact_at_tokens": 200, "algo__advantage": "gigpo"}, "algo.advantage",
-     "env.compact_at_tokens=0")])
+     "env.compact_at_tokens=0"),
+    ({"env__compact_at_tokens": 200, "stage": "dpo"}, "env.compact_at_tokens",
+     "earlier segments out")])
 def test_compaction_combinations_name_the_key_to_change(overrides, key, phrase):
     message = _error(_search(**overrides))
     assert message.startswith(f"config key {key!r}"), message
