@@ -24,7 +24,10 @@ update needs the blockwise attention (models/attention.py):
 Variants: cpu (default on CPU backends), hf (default elsewhere), test (seconds; CI),
 long, long_test (long episodes, seconds; CI).
 Ablations: `python scripts/sweep.py --config configs/grpo_search.py --sweep NAME`
-with NAME in `SWEEPS`.
+with NAME in `SWEEPS`; context compaction against episodes cut at the context limit:
+
+    python scripts/sweep.py --config configs/grpo_search.py:long --sweep compaction \
+        --seeds 0,1,2 --out runs/compaction
 """
 from agentjax.config import presets
 
@@ -50,7 +53,18 @@ def get_config(arg=None):
     return config
 
 
-SWEEPS = presets.SEARCH_SWEEPS
+# Context compaction at a budget that forces it (for the long form, :long): 4,096 tokens
+# hold about 8 of its 32 turns. Off, the episodes stop at the limit ('token_budget',
+# counted in truncated/rollout_frac); 'summary' and 'drop' compact from 2,560 tokens on,
+# leaving room for an observation, the summary request and a summary, and train every
+# segment as one rollout (up to 8).
+BUDGET = {"rollout.max_tokens": 4096, "algo.micro_tokens": 4096}
+COMPACTED = {**BUDGET, "env.compact_at_tokens": 2560, "env.max_compactions": 7,
+             "rollout.max_segments": 8}
+SWEEPS = {**presets.SEARCH_SWEEPS, "compaction": [
+    ("off", BUDGET),
+    ("summary", {**COMPACTED, "env.compaction": "summary"}),
+    ("drop", {**COMPACTED, "env.compaction": "drop", "env.compaction_keep_turns": 2})]}
 
 
 def sweep(name):

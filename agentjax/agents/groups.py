@@ -46,8 +46,9 @@ def number_groups(groups: Sequence[Group]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Overlong:
-    """DAPO's overlong shaping: a penalty on episodes whose action tokens enter the last
-    `buffer` tokens before `max_len` (rl.shaping.overlong_penalty)."""
+    """DAPO's overlong shaping: a penalty on episodes whose action tokens (a compacted or
+    segmented rollout's, every segment's) enter the last `buffer` tokens before
+    `max_len` (rl.shaping.overlong_penalty)."""
 
     max_len: int
     buffer: int
@@ -55,7 +56,7 @@ class Overlong:
 
     def apply(self, trajectories: Sequence[Trajectory]) -> None:
         """Adds the penalty to each final reward, recorded as the "overlong" component."""
-        lengths = np.array([t.num_action_tokens for t in trajectories], np.float32)
+        lengths = np.array([t.rollout_action_tokens for t in trajectories], np.float32)
         penalties = np.asarray(overlong_penalty(lengths, max_len=self.max_len,
                                                 buffer=self.buffer, factor=self.factor))
         for traj, penalty in zip(trajectories, penalties):

@@ -16,11 +16,31 @@ end-of-turn token (it stopped on a stop string such as `</answer>`), that token 
 appended as a template token, so the trajectory ends where the chat template ends the
 assistant turn.
 
+Context compaction (`limits.compact_at_tokens` > 0): when an observation takes the
+context past that many tokens, the episode goes on in a new segment whose prompt is a
+fresh chat-template render (never re-tokenized sampled ids) of the env's initial
+messages (the system prompt and the task) and a compacted history, by
+`limits.compaction`:
+  "summary" — the observation is followed by a user message asking for a summary of the
+    progress so far (`SUMMARY_REQUEST`); the policy samples it as an action turn of the
+    old segment (trained: its tokens are the policy's), and the new segment's prompt
+    holds it as the assistant's message, then `SUMMARY_CONTINUE` as the user's;
+  "drop" — the old segment ends after the action (its end-of-turn token closes it); the
+    new prompt holds every turn so far as chat messages, the observations of all but the
+    last `limits.compaction_keep_turns` turns replaced by `DROPPED_OBSERVATION` (as
+    SWE-agent's observation masking).
+The earlier segments go in `Trajectory.segments`, the trajectory returned is the last
+one (core/trajectory.py: one rollout, trained with per-rollout normalization); at most
+`limits.max_compactions` happen, after which the context limit applies as without
+compaction. `metadata["compactions"]` counts them.
+
 Every way an episode ends is recorded in `metadata["stop_reason"]` (and in
 `env.log.stop_reason` when the env did not set one):
   the env's own reason or "done" — the env returned done;
   "max_turns" — `limits.max_turns` actions were taken without done;
-  "token_budget" — the context reached `limits.max_context_tokens`;
+  "token_budget" — the context reached `limits.max_context_tokens` (the rollout is
+  truncated: core.trajectory.truncated_rollouts counts it and algo.truncated_rollouts
+  says what the loss does with it);
   "timeout" — the episode ran past `limits.timeout_s`;
   "env_error" / "engine_error" / "error" — env.reset/step raised, the engine aborted,
   anything else raised. These also set `metadata["failed"] = True` and
@@ -36,13 +56,22 @@ import uuid
 from concurrent.futures import Executor
 from typing import Any
 
+from agentjax.config.choices import COMPACTIONS
 from agentjax.core.task import Task
 from agentjax.envs.base import Env
 from agentjax.models import chat
 from agentjax.models.tokenizer import end_of_turn_id, prompt_ids
 from agentjax.engine.protocol import (Engine, EnginesUnavailable, GenerateRequest,
                                      SamplingParams, sampled_versions)
-from agentjax.core.trajectory import Trajectory, Turn, observation_token_ids, tool_turn_ids
+from agentjax.core.trajectory import (Trajectory, Turn, observation_token_ids,
+                                     strip_control_text, tool_turn_ids)
+
+SUMMARY_REQUEST = ("Your context is nearly full. Summarize your progress so far: the "
+                   "task, what you have found, and what remains to do. Your summary "
+                   "will replace the conversation so far.")
+SUMMARY_CONTINUE = ("The conversation so far was replaced by your summary above. "
+                    "Continue the task.")
+DROPPED_OBSERVATION = "(output omitted to save context)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,12 +85,21 @@ class EpisodeLimits:
       max_observation_tokens: cut each observation's content to this many tokens
         (Search-R1 uses 500); None keeps it whole.
       timeout_s: wall-clock limit of the episode; None: no limit.
+      compact_at_tokens: compact the context when an observation takes it past this
+        many tokens (module docstring); 0: never.
+      compaction: how, one of COMPACTIONS.
+      compaction_keep_turns: "drop": the last this many turns keep their observations.
+      max_compactions: most compactions an episode makes.
     """
 
     max_turns: int = 4
     max_context_tokens: int = 2048
     max_observation_tokens: int | None = None
     timeout_s: float | None = None
+    compact_at_tokens: int = 0
+    compaction: str = "summary"
+    compaction_keep_turns: int = 2
+    max_compactions: int = 4
 
     def __post_init__(self):
         if self.max_turns < 1:
@@ -70,6 +108,17 @@ class EpisodeLimits:
             raise ValueError(
                 f"EpisodeLimits.max_context_tokens must be >= 1, got "
                 f"{self.max_context_tokens}")
+        if not 0 <= self.compact_at_tokens < self.max_context_tokens:
+            raise ValueError(
+                f"EpisodeLimits.compact_at_tokens must be in [0, max_context_tokens="
+                f"{self.max_context_tokens}), got {self.compact_at_tokens}")
+        if self.compaction not in COMPACTIONS:
+            raise ValueError(f"EpisodeLimits.compaction must be one of {COMPACTIONS}, got "
+                             f"{self.compaction!r}")
+        for name in ("compaction_keep_turns", "max_compactions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EpisodeLimits.{name} must be >= 1, got "
+                                 f"{getattr(self, name)}")
 
 
 class _EpisodeFailure(Exception):
@@ -141,9 +190,10 @@ async def run_episode(
     log = getattr(env, "log", None)
     if log is not None and getattr(log, "stop_reason", None) is None:
         log.stop_reason = traj.metadata["stop_reason"]
+    turns = [turn for part in (*traj.segments, traj) for turn in part.turns]
     traj.metadata.update(
-        num_turns=len(traj.turns),
-        num_length_cut_turns=sum(t.finish_reason == "length" for t in traj.turns),
+        num_turns=len(turns), compactions=len(traj.segments),
+        num_length_cut_turns=sum(t.finish_reason == "length" for t in turns),
         num_tool_calls=getattr(log, "num_tool_calls", 0) if log is not None else 0,
         num_invalid=getattr(log, "num_invalid", 0) if log is not None else 0,
         env_log=log)
@@ -157,59 +207,143 @@ async def _play(traj, engine, env, task, sampling, limits, tokenizer, executor,
     tools = getattr(env, "template_tools", None)
     if tools is not None and getattr(env, "tool_parser", None) == "auto":
         env.tool_parser = chat.tool_parser_for(tokenizer)
-    messages = await _env_call(loop, executor, env.reset, task)
-    traj.prompt_ids = list(prompt_ids(tokenizer, messages) if tools is None
-                           else chat.prompt_ids(tokenizer, messages, tools))
-    history = list(messages)  # native tool calling: the conversation as messages
+    initial = list(await _env_call(loop, executor, env.reset, task))
+    traj.prompt_ids = _render(tokenizer, initial, tools)
+    history = list(initial)  # native tool calling: the conversation as messages
+    turn_messages: list[list[dict]] = []  # each env turn as chat messages ("drop")
     context = list(traj.prompt_ids)
     stop = tuple(dict.fromkeys(tuple(sampling.stop) + tuple(env.stop)))
     for turn_index in range(limits.max_turns):
         room = limits.max_context_tokens - len(context)
         if room <= 0:
             return "token_budget"
-        request = GenerateRequest(
-            input_ids=tuple(context), session_id=session_id,
-            sampling=dataclasses.replace(
-                sampling, stop=stop, n=1, max_new_tokens=min(sampling.max_new_tokens, room)))
-        completion = (await engine.generate([request]))[0][0]
-        if completion.finish_reason == "abort":
-            raise _EpisodeFailure(
-                "engine_error", f"engine aborted: {completion.meta.get('error', 'no reason')}")
-        turn = Turn(list(completion.output_ids), list(completion.logprobs),
-                    completion.finish_reason, matched_stop=completion.matched_stop,
-                    weight_version=completion.meta.get("weight_version"),
-                    logprob_distribution=completion.meta.get("logprob_distribution",
-                                                             "sampling"),
-                    versions=sampled_versions(completion),
-                    cached_tokens=completion.meta.get("cached_tokens"))
+        turn = await _sample(engine, context, session_id, sampling, stop, room)
         traj.turns.append(turn)
         context.extend(turn.action_ids)
-        result = await _env_call(loop, executor, env.step, action_text(tokenizer, turn.action_ids))
+        text = action_text(tokenizer, turn.action_ids)
+        result = await _env_call(loop, executor, env.step, text)
         turn.reward = float(result.reward)
         if result.done or turn_index == limits.max_turns - 1:
             _close_last_turn(turn, tokenizer, room=limits.max_context_tokens - len(context))
             if result.done:
                 return getattr(env.log, "stop_reason", None) or "done"
             return "max_turns"
-        if tools is None:
-            observation = observation_token_ids(
-                tokenizer, result.observation, role=env.observation_role,
+
+        def observation_ids(then=()):
+            if tools is None:
+                return observation_token_ids(
+                    tokenizer, result.observation, role=env.observation_role,
+                    action_ids=turn.action_ids, max_tokens=limits.max_observation_tokens,
+                    then=then), True
+            return tool_turn_ids(
+                tokenizer, history, [*result.info["messages"], *then], tools=tools,
                 action_ids=turn.action_ids, max_tokens=limits.max_observation_tokens)
-        else:
-            observation, kept = tool_turn_ids(
-                tokenizer, history, result.info["messages"], tools=tools,
-                action_ids=turn.action_ids, max_tokens=limits.max_observation_tokens)
-            history += result.info["messages"]
+
+        observation, kept = observation_ids()
+        if tools is not None:
             # The template re-renders earlier turns otherwise: the trajectory keeps the
             # sampled tokens, and this counts the turns where the two differ.
             traj.metadata["rerendered_turns"] = (
                 traj.metadata.get("rerendered_turns", 0) + (not kept))
+        if limits.compaction == "drop" and limits.compact_at_tokens:
+            turn_messages.append(
+                _turn_messages(tokenizer, text, result, env.observation_role,
+                               limits.max_observation_tokens) if tools is None
+                else [dict(m) for m in result.info["messages"]])
+        if (limits.compact_at_tokens and len(traj.segments) < limits.max_compactions
+                and len(context) + len(observation) >= limits.compact_at_tokens):
+            if limits.compaction == "summary":
+                observation, _ = observation_ids(then=[{"role": "user",
+                                                        "content": SUMMARY_REQUEST}])
+                if len(context) + len(observation) >= limits.max_context_tokens:
+                    return "token_budget"
+                turn.observation_ids = observation
+                context.extend(observation)
+                summary = await _sample(engine, context, session_id, sampling,
+                                        tuple(sampling.stop),
+                                        limits.max_context_tokens - len(context))
+                traj.turns.append(summary)
+                context.extend(summary.action_ids)
+                _close_last_turn(summary, tokenizer,
+                                 room=limits.max_context_tokens - len(context))
+                compacted = [{"role": "assistant",
+                              "content": action_text(tokenizer, summary.action_ids)},
+                             {"role": "user", "content": SUMMARY_CONTINUE}]
+            else:
+                _close_last_turn(turn, tokenizer,
+                                 room=limits.max_context_tokens - len(context))
+                compacted = _dropped(turn_messages, limits.compaction_keep_turns)
+            history = initial + compacted
+            context = _new_segment(traj, _render(tokenizer, history, tools))
+            continue
+        if tools is not None:
+            history += result.info["messages"]
         # An observation is appended only when another action can follow it.
         if len(context) + len(observation) >= limits.max_context_tokens:
             return "token_budget"
         turn.observation_ids = observation
         context.extend(observation)
     raise AssertionError("unreachable: the last turn returns max_turns")
+
+
+async def _sample(engine, context, session_id, sampling, stop, room) -> Turn:
+    """One action sampled from the exact `context`, at most `room` tokens."""
+    request = GenerateRequest(
+        input_ids=tuple(context), session_id=session_id,
+        sampling=dataclasses.replace(
+            sampling, stop=stop, n=1, max_new_tokens=min(sampling.max_new_tokens, room)))
+    completion = (await engine.generate([request]))[0][0]
+    if completion.finish_reason == "abort":
+        raise _EpisodeFailure(
+            "engine_error", f"engine aborted: {completion.meta.get('error', 'no reason')}")
+    return Turn(list(completion.output_ids), list(completion.logprobs),
+                completion.finish_reason, matched_stop=completion.matched_stop,
+                weight_version=completion.meta.get("weight_version"),
+                logprob_distribution=completion.meta.get("logprob_distribution",
+                                                         "sampling"),
+                versions=sampled_versions(completion),
+                cached_tokens=completion.meta.get("cached_tokens"))
+
+
+def _render(tokenizer, messages, tools) -> list[int]:
+    """A prompt's ids: `messages` through the chat template, with the generation prompt."""
+    return list(prompt_ids(tokenizer, messages) if tools is None
+                else chat.prompt_ids(tokenizer, messages, tools))
+
+
+def _turn_messages(tokenizer, action: str, result, role, max_tokens) -> list[dict]:
+    """A text-action turn as chat messages: the action, then the observation as it was
+    shown (control text stripped, cut to `max_tokens`) as a `role` message (an inline
+    observation as a user message, as `observation_token_ids` opens one after a closed
+    turn)."""
+    shown = strip_control_text(tokenizer, result.observation)
+    if max_tokens is not None:
+        ids = tokenizer.encode(shown, add_special_tokens=False)
+        if len(ids) > max_tokens:
+            shown = tokenizer.decode(ids[:max_tokens])
+    return [{"role": "assistant", "content": action},
+            {"role": role or "user", "content": shown}]
+
+
+def _dropped(turns: list[list[dict]], keep: int) -> list[dict]:
+    """The turns' messages with the observations of all but the last `keep` turns
+    replaced by DROPPED_OBSERVATION (the actions stay)."""
+    out = []
+    for index, messages in enumerate(turns):
+        old = index < len(turns) - keep
+        out += [{**m, "content": DROPPED_OBSERVATION}
+                if old and m.get("role") != "assistant" else m for m in messages]
+    return out
+
+
+def _new_segment(traj: Trajectory, prompt: list[int]) -> list[int]:
+    """Moves `traj`'s tokens so far into a segment of its own (`traj.segments`) and
+    starts it again from `prompt`; returns the new context."""
+    traj.segments.append(Trajectory(prompt_ids=traj.prompt_ids, turns=traj.turns,
+                                    task_id=traj.task_id, group_id=traj.group_id,
+                                    task=traj.task))
+    traj.prompt_ids, traj.turns = list(prompt), []
+    return list(prompt)
 
 
 def _close_last_turn(turn: Turn, tokenizer, room: int) -> None:

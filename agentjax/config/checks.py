@@ -30,6 +30,7 @@ def check_combinations(config) -> None:
     _check_batches(config)
     _check_micro_tokens(config)
     _check_agent(config)
+    _check_compaction(config)
     _check_sglang(config)
     if config.rollout.mode == "async":
         _check_async(config)
@@ -380,6 +381,38 @@ def _check_async(config) -> None:
     if config.multihost.enabled:
         reject("rollout.mode", "async", "every host would train on the groups its own "
                "timing produced: multi-host runs need rollout.mode='sync'")
+
+
+def _check_compaction(config) -> None:
+    """Context compaction fits the context, is the env loop's (an agent manages its own
+    context), and its segments train as one rollout."""
+    env, algo = config.env, config.algo
+    if not env.compact_at_tokens:
+        return
+    if env.compact_at_tokens >= config.rollout.max_tokens:
+        reject("env.compact_at_tokens", env.compact_at_tokens, "it must be below "
+               f"rollout.max_tokens={config.rollout.max_tokens}, with room for an "
+               "observation and a summary")
+    if env.name == AGENT_ENV:
+        reject("env.compact_at_tokens", env.compact_at_tokens, "an agent "
+               f"(env.name={AGENT_ENV!r}) manages its own context; its rewritten "
+               "contexts are segments already")
+    if config.data.hindsight:
+        reject("data.hindsight", True, "relabeling replays an episode's turns after a new "
+               "prompt; a compacted episode's earlier segments have prompts of their own")
+    if config.stage in ("rft", "dpo"):
+        reject("env.compact_at_tokens", env.compact_at_tokens, f"stage={config.stage!r} "
+               "packs one row per episode and would leave a compacted episode's earlier "
+               "segments out; compaction trains in the RL stage")
+    if (algo.rollout_normalization and config.rollout.max_segments > 1
+            and algo.advantage not in PER_ROLLOUT_ADVANTAGES):
+        reject("algo.advantage", algo.advantage, "it gives each token its own value, so "
+               "it would see each segment of a compacted rollout alone: choose one of "
+               f"{PER_ROLLOUT_ADVANTAGES} or set algo.rollout_normalization=False")
+    if algo.advantage in ("gigpo", "turn_rloo"):
+        reject("algo.advantage", algo.advantage, "its turns and anchor states are one "
+               "context's; a compacted episode's segments start anew: set "
+               "env.compact_at_tokens=0")
 
 
 def _check_agent(config) -> None:

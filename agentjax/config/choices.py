@@ -123,3 +123,9 @@ LOGPROB_DISTRIBUTIONS = ("sampling", "temperature", "raw")
 # parsers/tool_calls.py: TOOL_PARSERS (the tool-call formats, SGLang's and vLLM's names;
 # env.tool_parser also takes "auto": detect_tool_parser reads the chat template).
 TOOL_PARSERS = ("qwen3_coder", "hermes", "mistral", "pythonic", "llama3_json")
+# agents/loop.py: how an episode's context is compacted when it passes
+# env.compact_at_tokens (the policy's own summary, or a rule that drops old observations).
+COMPACTIONS = ("summary", "drop")
+# train/stages/rl.py: what the loss does with a rollout cut at the context limit (kept as
+# it is, or out of the loss: DAPO's overlong filtering).
+TRUNCATED_ROLLOUTS = ("keep", "mask")

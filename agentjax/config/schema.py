@@ -24,6 +24,7 @@ from agentjax.config.choices import (
     AGGREGATIONS,
     ARCHS,
     ATTENTION_IMPLS,
+    COMPACTIONS,
     CURRICULA,
     DATA_SOURCES,
     DPO_KINDS,
@@ -50,6 +51,7 @@ from agentjax.config.choices import (
     SGLANG_LORA_MODES,
     STAGES,
     TOOL_FORMATS,
+    TRUNCATED_ROLLOUTS,
     TURN_ANCHORS,
     TURN_BASELINES,
     WANDB_MODES,
@@ -303,6 +305,20 @@ ENV = Section(
     Key("mcp_servers", "", MCP_SERVERS, "MCP servers whose tools the env offers besides its "
         "own, a JSON list ('' = none), e.g. '[{\"name\": \"time\", \"command\": "
         "\"mcp-server-time\"}]' (config/mcp_servers.py: the fields; envs/mcp.py)"),
+    Key("compact_at_tokens", 0, Integer(1, special=OFF), "context compaction "
+        "(agents/loop.py): when an observation takes an episode's context past this many "
+        "tokens, the episode goes on in a new segment of the same rollout whose prompt is "
+        "the system prompt, the task and a compacted history (env.compaction); below "
+        "rollout.max_tokens, with room for an observation and a summary (0: off)"),
+    Key("compaction", "summary", Choice(COMPACTIONS), "'summary': the policy is asked to "
+        "summarize its progress, and its summary (trained, in the old segment) replaces "
+        "the history; 'drop': the observations of all but the last "
+        "env.compaction_keep_turns turns are replaced by a placeholder"),
+    Key("compaction_keep_turns", 2, POSITIVE, "env.compaction='drop': the last this many "
+        "turns keep their observations"),
+    Key("max_compactions", 4, POSITIVE, "compactions an episode may make; then the "
+        "context limit applies (stop reason 'token_budget'). Segments past "
+        "rollout.max_segments are not trained (rollout/segments_dropped)"),
 )
 
 RETRIEVAL = Section(
@@ -532,6 +548,12 @@ ALGO = Section(
     Key("overlong_max_len", 256, POSITIVE, "L_max of the shaping (action tokens per "
         "episode)"),
     Key("overlong_factor", 1.0, NON_NEGATIVE, "the shaping's penalty at L_max"),
+    Key("truncated_rollouts", "keep", Choice(TRUNCATED_ROLLOUTS), "a rollout cut short "
+        "(stopped at the context limit, 'token_budget', or a row cut at the largest "
+        "collate bucket; truncated/rollout_frac counts them): 'keep' trains it as it is, "
+        "'mask' takes all its tokens out of the loss, its reward still in its group's "
+        "statistics (DAPO's overlong filtering); overlong shaping is "
+        "algo.overlong_buffer"),
     Key("rollout_normalization", True, Flag(), "a rollout of several segments (batch "
         "rows, rollout.max_segments) counts once: one score in the group statistics, the "
         "weight of one sequence in the loss under every algo.agg (rl/segments.py); "

@@ -33,6 +33,11 @@ or summarized its history, a compacted context) is not one token sequence: it is
 `collate` gives every segment a row of its own and every row of a rollout the same
 `rollout_ids` entry; the segments share the rollout's group and reward (on its last
 segment), and `rl.segments` makes advantages and the loss count the rollout once.
+
+No rollout is cut silently. A rollout is truncated when the agent loop stopped it at the
+context limit (`TRUNCATION_STOPS`) or `collate` cut one of its rows at the largest
+bucket; `truncated_rollouts` finds them, the RL step counts them and, with
+algo.truncated_rollouts = "mask", `mask_rollouts` takes them out of the loss.
 """
 from __future__ import annotations
 
@@ -47,6 +52,8 @@ from agentjax.models.tokenizer import end_of_turn_id, observation_ids, prompt_id
 from agentjax.config.choices import LOGPROB_DISTRIBUTIONS
 
 FINISH_REASONS = ("stop", "length", "abort")
+# The agent loop's stop reasons that cut a rollout short (agents/loop.py).
+TRUNCATION_STOPS = ("token_budget",)
 
 
 @dataclasses.dataclass
@@ -174,6 +181,11 @@ class Trajectory:
     def total_reward(self) -> float:
         """final_reward plus every turn's reward (what `collate` puts in seq_rewards)."""
         return float(self.final_reward) + sum(float(t.reward) for t in self.turns)
+
+    @property
+    def rollout_action_tokens(self) -> int:
+        """Action tokens of the whole rollout: this segment's and its earlier ones'."""
+        return self.num_action_tokens + sum(s.num_action_tokens for s in self.segments)
 
     @property
     def num_tokens(self) -> int:
@@ -311,6 +323,7 @@ def observation_token_ids(
     role: str | None,
     action_ids: Sequence[int],
     max_tokens: int | None = None,
+    then: Sequence[Mapping[str, str]] = (),
 ) -> list[int]:
     """The ids appended after an action whose env returned `observation`.
 
@@ -334,20 +347,29 @@ def observation_token_ids(
       max_tokens: cut the observation's content to this many tokens (None: no cut).
         A cut chat observation is re-encoded from its decoded prefix, which is fine
         because the trajectory records the ids actually fed to the policy.
+      then: messages that follow the observation before the next assistant header (the
+        loop's own request, e.g. the summary request of a context compaction); an
+        inline observation's assistant turn is then closed with the end-of-turn token
+        (a template token) before them.
     """
     observation = strip_control_text(tokenizer, observation)
     content_ids = list(tokenizer.encode(observation, add_special_tokens=False))
     cut = max_tokens is not None and len(content_ids) > max_tokens
     ended = len(action_ids) and action_ids[-1] in (end_of_turn_id(tokenizer),
                                                    tokenizer.eos_token_id)
+    eot = end_of_turn_id(tokenizer)
     if role is None and not ended:
-        return content_ids[:max_tokens] if cut else content_ids
+        inline = content_ids[:max_tokens] if cut else content_ids
+        if not then:
+            return inline
+        first, *rest = then
+        return inline + [eot] + list(observation_ids(tokenizer, first["content"],
+                                                     first["role"], then=rest))
     role = role or "user"
     if cut:
         observation = tokenizer.decode(content_ids[:max_tokens])
-    eot = end_of_turn_id(tokenizer)
     prefix = [] if (len(action_ids) and action_ids[-1] == eot) else [eot]
-    return prefix + list(observation_ids(tokenizer, observation, role))
+    return prefix + list(observation_ids(tokenizer, observation, role, then=then))
 
 
 def tool_turn_ids(
@@ -507,3 +529,25 @@ def collate(
         out["rollout_ids"][row] = owner
         out["truncated"][row] = len(ids) - 1 > length
     return out
+
+
+def truncated_rollouts(trajectories: Sequence[Trajectory], batch: Mapping[str, np.ndarray]
+                       ) -> np.ndarray:
+    """bool [R]: rollout r was cut short, its stop reason one of TRUNCATION_STOPS or a row
+    of it cut by `collate` (`batch`: the collated `trajectories`, its `truncated` and
+    `rollout_ids`)."""
+    cut = np.array([t.metadata.get("stop_reason") in TRUNCATION_STOPS
+                    for t in trajectories], bool)
+    rows = np.asarray(batch["rollout_ids"]) >= 0
+    cut[np.asarray(batch["rollout_ids"])[rows & np.asarray(batch["truncated"])]] = True
+    return cut
+
+
+def mask_rollouts(batch: dict[str, np.ndarray], rollouts: np.ndarray) -> int:
+    """Zeroes the action mask of every row of the rollouts flagged in `rollouts` (bool
+    [R]): out of the loss, their rewards still in their groups' statistics. Returns the
+    rows masked."""
+    ids = batch["rollout_ids"]
+    rows = (ids >= 0) & np.asarray(rollouts, bool)[np.clip(ids, 0, None)]
+    batch["action_mask"][rows] = 0
+    return int(rows.sum())

@@ -266,9 +266,10 @@ def stop_token_ids(tokenizer: PreTrainedTokenizerFast, model_eos: Iterable[int] 
 
 
 def observation_ids(tokenizer: PreTrainedTokenizerFast, content: str,
-                    role: str = "tool") -> list[int]:
+                    role: str = "tool", *, then: Sequence[Message] = ()) -> list[int]:
     """Ids to append after an assistant turn that ended with its end-of-turn token: the
-    new `role` turn holding `content` plus the next assistant header.
+    new `role` turn holding `content` (and the messages `then`, e.g. the loop's own
+    request after a tool's answer) plus the next assistant header.
 
     They are what the template renders after the end-of-turn token of an assistant turn
     followed by the new turn and the generation prompt (a dummy conversation). Past
@@ -286,18 +287,20 @@ def observation_ids(tokenizer: PreTrainedTokenizerFast, content: str,
       tokenizer: HF tokenizer with a chat template (template kwargs: `set_template_kwargs`).
       content: the observation text (tool output, user reply, corrective message).
       role: the turn's role ("tool", "user", "ipython", ...).
+      then: further messages rendered after that turn, before the generation prompt.
 
     Raises:
       ValueError: `content` contains a special token's text (it would be parsed as a
         control token), or the template ends the assistant turn with a different token
         once a `role` turn follows it.
     """
-    injected = [t for t in _special_texts(tokenizer) if t in content]
+    texts = [content, *(str(m.get("content", "")) for m in then)]
+    injected = [t for t in _special_texts(tokenizer) if any(t in text for text in texts)]
     if injected:
         raise ValueError(f"observation content contains special token text {injected}; "
                          "escape or strip it before appending")
-    text = _render(tokenizer, _dummy_history() + [{"role": role, "content": content}],
-                   add_generation_prompt=True)
+    text = _render(tokenizer, _dummy_history() + [{"role": role, "content": content},
+                                                  *then], add_generation_prompt=True)
     cut, token = _assistant_turn_end(tokenizer, text)
     if tokenizer.convert_tokens_to_ids(token) != end_of_turn_id(tokenizer):
         raise ValueError(f"the chat template ends an assistant turn with {token!r} when a "

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from agentjax.core.trajectory import Trajectory
+from agentjax.core.trajectory import Trajectory, truncated_rollouts
 
 
 def _consecutive_duplicates(log) -> int:
@@ -55,7 +55,7 @@ def rollout_metrics(groups: Sequence[Sequence[Trajectory]], batch: dict) -> dict
     group_std = [np.std([t.total_reward for t in group]) for group in groups]
     m["groups/zero_variance_frac"] = float(np.mean([s == 0 for s in group_std]))
 
-    lengths = np.array([t.num_action_tokens for t in episodes])
+    lengths = np.array([t.rollout_action_tokens for t in episodes])
     m.update({"length/response_mean": lengths.mean(), "length/response_max": lengths.max(),
               "length/response_p90": np.percentile(lengths, 90),
               "length/episode_tokens_mean": np.mean([t.num_tokens for t in episodes]),
@@ -82,6 +82,9 @@ def rollout_metrics(groups: Sequence[Sequence[Trajectory]], batch: dict) -> dict
         m["tools/rerendered_turn_frac"] = (sum(t.metadata["rerendered_turns"] for t in native)
                                            / max(sum(len(t.turns) for t in native), 1))
     m["truncated/collate_frac"] = float(np.mean(batch["truncated"][batch["rollout_ids"] >= 0]))
+    # Rollouts cut short (core/trajectory.py: the context limit, or a row cut by collate),
+    # what algo.truncated_rollouts acts on.
+    m["truncated/rollout_frac"] = float(np.mean(truncated_rollouts(episodes, batch)))
     m.update(segment_metrics(episodes, batch["rollout_ids"]))
     m["truncated/turn_length_frac"] = np.mean([
         any(turn.finish_reason == "length" for turn in t.turns) for t in episodes])
@@ -110,6 +113,8 @@ def segment_metrics(episodes: Sequence[Trajectory], rollout_ids) -> dict[str, fl
 
     rollout/segments_mean: segments per rollout; rollout/segments_dropped: segments past
     rollout.max_segments, left out of the batch (`rollout_ids`: each row's rollout);
+    rollout/compactions_mean: the agent loop's context compactions per episode
+    (env.compact_at_tokens);
     agent/prompt_extends_frac: of the calls after a rollout's first, the fraction whose
     prompt extends the previous call's prompt and completion token for token (so merged
     into one segment); agent/merge_reused_tokens_mean: per rollout, the context tokens
@@ -119,6 +124,9 @@ def segment_metrics(episodes: Sequence[Trajectory], rollout_ids) -> dict[str, fl
                        minlength=len(episodes))[:len(episodes)]
     m = {"rollout/segments_mean": segments.mean(),
          "rollout/segments_dropped": float((segments - kept).sum())}
+    compacted = [t.metadata["compactions"] for t in episodes if "compactions" in t.metadata]
+    if compacted:
+        m["rollout/compactions_mean"] = np.mean(compacted)
     agents = [t.metadata for t in episodes if "calls" in t.metadata]
     if agents:
         later = sum(max(meta["calls"] - 1, 0) for meta in agents)
@@ -165,7 +173,8 @@ def rounding_warnings(metrics: dict[str, float]) -> list[str]:
 
 def failure_warnings(metrics: dict[str, float], *, max_action_tokens: int,
                      entropy_floor: float = 0.05, kl_ceiling: float = 1.0,
-                     rejected_ceiling: float = 0.5) -> list[str]:
+                     rejected_ceiling: float = 0.5,
+                     truncated_ceiling: float = 0.5) -> list[str]:
     """Warnings for the failure modes visible in one step's metrics (and updates lost to
     rounding, `rounding_warnings`).
 
@@ -175,6 +184,8 @@ def failure_warnings(metrics: dict[str, float], *, max_action_tokens: int,
         new tokens per turn, within the context): responses near it are exploding.
       rejected_ceiling: more than this fraction of episodes rejected by the rollout
         correction's masks is a failure.
+      truncated_ceiling: more than this fraction of rollouts cut at the context limit is
+        one (any row cut by collate is).
     """
     warnings = rounding_warnings(metrics)
     if metrics.get("entropy", 1.0) < entropy_floor:
@@ -204,4 +215,15 @@ def failure_warnings(metrics: dict[str, float], *, max_action_tokens: int,
             f"the episodes (logp_mismatch_kl={metrics.get('logp_mismatch_kl', 0.0):.3g}): "
             "check that the engine's log-probs are of the sampling distribution, or widen "
             "algo.rollout_correction's bounds")
+    if metrics.get("truncated/collate_frac", 0.0) > 0:
+        warnings.append(
+            f"{metrics['truncated/collate_frac']:.0%} of the batch rows were cut at the "
+            "largest collate bucket (rollout.max_tokens): their tail is not trained "
+            "(algo.truncated_rollouts says what the loss does with the rest)")
+    if metrics.get("truncated/rollout_frac", 0.0) > truncated_ceiling:
+        warnings.append(
+            f"{metrics['truncated/rollout_frac']:.0%} of the rollouts were cut short at the "
+            "context limit: raise rollout.max_tokens, compact the context "
+            "(env.compact_at_tokens) or take them out of the loss "
+            "(algo.truncated_rollouts='mask')")
     return warnings

@@ -91,7 +91,12 @@ class Rollouts:
             model_path=policy.path, workdir=runtime.workdir, log=runtime.log)
         pool = RolloutPool(
             engine, suite.make_env, policy.tokenizer,
-            limits=EpisodeLimits(max_turns=config.env.max_turns, max_context_tokens=r.max_tokens),
+            limits=EpisodeLimits(
+                max_turns=config.env.max_turns, max_context_tokens=r.max_tokens,
+                compact_at_tokens=config.env.compact_at_tokens,
+                compaction=config.env.compaction,
+                compaction_keep_turns=config.env.compaction_keep_turns,
+                max_compactions=config.env.max_compactions),
             concurrency=r.concurrency, reward_fn=suite.reward_fn,
             episode_timeout_s=r.episode_timeout_s, runner=suite.episode_runner)
         recorder = EpisodeRecorder(runtime.workdir, policy.tokenizer, samples=config.log.samples,

@@ -213,3 +213,32 @@ def test_a_router_in_front_of_the_listed_workers_is_accepted():
 ])
 def test_sglang_log_probs_are_accepted_where_they_are_the_sampled_ones(overrides):
     config_lib.validate(_search(rollout__engine="sglang", **overrides))
+
+
+@pytest.mark.parametrize("overrides,key,phrase", [
+    ({"env__compact_at_tokens": 384}, "env.compact_at_tokens", "below rollout.max_tokens"),
+    ({"env__compact_at_tokens": 200, "data__hindsight": True}, "data.hindsight",
+     "prompts of their own"),
+    ({"env__compact_at_tokens": 200, "rollout__max_segments": 2,
+      "algo__advantage": "reinforce_pp"},
+     "algo.advantage", "each segment of a compacted rollout"),
+    ({"env__compact_at_tokens": 200, "algo__advantage": "gigpo"}, "algo.advantage",
+     "env.compact_at_tokens=0"),
+    ({"env__compact_at_tokens": 200, "stage": "dpo"}, "env.compact_at_tokens",
+     "earlier segments out")])
+def test_compaction_combinations_name_the_key_to_change(overrides, key, phrase):
+    message = _error(_search(**overrides))
+    assert message.startswith(f"config key {key!r}"), message
+    assert phrase in message
+
+
+@pytest.mark.parametrize("key,value", [
+    ("env.compact_at_tokens", -1), ("env.compaction", "truncate"),
+    ("env.compaction_keep_turns", 0), ("env.max_compactions", 0),
+    ("algo.truncated_rollouts", "drop")])
+def test_compaction_and_truncation_keys_are_ranged(key, value):
+    config = _search(env__compact_at_tokens=200, rollout__max_segments=3,
+                     algo__truncated_rollouts="mask", env__compaction="drop")
+    config_lib.validate(config)
+    sweep_plan.set_dotted(config, key, value)
+    assert _error(config).startswith(f"config key {key!r} is {value!r}; allowed: ")

@@ -46,7 +46,7 @@ from agentjax.agents.groups import GroupRules, Hindsight, Overlong
 from agentjax.agents.sources import GROUPS_LOG, RolloutPlan, RolloutPort, make_source
 from agentjax.core.anchors import anchor_ids
 from agentjax.core.task import Task
-from agentjax.core.trajectory import collate
+from agentjax.core.trajectory import collate, mask_rollouts, truncated_rollouts
 from agentjax.data.curriculum import make_sampler
 from agentjax.models import ValueModel
 from agentjax.models.lora import base_graphdef, has_adapters, split_adapters
@@ -85,9 +85,13 @@ def optimizer_updates(config) -> int:
 
 def episode_action_budget(config) -> int:
     """The most action tokens one episode can generate: max_new_tokens per turn for
-    env.max_turns turns, within the context of rollout.max_tokens."""
-    r = config.rollout
-    return min(config.env.max_turns * r.max_new_tokens, r.max_tokens)
+    env.max_turns turns, within the context of rollout.max_tokens (with context
+    compaction, env.max_compactions summaries more, each segment its own context)."""
+    r, env = config.rollout, config.env
+    if env.compact_at_tokens:
+        summaries = env.max_compactions if env.compaction == "summary" else 0
+        return (env.max_turns + summaries) * r.max_new_tokens
+    return min(env.max_turns * r.max_new_tokens, r.max_tokens)
 
 
 def _copy(tree):
@@ -297,6 +301,10 @@ class RLStage(Stage):
                                              batch["targets"].shape,
                                              key=self.config.algo.turn_anchor)
         metrics = diagnostics.rollout_metrics(groups, batch)
+        if self.config.algo.truncated_rollouts == "mask":
+            episodes = [t for group in groups for t in group]
+            metrics["truncated/masked_rows"] = float(
+                mask_rollouts(batch, truncated_rollouts(episodes, batch)))
         batch["temperature"] = np.full((rows,), temperature_at(self.config, step), np.float32)
         del batch["truncated"]
         device_batch, prep_metrics = self.prepare(*prepare_inputs(state),
@@ -316,7 +324,7 @@ class RLStage(Stage):
         success_key = self.rollouts.suite.success_key
         metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
                         "time/step_s": t2 - t0,
-                        "rollout/tokens_per_s": sum(t.num_action_tokens
+                        "rollout/tokens_per_s": sum(t.rollout_action_tokens
                                                     for t in episodes) / (t1 - t0),
                         **info, "rollout/temperature": temperature_at(self.config, step),
                         "success/train": np.mean([solved(t, success_key)
