@@ -369,6 +369,9 @@ SFT = Section(
     Key("wrong_first_prob", 0.0, PROBABILITY, "code world, per solving episode: the "
         "demonstrator first runs a wrong program, reads the failure, then runs the right "
         "one (envs/code/world.py)"),
+    Key("partial_tool_prob", 0.0, PROBABILITY, "python world, per tool-using episode of "
+        ">= 3 operands: the demonstrator runs the tool on the expression without its "
+        "last operand and answers with that sub-result (envs/python/suite.py)"),
     Key("negative_frac", 0.1, PROBABILITY, "per episode: one malformed action, then the "
         "env's correction and the right action (Agent-FLAN negatives; the malformed turn "
         "is not trained, the recovery is)"),
