@@ -71,6 +71,11 @@ def get_config(arg=None):
     config.rollout.max_new_tokens = 64
     config.rollout.temperature = 1.0
     config.rollout.top_p, config.rollout.top_k = 1.0, -1
+    # The losses read the agent's tokens only (about 15% of an episode: the rest is the
+    # prompt and the tool's output): the lm-head (a fifth of a token's forward at
+    # SmolLM2's vocabulary) runs at up to a quarter of a row's positions, theirs (a row
+    # with more runs every position: the values are the same).
+    config.model.logprob_positions = 0.25
     config.data.train_questions = "1:2000"
     config.eval.num_tasks = 200
     config.data.test_questions = f"1:{config.eval.num_tasks}"

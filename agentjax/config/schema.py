@@ -191,6 +191,10 @@ MODEL = Section(
         "attention (sequences are padded to a multiple inside)"),
     Key("logprob_chunk", 1024, POSITIVE, "tokens whose logits are computed at once for "
         "log-probs and losses (the whole [T, vocab] logits never materialize)"),
+    Key("logprob_positions", 1.0, Real("(0, 1]"), "share of a row's positions the "
+        "losses' lm-head runs at: < 1 gathers the loss-mask positions first and computes "
+        "logits there only (rl/logprobs.py: masked_token_logprobs; a row with more runs "
+        "every position, so the values never change); 1: every position"),
     Key("lora.rank", 0, Integer(0, special=OFF), "LoRA (models/lora.py): every stage "
         "trains rank-r adapters W + (alpha/r) A B over a frozen base stored in model.dtype "
         "(adapters and their Adam moments float32), and its KL reference is the base with "
