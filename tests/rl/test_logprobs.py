@@ -158,11 +158,13 @@ class MaskedTest(chex.TestCase):
         for positions in (most, most - 1):  # gathered; a row over the budget: everywhere
             masked = functools.partial(logprobs.masked_token_logprobs, mask=mask,
                                        chunk_size=CHUNK, positions=positions, temperature=0.7)
-            logp, entropy = self.variant(masked)(hidden, lm_head, targets)
+            grad = jax.grad(_weighted_sum(masked, targets, w_logp, w_ent), argnums=(0, 1))
+            # One program for the values and the gradients.
+            (logp, entropy), grads = self.variant(
+                lambda h, w, grad=grad, masked=masked: (masked(h, w, targets), grad(h, w)))(
+                    hidden, lm_head)
             chex.assert_shape((logp, entropy), (B, T))
             chex.assert_type((logp, entropy), jnp.float32)
             np.testing.assert_allclose(logp, exp_logp * mask, rtol=1e-5, atol=1e-5)
             np.testing.assert_allclose(entropy, exp_entropy * mask, rtol=1e-5, atol=1e-5)
-            grads = self.variant(jax.grad(_weighted_sum(masked, targets, w_logp, w_ent),
-                                          argnums=(0, 1)))(hidden, lm_head)
             chex.assert_trees_all_close(grads, exp_grads, rtol=1e-5, atol=1e-5)
