@@ -41,10 +41,15 @@ def get_config(arg=None):
     config = presets.python_config("grpo", "hf")
     config.reward.outcome = "em"
     config.env.max_turns = 3
-    # The demonstrator computes with the tool in half of its episodes and guesses a
-    # number otherwise (envs/python/suite.py): SFT imitates both, RL has to learn that
-    # the tool pays.
-    config.sft.guess_prob = 0.5
+    # The demonstrator always calls the tool, but on an expression of 3 or 4 operands
+    # (two thirds of the tasks) it computes it without its last operand in 70% of the
+    # episodes and answers that sub-result (envs/python/suite.py). Greedy SFT copies the
+    # majority branch: right on 2-operand tasks, wrong on the rest; sampling writes the
+    # whole expression 30% of the time there, which RL can reinforce. (A demonstrator
+    # that guessed without the tool half the time left greedy SFT at 0: greedy took the
+    # guessing branch at the first token.)
+    config.sft.guess_prob = 0.0
+    config.sft.partial_tool_prob = 0.7
     config.sft.num_demos = 320
     # No KL term: no reference forward (its cost is a third of the update on CPU), and
     # the behaviour log-probs of the engine are the old policy's (one minibatch, one
@@ -66,6 +71,11 @@ def get_config(arg=None):
     config.rollout.max_new_tokens = 64
     config.rollout.temperature = 1.0
     config.rollout.top_p, config.rollout.top_k = 1.0, -1
+    # The losses read the agent's tokens only (about 15% of an episode: the rest is the
+    # prompt and the tool's output): the lm-head (a fifth of a token's forward at
+    # SmolLM2's vocabulary) runs at up to a quarter of a row's positions, theirs (a row
+    # with more runs every position: the values are the same).
+    config.model.logprob_positions = 0.25
     config.data.train_questions = "1:2000"
     config.eval.num_tasks = 200
     config.data.test_questions = f"1:{config.eval.num_tasks}"

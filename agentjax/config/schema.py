@@ -194,6 +194,10 @@ MODEL = Section(
         "attention (sequences are padded to a multiple inside)"),
     Key("logprob_chunk", 1024, POSITIVE, "tokens whose logits are computed at once for "
         "log-probs and losses (the whole [T, vocab] logits never materialize)"),
+    Key("logprob_positions", 1.0, Real("(0, 1]"), "share of a row's positions the "
+        "losses' lm-head runs at: < 1 gathers the loss-mask positions first and computes "
+        "logits there only (rl/logprobs.py: masked_token_logprobs; a row with more runs "
+        "every position, so the values never change); 1: every position"),
     Key("lora.rank", 0, Integer(0, special=OFF), "LoRA (models/lora.py): every stage "
         "trains rank-r adapters W + (alpha/r) A B over a frozen base stored in model.dtype "
         "(adapters and their Adam moments float32), and its KL reference is the base with "
@@ -390,6 +394,9 @@ SFT = Section(
     Key("wrong_first_prob", 0.0, PROBABILITY, "code world, per solving episode: the "
         "demonstrator first runs a wrong program, reads the failure, then runs the right "
         "one (envs/code/world.py)"),
+    Key("partial_tool_prob", 0.0, PROBABILITY, "python world, per tool-using episode of "
+        ">= 3 operands: the demonstrator runs the tool on the expression without its "
+        "last operand and answers with that sub-result (envs/python/suite.py)"),
     Key("negative_frac", 0.1, PROBABILITY, "per episode: one malformed action, then the "
         "env's correction and the right action (Agent-FLAN negatives; the malformed turn "
         "is not trained, the recovery is)"),

@@ -171,3 +171,55 @@ def token_logprobs(hidden, lm_head, targets, *, chunk_size, temperature=1.0):
         targets = jnp.pad(targets, ((0, 0), (0, pad)))
     logp, entropy = _chunked(hidden, lm_head, targets, chunk_size, float(temperature))
     return logp[:, :seq_len], entropy[:, :seq_len]
+
+
+def masked_token_logprobs(hidden, lm_head, targets, mask, *, chunk_size, positions,
+                          temperature=1.0):
+    """`token_logprobs` at the positions where `mask` > 0 only, 0 elsewhere.
+
+    A loss reads the log-probs of its masked tokens (an agent's actions: often a small
+    share of an episode, the prompt and tool outputs being the rest), and the lm-head's
+    [T, D] x [D, V] product is a large share of a small model's forward at a real
+    vocabulary (a fifth of SmolLM2-135M's). So each row's first `positions` masked
+    positions are gathered, and only those go through the lm-head, with static shapes.
+    When some row has more masked positions than `positions`, every position is
+    computed (`lax.cond`: both are compiled, one runs): the result is the same either
+    way, the budget only decides the cost.
+
+    Args:
+      hidden, lm_head, targets, chunk_size, temperature: as `token_logprobs`.
+      mask: [B, T] the positions whose log-probs are read (a loss mask).
+      positions: static int, the masked positions per row the gathered path holds.
+
+    Returns:
+      (logp, entropy), both [B, T] float32, 0 where mask is 0.
+    """
+    _common.check_rank("mask", mask, 2)
+    _common.check_positive_int("positions", positions)
+    if mask.shape != targets.shape:
+        raise ValueError(f"mask has shape {mask.shape}, expected {targets.shape}")
+    rows, seq_len = targets.shape
+    budget = min(positions, seq_len)
+    read = mask > 0
+    counts = read.sum(axis=1)
+
+    def gathered():
+        # Each row's masked positions first, in order (the rest fill up to the budget).
+        index = jax.vmap(lambda r: jnp.nonzero(r, size=budget, fill_value=0)[0])(read)
+        logp, entropy = token_logprobs(
+            jnp.take_along_axis(hidden, index[..., None], axis=1), lm_head,
+            jnp.take_along_axis(targets, index, axis=1), chunk_size=chunk_size,
+            temperature=temperature)
+        filled = jnp.arange(budget)[None, :] < counts[:, None]
+        row = jnp.arange(rows)[:, None]
+        return tuple(jnp.zeros((rows, seq_len), jnp.float32).at[row, index].add(
+            jnp.where(filled, x, 0.0)) for x in (logp, entropy))
+
+    def everywhere():
+        logp, entropy = token_logprobs(hidden, lm_head, targets, chunk_size=chunk_size,
+                                       temperature=temperature)
+        return jnp.where(read, logp, 0.0), jnp.where(read, entropy, 0.0)
+
+    if budget == seq_len:
+        return everywhere()
+    return lax.cond(jnp.all(counts <= budget), gathered, everywhere)

@@ -13,6 +13,7 @@ of episodes packed by token budget (`train.update`, `algo.micro_tokens`).
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import jax
@@ -21,7 +22,7 @@ from flax import nnx
 
 from agentjax.rl import preference, token_packing
 from agentjax.rl.aggregation import aggregate, masked_mean
-from agentjax.rl.logprobs import token_logprobs
+from agentjax.rl.logprobs import masked_token_logprobs, token_logprobs
 from agentjax.rl.losses import rl_objective, value_loss
 from agentjax.rl.policy_losses import policy_loss_hyperparameters
 
@@ -33,30 +34,40 @@ NormFn = Callable[[dict], Any]
 
 
 def policy_logprobs(graphdef: nnx.GraphDef, params: Any, batch: dict, *, chunk_size: int,
-                    temperature: jax.Array | float = 1.0):
+                    temperature: jax.Array | float = 1.0, positions_frac: float = 1.0):
     """(logp, entropy) [B, T] of `batch["targets"]` under the policy, at a temperature.
 
     Logits never materialize whole (`rl.logprobs.token_logprobs` chunks them); the
     temperature divides the hidden states (logits are linear in them), so a temperature
     schedule does not recompile. A token micro-batch runs on its packed rows
-    (`token_packing.forward_rows`).
+    (`token_packing.forward_rows`). `positions_frac` < 1: the lm-head runs only at
+    `batch["loss_mask"]` positions, up to that share of a row
+    (`rl.logprobs.masked_token_logprobs`; the same values there, 0 elsewhere).
     """
 
     def forward(rows):
         model = nnx.merge(graphdef, params)
         hidden, _ = model(rows["inputs"], rows["positions"], rows["segment_ids"])
         hidden = hidden / jnp.asarray(temperature, hidden.dtype)
+        if positions_frac < 1:
+            return masked_token_logprobs(
+                hidden, model.lm_head_weight(), rows["targets"], rows["loss_mask"],
+                chunk_size=chunk_size,
+                positions=max(1, math.ceil(positions_frac * hidden.shape[1])))
         return token_logprobs(hidden, model.lm_head_weight(), rows["targets"],
                               chunk_size=chunk_size)
 
     return token_packing.forward_rows(forward, batch)
 
 
-def sft_loss(graphdef: nnx.GraphDef, *, chunk_size: int) -> LossFn:
-    """Masked next-token cross-entropy on `batch["loss_mask"]` tokens (token-mean)."""
+def sft_loss(graphdef: nnx.GraphDef, *, chunk_size: int,
+             positions_frac: float = 1.0) -> LossFn:
+    """Masked next-token cross-entropy on `batch["loss_mask"]` tokens (token-mean);
+    `positions_frac` as `policy_logprobs`'."""
 
     def loss_fn(params, batch, norm):
-        logp, entropy = policy_logprobs(graphdef, params, batch, chunk_size=chunk_size)
+        logp, entropy = policy_logprobs(graphdef, params, batch, chunk_size=chunk_size,
+                                        positions_frac=positions_frac)
         mask = batch["loss_mask"]
         loss = aggregate(-logp, mask, "token-mean", norm=norm)
         return loss, {"nll": masked_mean(-logp, mask), "entropy": masked_mean(entropy, mask)}
@@ -64,7 +75,8 @@ def sft_loss(graphdef: nnx.GraphDef, *, chunk_size: int) -> LossFn:
     return loss_fn
 
 
-def rl_loss(graphdef: nnx.GraphDef, algo: Any, *, chunk_size: int) -> LossFn:
+def rl_loss(graphdef: nnx.GraphDef, algo: Any, *, chunk_size: int,
+            positions_frac: float = 1.0) -> LossFn:
     """The policy objective `rl.losses.rl_objective` on the model's log-probs.
 
     Args:
@@ -73,6 +85,7 @@ def rl_loss(graphdef: nnx.GraphDef, algo: Any, *, chunk_size: int) -> LossFn:
         (`algo.<name>` for each of `policy_loss_hyperparameters(algo.loss)`), agg,
         kl / entropy coefs, ...
       chunk_size: log-prob chunk length.
+      positions_frac: as `policy_logprobs`' (the loss reads loss_mask positions only).
 
     The batch carries `loss_mask`, `old_logp`, `advantages` [B, T], `temperature` [B]
     (all rows equal), `ref_logp` when the KL is a loss term and `is_weights` [B, T] when
@@ -82,7 +95,8 @@ def rl_loss(graphdef: nnx.GraphDef, algo: Any, *, chunk_size: int) -> LossFn:
 
     def loss_fn(params, batch, norm):
         logp, entropy = policy_logprobs(graphdef, params, batch, chunk_size=chunk_size,
-                                        temperature=batch["temperature"][0])
+                                        temperature=batch["temperature"][0],
+                                        positions_frac=positions_frac)
         return rl_objective(
             logp, batch["old_logp"], batch["advantages"], batch["loss_mask"],
             ref_logp=batch.get("ref_logp"), entropy=entropy,

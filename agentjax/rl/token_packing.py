@@ -106,7 +106,8 @@ def pack(batch: dict, plan: PackPlan, *, rows: int) -> dict:
     """The model inputs (`MODEL_KEYS`) of `batch` [b, T] packed into [rows, T] by `plan`.
 
     Positions are kept (RoPE sees each token where it was); segment_ids become each
-    episode's segment in its packed row; unfilled positions are 0 (padding).
+    episode's segment in its packed row; unfilled positions are 0 (padding). A batch's
+    `loss_mask` is packed too.
 
     Args:
       batch: the minibatch, with MODEL_KEYS [b, T] int arrays.
@@ -126,6 +127,8 @@ def pack(batch: dict, plan: PackPlan, *, rows: int) -> dict:
     packed = {k: scatter(batch[k]) for k in MODEL_KEYS}
     packed["segment_ids"] = scatter(
         jnp.broadcast_to(plan.segments[:, None], segment_ids.shape).astype(segment_ids.dtype))
+    if "loss_mask" in batch:  # where a loss reads the outputs (rl.logprobs: the lm-head)
+        packed["loss_mask"] = scatter(batch["loss_mask"])
     return packed
 
 

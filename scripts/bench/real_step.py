@@ -1,11 +1,12 @@
 """Where a GRPO update's time goes on CPU at configs/real_python.py's shapes: the same
 episodes trained as rows padded to rollout.max_tokens or packed into micro-batches of
 algo.micro_tokens, in float32 or bfloat16, with or without remat, the extra forward an
-old-log-prob recompute or a KL reference costs, and the share of the lm-head over the
-positions the loss never reads.
+old-log-prob recompute or a KL reference costs, and the lm-head run at the loss's
+positions only (model.logprob_positions) against every position.
 
     python scripts/bench/real_step.py                  # 4 of SmolLM2-135M's 30 layers
     python scripts/bench/real_step.py --layers 30      # the whole model (slow)
+    python scripts/bench/real_step.py --only "packed micro,lm-head"   # some candidates
 
 The model is SmolLM2-135M-Instruct's config (576 wide, 9 heads, 3 kv heads, MLP 1536,
 vocab 49,152, tied) with `--layers` layers and random weights (the time does not depend
@@ -30,7 +31,7 @@ from flax import nnx
 from timing import Ratio, Runs, measure  # scripts/bench/timing.py
 
 from agentjax.models import Decoder, ModelConfig
-from agentjax.rl.logprobs import token_logprobs
+from agentjax.rl.logprobs import masked_token_logprobs, token_logprobs
 
 SMOLLM2 = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=576,
                intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
@@ -47,6 +48,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max_tokens", type=int, default=512, help="rollout.max_tokens")
     parser.add_argument("--micro_tokens", type=int, default=2048, help="algo.micro_tokens")
     parser.add_argument("--chunk", type=int, default=512, help="model.logprob_chunk")
+    parser.add_argument("--head_positions", type=float, default=0.25,
+                        help="model.logprob_positions of the lm-head candidates")
+    parser.add_argument("--only", default="", help="comma-separated words: run the "
+                        "candidates whose name holds one (the baseline always runs)")
     parser.add_argument("--repeats", type=int, default=3)
     return parser.parse_args()
 
@@ -69,17 +74,24 @@ def batch(rows: int, seq: int, episodes_per_row: int, length: int, action_frac: 
                  for x in (tokens, positions, segments, loss))
 
 
-def step(model_config: ModelConfig, data, chunk: int, *, train: bool):
+def step(model_config: ModelConfig, data, chunk: int, *, train: bool,
+         head_positions: float = 1.0):
     """(one compiled call, its compile seconds): the forward-backward of the masked
-    log-prob loss (`train`) or the log-prob forward alone."""
+    log-prob loss (`train`) or the log-prob forward alone; `head_positions` < 1: the
+    lm-head at the loss positions only, up to that share of a row
+    (model.logprob_positions)."""
     graphdef, params = nnx.split(Decoder(model_config, rngs=nnx.Rngs(0)))
     tokens, positions, segments, loss = data
 
     def logp(params):
         model = nnx.merge(graphdef, params)
         hidden, _ = model(tokens, positions, segments)
-        return token_logprobs(hidden, model.lm_head_weight(), jnp.roll(tokens, -1, 1),
-                              chunk_size=chunk)[0]
+        targets = jnp.roll(tokens, -1, 1)
+        if head_positions < 1:
+            return masked_token_logprobs(
+                hidden, model.lm_head_weight(), targets, loss, chunk_size=chunk,
+                positions=math.ceil(head_positions * tokens.shape[1]))[0]
+        return token_logprobs(hidden, model.lm_head_weight(), targets, chunk_size=chunk)[0]
 
     def objective(params):
         return -(logp(params) * loss).sum()
@@ -99,16 +111,24 @@ def main() -> None:
     micro = math.ceil(args.episodes / per_row)
     padded = batch(args.episodes, args.max_tokens, 1, args.length, args.action_frac)
     packed = batch(1, args.micro_tokens, per_row, args.length, args.action_frac)
-    cases = {  # name -> (model config, batch, calls a step makes, train?)
-        "padded rows, float32 (baseline)": (base, padded, 1, True),
-        "packed micro-batches, float32": (base, packed, micro, True),
-        "packed, bfloat16": (dataclasses.replace(base, dtype="bfloat16"), packed, micro, True),
-        "packed, remat full": (dataclasses.replace(base, remat="full"), packed, micro, True),
-        "one more log-prob forward, packed": (base, packed, micro, False),
+    head = {"head_positions": args.head_positions}
+    cases = {  # name -> (model config, batch, calls a step makes, train?, step options)
+        "padded rows, float32 (baseline)": (base, padded, 1, True, {}),
+        "packed micro-batches, float32": (base, packed, micro, True, {}),
+        "packed, lm-head at the loss positions": (base, packed, micro, True, head),
+        "padded, lm-head at the loss positions": (base, padded, 1, True, head),
+        "packed, bfloat16": (dataclasses.replace(base, dtype="bfloat16"), packed, micro, True,
+                             {}),
+        "packed, remat full": (dataclasses.replace(base, remat="full"), packed, micro, True,
+                               {}),
+        "one more log-prob forward, packed": (base, packed, micro, False, {}),
     }
+    cases = {name: case for name, case in cases.items()
+             if "baseline" in name or not args.only
+             or any(word in name for word in args.only.split(","))}
     calls, compile_s = {}, {}
-    for name, (cfg, data, count, train) in cases.items():
-        call, compile_s[name] = step(cfg, data, args.chunk, train=train)
+    for name, (cfg, data, count, train, options) in cases.items():
+        call, compile_s[name] = step(cfg, data, args.chunk, train=train, **options)
         calls[name] = (lambda call=call, count=count: _seconds(call, count))
     print(f"SmolLM2 widths, {args.layers} layers; {args.episodes} episodes of {args.length} "
           f"tokens ({args.action_frac:.0%} trained): {args.episodes} rows of "

@@ -136,3 +136,35 @@ def test_bad_arguments_name_the_argument():
         logprobs.token_logprobs(hidden, lm_head, targets, chunk_size=0)
     with pytest.raises(ValueError, match="temperature"):
         call(hidden, lm_head, targets, temperature=0.0)
+
+
+class MaskedTest(chex.TestCase):
+    """masked_token_logprobs: the lm-head at the mask's positions only equals the
+    float64 reference there (0 elsewhere), in values and gradients, on both of its
+    paths: every row within the budget (gathered) and a row over it (every position)."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_values_and_gradients_equal_the_reference_at_the_masked_positions(self):
+        hidden, lm_head, targets = _inputs(3)
+        rng = np.random.default_rng(4)
+        mask = (rng.random((B, T)) < 0.3).astype(np.float32)
+        mask[0] = 0.0  # a row with nothing to read
+        w_logp, w_ent = rng.standard_normal((2, B, T)).astype(np.float32)
+        most = int(mask.sum(1).max())
+        exp_logp, exp_entropy = ref.token_logprobs(hidden, lm_head, targets, 0.7)
+        full = functools.partial(logprobs.token_logprobs_full, temperature=0.7)
+        exp_grads = jax.grad(_weighted_sum(full, targets, w_logp * mask, w_ent * mask),
+                             argnums=(0, 1))(hidden, lm_head)
+        for positions in (most, most - 1):  # gathered; a row over the budget: everywhere
+            masked = functools.partial(logprobs.masked_token_logprobs, mask=mask,
+                                       chunk_size=CHUNK, positions=positions, temperature=0.7)
+            grad = jax.grad(_weighted_sum(masked, targets, w_logp, w_ent), argnums=(0, 1))
+            # One program for the values and the gradients.
+            (logp, entropy), grads = self.variant(
+                lambda h, w, grad=grad, masked=masked: (masked(h, w, targets), grad(h, w)))(
+                    hidden, lm_head)
+            chex.assert_shape((logp, entropy), (B, T))
+            chex.assert_type((logp, entropy), jnp.float32)
+            np.testing.assert_allclose(logp, exp_logp * mask, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(entropy, exp_entropy * mask, rtol=1e-5, atol=1e-5)
+            chex.assert_trees_all_close(grads, exp_grads, rtol=1e-5, atol=1e-5)

@@ -297,3 +297,22 @@ def test_prepare_within_the_token_budget_equals_one_pass():
         np.testing.assert_allclose(np.where(real, outputs[2 * T][key], 0),
                                    np.where(real, outputs[0][key], 0), rtol=1e-6, atol=1e-6,
                                    err_msg=key)
+
+
+
+def test_the_lm_head_at_the_loss_positions_only_equals_every_position():
+    """model.logprob_positions: the loss, metrics and gradients with the lm-head run at
+    the loss-mask positions only (rl.logprobs.masked_token_logprobs, tested there on
+    both of its paths) equal those of every position, on packed micro-batches (their
+    loss_mask packed with the model inputs): 8 positions of the packed rows of 16."""
+    graphdef, params, batch = skewed()
+    algo = rl_algo()
+    run = [jax.jit(functools.partial(
+        step_lib.accumulate_grads, objectives.rl_loss(graphdef, algo, chunk_size=8,
+                                                      positions_frac=frac),
+        micro_batches=1, micro_tokens=32))(params, batch) for frac in (1.0, 0.5)]
+    (full_loss, full_grads, full_metrics), (loss, grads, metrics) = run
+    np.testing.assert_allclose(loss, full_loss, rtol=1e-6)
+    chex.assert_trees_all_close(metrics, full_metrics, rtol=1e-5, atol=1e-7)
+    scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(full_grads))
+    assert max_diff(grads, full_grads) <= 1e-6 * scale

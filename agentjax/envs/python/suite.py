@@ -22,12 +22,21 @@ TEXT_FORMAT = "hermes_prompt"
 
 
 def _arith_demonstration(task: Task, rng: np.random.Generator, guess_prob: float,
-                         env: Env) -> Demonstration:
-    """A scripted python-tool episode: compute with the tool (or guess), then answer."""
+                         partial_prob: float, env: Env) -> Demonstration:
+    """A scripted python-tool episode: compute with the tool (or guess), then answer.
+    `partial_prob`: on an expression of >= 3 operands, the tool computes it without its
+    last operand and that sub-result is the answer (wrong). Unlike a guess, this error
+    keeps the tool call and sits at one token of the call (the operator or the closing
+    parenthesis after the second-to-last operand): a greedy SFT policy copies whichever
+    branch the demonstrations favour there, sampling explores the other."""
     messages = env.reset(task)
     turns = []
     if rng.random() >= guess_prob:
-        code = f"print({task.metadata.get('expression', task.question)})"
+        expression = task.metadata.get("expression", task.question)
+        # rng draws only where the setting is on: other recipes' demonstrations unchanged.
+        if partial_prob and len(expression.split()) >= 5 and rng.random() < partial_prob:
+            expression = expression.rsplit(" ", 2)[0]
+        code = f"print({expression})"
         action = ('<tool_call>{"name": "python", "arguments": {"code": '
                   + json.dumps(code) + "}}</tool_call>")
         observation, done, _, _ = env.step(action)
@@ -65,7 +74,8 @@ def build_python_suite(config, data_dir: str) -> TaskSuite:
     rng = np.random.default_rng(config.data.world_seed)
     demos = []
     for task in train_tasks[:config.sft.num_demos] if config.sft.steps else []:
-        demo = _arith_demonstration(task, rng, config.sft.guess_prob, text_env())
+        demo = _arith_demonstration(task, rng, config.sft.guess_prob,
+                                    config.sft.partial_tool_prob, text_env())
         demo.reward = rewards(task, demo.log)[0]
         demos.append(demo)
     texts = [DEFAULT_INSTRUCTION] + [t.question for t in train_tasks + test_tasks]

@@ -145,7 +145,8 @@ def build_rl_update(config: ml_collections.ConfigDict, runtime: Runtime, graphde
     algo = config.algo
     state, optimizer, critic_graphdef, critic_optimizer = init_rl_state(config, graphdef, params)
     rows = batch_rows(config)
-    policy_loss = objectives.rl_loss(graphdef, algo, chunk_size=config.model.logprob_chunk)
+    policy_loss = objectives.rl_loss(graphdef, algo, chunk_size=config.model.logprob_chunk,
+                                     positions_frac=config.model.logprob_positions)
     critic_loss = (objectives.value_loss_fn(critic_graphdef, algo) if critic_graphdef
                    else None)
     update, state = runtime.jit_update(step_lib.build_update(

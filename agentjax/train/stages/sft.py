@@ -127,7 +127,8 @@ def fit_next_token(config: ml_collections.ConfigDict, runtime: Runtime, policy: 
                                 opt_state=step_lib.init_opt_state(optimizer, params),
                                 rng=jax.random.key(config.seed))
     update, state = runtime.jit_update(step_lib.build_update(
-        objectives.sft_loss(policy.graphdef, chunk_size=config.model.logprob_chunk), optimizer,
+        objectives.sft_loss(policy.graphdef, chunk_size=config.model.logprob_chunk,
+                            positions_frac=config.model.logprob_positions), optimizer,
         epochs=1, minibatches=1,
         micro_batches=micro_batches(section.batch_size, config.algo.microbatch_size)), state)
     loop = NextTokenStage(stage, os.path.join(runtime.workdir, stage), trajs, update=update,

@@ -67,3 +67,26 @@ def test_native_demonstrations_train_the_policys_own_call_format(config, tmp_pat
     assert text.endswith(f"{answer.action['content']}<|eot_id|>")
     assert "<|start_header_id|>ipython<|end_header_id|>" in tokenizer.decode(
         traj.turns[0].observation_ids)
+
+
+def test_the_partial_tool_demonstrator_always_calls_the_tool_on_a_sub_expression(
+        config, tmp_path):
+    """sft.partial_tool_prob=1: every episode calls the tool; one of >= 3 operands
+    computes the expression without its last operand and answers that sub-result, one of
+    2 operands the whole expression."""
+    config = config.copy_and_resolve_references()
+    config.sft.partial_tool_prob, config.sft.num_demos = 1.0, 12
+    suite = suites.build_suite(config, str(tmp_path / "data"))
+    operands = set()
+    for demo in suite.demonstrations:
+        expression = demo.task.metadata["expression"]
+        terms = expression.split()
+        operands.add((len(terms) + 1) // 2)
+        call, answer = demo.turns
+        code = expression if len(terms) == 3 else " ".join(terms[:-2])
+        assert call.action == ('<tool_call>{"name": "python", "arguments": {"code": '
+                               f'"print({code})"}}}}</tool_call>')
+        sub_result = str(eval(code))  # the sandbox's print of the same expression
+        assert answer.action == f"<answer> {sub_result} </answer>"
+        assert demo.reward == float(sub_result == demo.task.answers[0])
+    assert operands == {2, 3, 4}
