@@ -37,8 +37,9 @@ def test_warmup_compiles_exactly_the_planned_programs(tiny_model):
         # 8 and 15 (the pool's 15 pages bound a call's view).
         assert programs == 4 + 3
         assert compiled == _planned(engine._shapes)
-        # Building the engine compiled its weights copy, nothing per shape.
-        assert compiles.by_function(compiles.since(before))["engine_weights"] <= 1
+        # Building the engine compiled its weights copy (none when an engine built
+        # earlier in this process compiled it), nothing per shape.
+        assert compiles.by_function(compiles.since(before)).get("engine_weights", 0) <= 1
         # Requests of every size afterwards compile nothing more.
         engine.generate_sync([GenerateRequest(list(range(1, n)), SamplingParams(
             max_new_tokens=40 - n, seed=n)) for n in (2, 9, 30)])
