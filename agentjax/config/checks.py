@@ -3,7 +3,8 @@ several keys must agree on for a run to work. Each names the key to change."""
 from __future__ import annotations
 
 from agentjax.config.choices import (AGENT_ENV, KERNEL_PAGE_SIZES, OUTCOMES,
-                                     PER_ROLLOUT_ADVANTAGES, task_env)
+                                     PER_ROLLOUT_ADVANTAGES, TURN_LEVEL_ADVANTAGES,
+                                     task_env)
 from agentjax.config.errors import reject
 
 
@@ -168,7 +169,7 @@ def _check_algo(config) -> None:
     if algo.name == "ppo" and algo.critic_lr == 0:
         reject("algo.critic_lr", algo.critic_lr, "algo.name='ppo' needs a critic: > 0")
     group_based = algo.advantage in ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline",
-                                     "gigpo", "turn_rloo")
+                                     *TURN_LEVEL_ADVANTAGES)
     if group_based and config.rollout.group_size < 2:
         reject("rollout.group_size", config.rollout.group_size,
                f"algo.advantage={algo.advantage!r} compares samples within a group: "
@@ -404,15 +405,22 @@ def _check_compaction(config) -> None:
         reject("env.compact_at_tokens", env.compact_at_tokens, f"stage={config.stage!r} "
                "packs one row per episode and would leave a compacted episode's earlier "
                "segments out; compaction trains in the RL stage")
-    if (algo.rollout_normalization and config.rollout.max_segments > 1
-            and algo.advantage not in PER_ROLLOUT_ADVANTAGES):
-        reject("algo.advantage", algo.advantage, "it gives each token its own value, so "
-               "it would see each segment of a compacted rollout alone: choose one of "
-               f"{PER_ROLLOUT_ADVANTAGES} or set algo.rollout_normalization=False")
-    if algo.advantage in ("gigpo", "turn_rloo"):
+    _check_segment_advantage(config, "a compacted rollout")
+    if algo.advantage in TURN_LEVEL_ADVANTAGES:
         reject("algo.advantage", algo.advantage, "its turns and anchor states are one "
                "context's; a compacted episode's segments start anew: set "
                "env.compact_at_tokens=0")
+
+
+def _check_segment_advantage(config, rollout: str) -> None:
+    """Several trained segments a rollout (an agent's rewritten contexts, a compacted
+    episode's) count once only with an estimator that gives one advantage a sequence."""
+    algo = config.algo
+    if (algo.rollout_normalization and config.rollout.max_segments > 1
+            and algo.advantage not in PER_ROLLOUT_ADVANTAGES):
+        reject("algo.advantage", algo.advantage, "it gives each token its own value, so "
+               f"it would see each segment of {rollout} alone: choose one of "
+               f"{PER_ROLLOUT_ADVANTAGES} or set algo.rollout_normalization=False")
 
 
 def _check_agent(config) -> None:
@@ -434,12 +442,8 @@ def _check_agent(config) -> None:
     if config.data.hindsight:
         reject("data.hindsight", True, "relabeling replays an env's prompt; an agent's "
                "prompts are its own")
-    if (algo.rollout_normalization and config.rollout.max_segments > 1
-            and algo.advantage not in PER_ROLLOUT_ADVANTAGES):
-        reject("algo.advantage", algo.advantage, "it gives each token its own value, so "
-               "it would see each segment of a rollout alone: choose one of "
-               f"{PER_ROLLOUT_ADVANTAGES} or set algo.rollout_normalization=False")
-    if config.rollout.max_segments > 1 and algo.advantage in ("gigpo", "turn_rloo"):
+    _check_segment_advantage(config, "a rollout")
+    if config.rollout.max_segments > 1 and algo.advantage in TURN_LEVEL_ADVANTAGES:
         reject("algo.advantage", algo.advantage, "its turns and anchor states are an env "
                "episode's; an agent's segments have neither: use rollout.max_segments=1")
 

@@ -60,6 +60,8 @@ TURN_ANCHORS = ("context", "observation")
 # rl/segments.py: the estimators whose advantage is one value per sequence, so a
 # segmented rollout gets one (algo.rollout_normalization); the others see each segment.
 PER_ROLLOUT_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
+# rl/turn_credit.py: the estimators that read a batch's turns and anchor states.
+TURN_LEVEL_ADVANTAGES = ("gigpo", "turn_rloo")
 # rl/policy_losses.py: POLICY_LOSSES.
 POLICY_LOSSES = ("ppo", "gspo", "cispo", "reinforce")
 # rl/aggregation.py: aggregate.

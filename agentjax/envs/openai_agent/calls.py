@@ -42,10 +42,8 @@ def merge_calls(calls: Sequence[RecordedCall], *, task: Task | None = None,
     parts: list[Trajectory] = []
     context: list[int] = []
     extended = reused = 0
-    aborted = [call for call in calls if call.finish_reason == "abort"]
-    for call in calls:
-        if call.finish_reason == "abort":
-            continue
+    answered = [call for call in calls if call.finish_reason != "abort"]
+    for call in answered:
         prompt = list(call.prompt_ids)
         if parts and len(prompt) >= len(context) and prompt[:len(context)] == context:
             parts[-1].turns[-1].observation_ids = prompt[len(context):]
@@ -59,6 +57,7 @@ def merge_calls(calls: Sequence[RecordedCall], *, task: Task | None = None,
     rollout = parts[-1] if parts else Trajectory(
         prompt_ids=[], task_id=task.task_id if task else "", group_id=group_id, task=task)
     rollout.segments = parts[:-1]
-    rollout.metadata.update(calls=len(calls) - len(aborted), calls_extended=extended,
-                            merge_reused_tokens=reused, calls_aborted=len(aborted))
+    rollout.metadata.update(calls=len(answered), calls_extended=extended,
+                            merge_reused_tokens=reused,
+                            calls_aborted=len(calls) - len(answered))
     return rollout
