@@ -1,4 +1,4 @@
-"""The python tool env as your own agent: examples/python_agent.py, a plain `openai`
+"""The python tool env as your own agent: examples/tool_agent.py, a plain `openai`
 client agent with the env's sandboxed python tool, trained with GRPO through the
 OpenAI-compatible endpoint (env.name="openai_agent"; docs/agents.md). The tasks, tool,
 answer rule and reward are configs/grpo_tools.py's (native tool calls) without its MCP
@@ -14,7 +14,7 @@ import os
 from agentjax.config import presets
 
 AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "examples",
-                     "python_agent.py")
+                     "tool_agent.py")
 
 
 def get_config(arg=None):
@@ -34,14 +34,7 @@ def get_config(arg=None):
     return config
 
 
-# A rollout's later segments dropped (one row each), against every segment trained with
-# the rollout counted once (rl/segments.py) or each segment a sequence of its own: what
-# rollout.max_segments and algo.rollout_normalization change for an agent whose prompts
-# do not always extend.
-SEGMENTS = {"rollout.max_segments": 3}
-SWEEPS = {"segments": [
-    ("last_segment", {}), ("per_rollout", SEGMENTS),
-    ("per_segment", {**SEGMENTS, "algo.rollout_normalization": False})]}
+SWEEPS = presets.AGENT_SWEEPS
 
 
 def sweep(name):

@@ -67,7 +67,8 @@ def _check_judge(reward) -> None:
 
 
 def _searches_synthetic_world(config) -> bool:
-    return (config.env.name, config.data.source) == ("search", "synthetic")
+    """The tasks are a synthetic search world's (a user's agent's too: env.agent_tasks)."""
+    return (task_env(config), config.data.source) == ("search", "synthetic")
 
 
 def _check_world(config) -> None:
@@ -81,7 +82,8 @@ def _check_world(config) -> None:
                    "(env.name='search', data.source='synthetic')")
         if value and config.pretrain.worlds < 1:
             reject(key, value, "> 0 needs pretrain.worlds >= 1 (the corpus)")
-    if config.data.hindsight and not synthetic:
+    # Hindsight reads the env's episode log, which a user's agent does not keep.
+    if config.data.hindsight and not (synthetic and config.env.name == "search"):
         reject("data.hindsight", True, "it relabels the questions of a synthetic search "
                "world: it needs env.name='search' and data.source='synthetic'")
     if config.sft.rename_frac and not synthetic:

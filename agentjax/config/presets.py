@@ -299,6 +299,16 @@ def arms(sweeps: dict, name: str) -> list[dict]:
     return [{"name": arm, "overrides": overrides} for arm, overrides in sweeps[name]]
 
 
+# A rollout's later segments dropped (one row each), against every segment trained with
+# the rollout counted once (rl/segments.py) or each segment a sequence of its own: what
+# rollout.max_segments and algo.rollout_normalization change for an agent whose prompts
+# do not always extend (configs/grpo_python_agent.py, grpo_search_agent.py).
+_SEGMENTS = {"rollout.max_segments": 3}
+AGENT_SWEEPS = {"segments": [
+    ("last_segment", {}), ("per_rollout", _SEGMENTS),
+    ("per_segment", {**_SEGMENTS, "algo.rollout_normalization": False})]}
+
+
 # The ablations of the RL search recipes (grpo, dapo, ppo): sweep name -> arms.
 SEARCH_SWEEPS = {
     "obs_mask": [("mask_observations", {"env.loss_on_observations": False}),

@@ -35,6 +35,7 @@ observation: malformed input is the policy's mistake to learn from, not an env f
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Mapping
 
 from agentjax.core.task import EpisodeLog, Task, TurnLog
@@ -133,12 +134,10 @@ class TurnEnv:
         calls = chat.tool_calls(parsed.calls, turn=index)
         problems = list(parsed.errors)
         for call in calls:
-            name, arguments = call["function"]["name"], call["function"]["arguments"]
-            if name not in tools:
-                problems.append(f"unknown tool {echo(name)}; available: "
-                                f"{', '.join(sorted(tools))}")
-            elif (problem := validate_arguments(tools[name].parameters, arguments)):
-                problems.append(f"{name}: {problem}")
+            problem = self._call_problem(tools, call["function"]["name"],
+                                         call["function"]["arguments"])
+            if problem:
+                problems.append(problem)
         turn = TurnLog(action_text=action_text, kind="tool_call")
         if calls:
             turn.tool_name = calls[0]["function"]["name"]
@@ -194,6 +193,35 @@ class TurnEnv:
                 "error": turn.error, "stop_reason": self.log.stop_reason,
                 "messages": [assistant, *answers]}
         return StepResult(turn.observation, self.log.done, 0.0, info)
+
+    def _call_problem(self, tools: Mapping[str, Tool], name: str,
+                      arguments: Mapping[str, Any]) -> str | None:
+        """Why a native call cannot run (an unknown tool, arguments off its schema)."""
+        if name not in tools:
+            return f"unknown tool {echo(name)}; available: {', '.join(sorted(tools))}"
+        problem = validate_arguments(tools[name].parameters, arguments)
+        return f"{name}: {problem}" if problem else None
+
+    def run_tool(self, name: str, arguments: str | Mapping[str, Any]) -> str:
+        """One native tool call run as a step runs it: its result as the step's `tool`
+        message shows it, or the error it shows. For agents that call this env's tools
+        themselves (envs/openai_agent: an agent that takes `env`); `arguments` is the
+        JSON object an OpenAI tool call carries, as text or parsed."""
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError as error:
+                return self._bound(f"Invalid tool call: {name}: arguments are not JSON "
+                                   f"({error}). Nothing ran.")
+        if not isinstance(arguments, Mapping):
+            return self._bound(f"Invalid tool call: {name}: arguments must be a JSON "
+                               "object. Nothing ran.")
+        problem = self._call_problem(self.native_tools(), name, arguments)
+        if problem:
+            return self._bound(f"Invalid tool call: {problem}. Nothing ran.")
+        result = TurnLog(action_text="", kind="tool_call")
+        self.act(self.native_action(name, arguments), result)
+        return self._bound(result.observation)
 
     def _finish(self, reason: str) -> None:
         self.log.done = True

@@ -6,7 +6,7 @@ import ml_collections
 import pytest
 
 from agentjax import config as config_lib
-from agentjax.config import presets
+from agentjax.config import choices, presets
 from agentjax.config.checks import dotted_get
 from agentjax.envs import registry as suites
 from agentjax.sweep import plan as sweep_plan
@@ -68,7 +68,7 @@ def test_every_variant_of_every_config_file_builds_its_task_suite(name, variant,
     test_count = sum(suites.parse_counts(config.data.test_questions).values())
     assert len(suite.test_tasks) == test_count >= config.eval.num_tasks
     train_count = sum(suites.parse_counts(config.data.train_questions).values())
-    if config.data.rl_excludes_demo_tasks and config.env.name == "search":
+    if config.data.rl_excludes_demo_tasks and choices.task_env(config) == "search":
         assert 0 < len(suite.train_tasks) < train_count
     else:
         assert len(suite.train_tasks) == train_count

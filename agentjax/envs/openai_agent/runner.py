@@ -14,7 +14,11 @@ max_new_tokens per call), whatever the agent asks.
 The agent returns its reward (a float: the task counts as solved when it is >= 1), or
 a dict with "answer" (a string, scored by the task env's reward function as that env
 would score its final answer) or "messages" (the conversation; the last assistant
-message's content is the answer). An agent that raises, returns something else, makes
+message's content is the answer). An agent that also takes `env`
+(`async def agent(client, task, env)`) is handed a fresh env of the task env
+(`TaskSuite.make_env`), for the env's own prompt, tool schemas and tools
+(`env.initial_messages(task)`, `env.template_tools`, `env.run_tool(name, arguments)`):
+examples/tool_agent.py. An agent that raises, returns something else, makes
 no model call or runs past the episode timeout (its task is cancelled, its session
 closed) is a failed episode: flagged with the reason and, for a raise, its traceback
 (errors.jsonl), its calls so far kept.
@@ -32,6 +36,7 @@ import asyncio
 import dataclasses
 import importlib
 import importlib.util
+import inspect
 import os
 import threading
 import time
@@ -137,6 +142,7 @@ class AgentRunner:
       request_timeout_s: the client's timeout per model call.
       transport: "in_process" (httpx's ASGI transport on the pool's event loop) or
         "http" (a `LocalServer`: a real URL; module docstring).
+      make_env: builds a fresh env of the task env, for an agent that takes `env`.
     """
 
     agent: Callable
@@ -145,11 +151,16 @@ class AgentRunner:
     app_factory: Callable | None = None
     request_timeout_s: float = 600.0
     transport: str = "in_process"
+    make_env: Callable[[], Any] | None = None
 
     def __post_init__(self):
         if self.transport not in AGENT_TRANSPORTS:
             raise ValueError(f"transport must be one of {AGENT_TRANSPORTS}, got "
                              f"{self.transport!r}")
+        self._takes_env = "env" in inspect.signature(self.agent).parameters
+        if self._takes_env and self.make_env is None:
+            raise ValueError(f"the agent {self.agent.__name__!r} takes `env` and this "
+                             "runner has no make_env to build one")
         self.sessions = Sessions()
         self._sampling: dict[str, SamplingParams] = {}
         self._apps: dict[int, tuple[Any, Any]] = {}
@@ -203,8 +214,9 @@ class AgentRunner:
                 client = openai.AsyncOpenAI(
                     base_url=f"{host}/sessions/{session}/v1", api_key="agentjax",
                     http_client=http, max_retries=0, timeout=self.request_timeout_s)
+                env = {"env": self.make_env()} if self._takes_env else {}
                 async with timer:
-                    outcome = await self.agent(client, task)
+                    outcome = await self.agent(client, task, **env)
         except TimeoutError as error:
             failure = (("timeout", f"agent exceeded the episode timeout_s={limits.timeout_s}")
                        if timer.expired() else ("agent_error", _traceback(error)))

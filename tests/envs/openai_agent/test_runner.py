@@ -16,6 +16,8 @@ from agentjax.endpoint.sessions import RecordedCall
 from agentjax.engine.protocol import EnginesUnavailable, SamplingParams
 from agentjax.envs.openai_agent.calls import merge_calls
 from agentjax.envs.openai_agent.runner import AgentRunner, load_agent
+from agentjax.envs.retrieval import Document
+from agentjax.envs.search.env import SearchEnv
 from agentjax.models.chat import hermes_call_text
 from agentjax.train.episodes import (EpisodesFailed, check_failures, episode_segments,
                                      render_episode)
@@ -253,7 +255,7 @@ def test_samples_show_every_segment(tokenizer):
 
 def test_load_agent_names_what_is_wrong():
     assert load_agent("tests.envs.openai_agent.test_runner:tool_agent") is tool_agent
-    assert load_agent(f"{EXAMPLES}/python_agent.py:agent").__name__ == "agent"
+    assert load_agent(f"{EXAMPLES}/tool_agent.py:agent").__name__ == "agent"
     for spec, error in [("nocolon", "package.module:function"),
                         ("no/such/file.py:agent", "no file"),
                         ("tests.envs.openai_agent.test_runner:missing", "AttributeError"),
@@ -307,3 +309,62 @@ def test_over_http_a_subprocess_agent_trains_through_a_real_url(tokenizer):
     assert not runner._servers and not server._thread.is_alive()  # closed with the pool
     with pytest.raises(ValueError, match="transport must be one of"):
         AgentRunner(cli_agent, _reward, "em", transport="tcp")
+
+
+class _OneDocRetriever:
+    def search(self, queries, topk):
+        return [[Document("d1", "Fox", f"The fox of {queries[0]} lives in Paris.")]]
+
+
+def test_run_tool_runs_a_call_as_a_step_does_and_says_what_is_wrong():
+    env = SearchEnv(_OneDocRetriever(), action_format="native")
+    assert "lives in Paris" in env.run_tool("search", '{"query": "x"}')
+    assert env.run_tool("search", {"query": "x"}) == env.run_tool("search", '{"query": "x"}')
+    for name, arguments, problem in [
+            ("search", "{not json", "arguments are not JSON"),
+            ("search", "[1]", "arguments must be a JSON object"),
+            ("lookup", "{}", "unknown tool 'lookup'; available: search"),
+            ("search", '{"q": "x"}', "search:"),
+            ("search", '{"query": " "}', "empty query")]:
+        result = env.run_tool(name, arguments)
+        assert problem in result and "Invalid" in result, (name, arguments, result)
+
+
+def _search_engine(tokenizer):
+    """Searches once, then answers "Paris" when the documents are in the context."""
+    def script(context, index):
+        if "lives in Paris" in tokenizer.decode(context):
+            return "<answer>Paris</answer><|im_end|>"
+        return hermes_call_text({"name": "search", "arguments": {"query": "fox"}}) + "<|im_end|>"
+    return ScriptedEngine(tokenizer, script)
+
+
+def test_the_example_agent_plays_a_built_in_env_with_the_env_it_is_handed(tokenizer):
+    agent = load_agent(f"{EXAMPLES}/tool_agent.py:agent")
+
+    made = []
+
+    def make_env():
+        made.append(SearchEnv(_OneDocRetriever(), action_format="native", max_turns=3))
+        return made[-1]
+
+    runner = AgentRunner(agent, _reward, "em", make_env=make_env)
+    pool = RolloutPool(_search_engine(tokenizer), None, tokenizer, runner=runner)
+    with pool:
+        [group] = pool.collect_sync(TASKS[:1], group_size=2, sampling=SAMPLING)
+    assert len(made) == 2  # a fresh env per episode
+    for traj in group:
+        assert not traj.metadata["failed"], traj.metadata["error"]
+        assert traj.final_reward == 1.0 and len(traj.turns) == 2 and not traj.segments
+        observation = tokenizer.decode(traj.turns[0].observation_ids)
+        assert "The fox of fox lives in Paris." in observation
+    # The prompt is the env's own: its instruction and its tool schema.
+    prompt = tokenizer.decode(group[0].prompt_ids)
+    assert '"name": "search"' in prompt and "question 0" in prompt
+
+
+def test_an_agent_that_takes_env_needs_a_runner_that_builds_one():
+    agent = load_agent(f"{EXAMPLES}/tool_agent.py:agent")
+
+    with pytest.raises(ValueError, match="takes `env`"):
+        AgentRunner(agent, _reward, "em")
