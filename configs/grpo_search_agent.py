@@ -1,17 +1,17 @@
-"""The search env as your own agent: examples/tool_agent.py, a plain `openai` client
-agent with the search world's retriever as its `search` tool, trained with GRPO through
-the OpenAI-compatible endpoint (env.name="openai_agent"; docs/agents.md). Everything
-else is configs/grpo_search.py's in native tool-call mode (pretraining, SFT on the
-demonstrator's searches as the template's tool calls, GRPO), so the agent compares with
+"""The search env as your own agent: examples/search_r1_agent.py, a plain `openai` client
+agent that speaks Search-R1 tags, trained with GRPO through the OpenAI-compatible
+endpoint (env.name="openai_agent"; docs/agents.md). Everything else is
+configs/grpo_search.py's (the world, pretraining, SFT, the RL budget), so the two compare
+in held-out success and time per step, from the same SFT agent:
 
-    python scripts/train.py --config configs/grpo_search.py --config.env.tool_format=native \
-        --config.rollout.max_tokens=768
-
-in held-out success and time per step. From that run's SFT agent:
-
-    python scripts/train.py --config configs/grpo_search_agent.py \\
-        --config.init_from=<workdir of the run above>/sft
+    python scripts/train.py --config configs/grpo_search_agent.py
+    python scripts/train.py --config configs/grpo_search_agent.py \
+        --config.init_from=<a configs/grpo_search.py run's workdir>/sft
     python scripts/train.py --config configs/grpo_search_agent.py:test   # seconds
+
+The same env in native tool calls (the template's own format) is examples/tool_agent.py:
+--config.env.tool_format=native --config.env.agent=examples/tool_agent.py:agent
+(the tool schemas make the prompt about 400 tokens longer: raise rollout.max_tokens).
 
 Variants: cpu, hf, test.
 """
@@ -20,20 +20,15 @@ import os
 from agentjax.config import presets
 
 AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "examples",
-                     "tool_agent.py")
+                     "search_r1_agent.py")
 
 
 def get_config(arg=None):
-    # The search agent of configs/grpo_search.py, its searches as native tool calls.
+    # The search agent of configs/grpo_search.py, played by a program of its own.
     config = presets.search_config("grpo", arg)
-    config.env.tool_format = "native"
     config.env.name = "openai_agent"
     config.env.agent_tasks = "search"
     config.env.agent = os.path.normpath(AGENT) + ":agent"
-    # The tool schemas in the system message (the Hermes fallback of a template without
-    # tools) make a prompt about 400 tokens longer than the Search-R1 instruction: the
-    # demonstrations are 440-560 tokens (the test variant's smaller tokenizer: 600-1,060).
-    config.rollout.max_tokens = 1088 if presets.variant(arg) == "test" else 768
     # One batch row per rollout, as the built-in env's (configs/grpo_python_agent.py
     # says when to raise it).
     config.rollout.max_segments = 1

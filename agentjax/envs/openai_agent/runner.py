@@ -18,7 +18,11 @@ message's content is the answer). An agent that also takes `env`
 (`async def agent(client, task, env)`) is handed a fresh env of the task env
 (`TaskSuite.make_env`), for the env's own prompt, tool schemas and tools
 (`env.initial_messages(task)`, `env.template_tools`, `env.run_tool(name, arguments)`):
-examples/tool_agent.py. An agent that raises, returns something else, makes
+examples/tool_agent.py. One that plays its episode through that env
+(`env.reset(task)`, then `env.step(text)` per reply) is scored on the env's own episode
+log, every reward term of the built-in env included (format, tool shaping, process),
+whatever it returns, also when it stopped before the env was done (its context full):
+examples/search_r1_agent.py. An agent that raises, returns something else, makes
 no model call or runs past the episode timeout (its task is cancelled, its session
 closed) is a failed episode: flagged with the reason and, for a raise, its traceback
 (errors.jsonl), its calls so far kept.
@@ -205,6 +209,7 @@ class AgentRunner:
         self._sampling[session] = dataclasses.replace(sampling, n=1)
         timer = asyncio.timeout(limits.timeout_s)
         outcome: Any = None
+        env = None
         failure: tuple[str, str] | None = None
         try:
             host = self._base_url(engine, app)
@@ -214,9 +219,12 @@ class AgentRunner:
                 client = openai.AsyncOpenAI(
                     base_url=f"{host}/sessions/{session}/v1", api_key="agentjax",
                     http_client=http, max_retries=0, timeout=self.request_timeout_s)
-                env = {"env": self.make_env()} if self._takes_env else {}
+                if self._takes_env:  # as the pool builds a built-in env: off the loop
+                    env = await asyncio.get_running_loop().run_in_executor(
+                        executor, self.make_env)
                 async with timer:
-                    outcome = await self.agent(client, task, **env)
+                    outcome = await self.agent(client, task,
+                                               **({"env": env} if self._takes_env else {}))
         except TimeoutError as error:
             failure = (("timeout", f"agent exceeded the episode timeout_s={limits.timeout_s}")
                        if timer.expired() else ("agent_error", _traceback(error)))
@@ -241,16 +249,24 @@ class AgentRunner:
                                    f"to train on ({len(calls)} calls, all aborted)"
                                    if calls else "the agent made no model call through "
                                    "its client: there is nothing to train on")
-            total, components = await self._score(task, outcome, executor)
+            played = getattr(env, "log", None)  # the env the agent stepped, if it did
+            total, components = await self._score(task, outcome, executor, played)
         except AgentFailure as error:
             traj.metadata.update(stop_reason=error.stop_reason, failed=True, error=str(error))
             return traj
+        if played is not None:  # its stop reason and tool metrics as the built-in env's
+            traj.metadata.update(stop_reason=played.stop_reason or "agent_returned",
+                                 env_log=played)
         traj.final_reward = float(total)
         traj.metadata["reward_components"] = dict(components)
         return traj
 
-    async def _score(self, task: Task, outcome, executor) -> tuple[float, Mapping]:
-        """(total, components) of what the agent returned (module docstring)."""
+    async def _score(self, task: Task, outcome, executor,
+                     played: EpisodeLog | None = None) -> tuple[float, Mapping]:
+        """(total, components) of what the agent returned, or of the episode `played`
+        through the env it was handed (module docstring)."""
+        if played is not None:
+            return await self._reward(task, played, executor)
         if isinstance(outcome, (int, float)) and not isinstance(outcome, bool):
             reward = float(outcome)
             return reward, {"agent": reward, self.success_key: float(reward >= 1.0)}
@@ -266,6 +282,9 @@ class AgentRunner:
         # one, the final answer (rewards/outcome.py: episode_answer).
         log = EpisodeLog(task=task, turns=[TurnLog(str(answer), "answer")],
                          final_answer=str(answer), done=True, stop_reason="answer")
+        return await self._reward(task, log, executor)
+
+    async def _reward(self, task: Task, log: EpisodeLog, executor) -> tuple[float, Mapping]:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(executor, self.reward_fn, task, log)
