@@ -368,3 +368,64 @@ def test_an_agent_that_takes_env_needs_a_runner_that_builds_one():
 
     with pytest.raises(ValueError, match="takes `env`"):
         AgentRunner(agent, _reward, "em")
+
+
+class _StopStringEngine(ScriptedEngine):
+    """Ends a completion at the request's stop string, as the engines do (matched_stop;
+    the endpoint then leaves it out of the reply's content, as OpenAI's API does)."""
+
+    async def generate(self, requests):
+        out = await super().generate(requests)
+        for request, [completion] in zip(requests, out):
+            text = self.tokenizer.decode(completion.output_ids)
+            completion.matched_stop = next(
+                (s for s in request.sampling.stop if text.endswith(s)), None)
+        return out
+
+
+def _searches_then_answers(tokenizer):
+    def script(context, index):
+        if "lives in Paris" in tokenizer.decode(context):
+            return "<answer> Paris </answer>"
+        return "<search> fox </search>"
+    return _StopStringEngine(tokenizer, script)
+
+
+def _reward_with_searches(task, log):
+    """Exact match plus 0.1 a search: a term only the env's episode log can give."""
+    searches = sum(turn.kind == "search" for turn in log.turns)
+    correct = float(log.final_answer == task.answers[0])
+    return correct + 0.1 * searches, {"em": correct, "searches": searches}
+
+
+def test_an_agent_that_plays_its_env_is_scored_on_the_env_log_token_for_token(tokenizer):
+    agent = load_agent(f"{EXAMPLES}/search_r1_agent.py:agent")
+    played = []
+
+    def make_env():
+        played.append(SearchEnv(_OneDocRetriever(), max_turns=3))
+        return played[-1]
+
+    runner = AgentRunner(agent, _reward_with_searches, "em", make_env=make_env)
+    pool = RolloutPool(_searches_then_answers(tokenizer), None, tokenizer, runner=runner)
+    with pool:
+        [[traj]] = pool.collect_sync(TASKS[:1], group_size=1, sampling=SAMPLING)
+    assert not traj.metadata["failed"], traj.metadata["error"]
+    [env] = played
+    assert traj.metadata["env_log"] is env.log and traj.metadata["stop_reason"] == "answer"
+    assert traj.final_reward == pytest.approx(1.1)
+    assert traj.metadata["reward_components"] == {"em": 1.0, "searches": 1}
+    # The closing tag the server left out of the reply went back into the history, so
+    # the second prompt extends the first call's prompt and completion token for token.
+    assert traj.metadata["calls_extended"] == 1 and not traj.segments
+    assert [tokenizer.decode(t.action_ids) for t in traj.turns] == [
+        "<search> fox </search>", "<answer> Paris </answer>"]
+    assert "<information>" in tokenizer.decode(traj.turns[0].observation_ids)
+
+
+def test_restore_stop_closes_only_the_tag_a_stop_string_cut():
+    restore = load_agent(f"{EXAMPLES}/search_r1_agent.py:agent").__globals__["restore_stop"]
+    assert restore("<search> fox ", "stop") == "<search> fox </search>"
+    assert restore("x <answer> Paris ", "stop") == "x <answer> Paris </answer>"
+    assert restore("<search> a </search> then", "stop") == "<search> a </search> then"
+    assert restore("<search> fox ", "length") == "<search> fox "
