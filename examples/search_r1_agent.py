@@ -1,10 +1,12 @@
 """The search env in its own format (Search-R1 tags) as a plain OpenAI-client agent, as a
-Search-R1 agent written against an OpenAI-compatible server is: the model writes
+Search-R1 agent is written against an OpenAI-compatible server: the model writes
 `<search> query </search>` or `<answer> ... </answer>`, stopped at the closing tag, and
-the documents come back as the next user message. The agent plays the env it is handed
-(`env.reset`, `env.step`), so its episode is scored as the built-in env's (every reward
-term) and trains from the same SFT agent as configs/grpo_search.py
-(configs/grpo_search_agent.py:tags; docs/agents.md).
+the documents are written into the model's own turn, which the next call continues
+(`continue_final_message`, vLLM's and SGLang's extension, in the client's extra_body):
+the tokens of configs/grpo_search.py's episodes, so it trains from that recipe's SFT
+agent. The agent plays the env it is handed (`env.reset`, `env.step`), so its episode is
+scored as the built-in env's, every reward term included (configs/grpo_search_agent.py;
+docs/agents.md).
 """
 import asyncio
 
@@ -27,10 +29,13 @@ async def agent(client, task, env):
     """Search until the model answers, env.max_turns replies are spent or the context is
     full (the server refuses the prompt: the built-in env's token budget)."""
     messages = env.reset(task)
+    turn = ""  # the assistant's turn so far: its replies and the documents between them
     while True:
+        history = messages + [{"role": "assistant", "content": turn}] if turn else messages
         try:
             reply = await client.chat.completions.create(
-                model="policy", messages=messages, stop=[f"</{tag}>" for tag in TAGS])
+                model="policy", messages=history, stop=[f"</{tag}>" for tag in TAGS],
+                extra_body={"continue_final_message": True} if turn else None)
         except openai.BadRequestError as error:
             if "maximum context length" in str(error):
                 return {"answer": ""}
@@ -40,5 +45,4 @@ async def agent(client, task, env):
         result = await asyncio.to_thread(env.step, text)  # a search: off the event loop
         if result.done:
             return {"answer": env.log.final_answer or ""}
-        messages += [{"role": "assistant", "content": text},
-                     {"role": env.observation_role or "user", "content": result.observation}]
+        turn += text + result.observation

@@ -219,7 +219,12 @@ class ChatService:
 
     def _prompt_ids(self, call: ChatRequest) -> list[int]:
         try:
-            return chat.prompt_ids(self.tokenizer, call.template_messages, call.tools or None)
+            if not call.continue_final:
+                return chat.prompt_ids(self.tokenizer, call.template_messages,
+                                       call.tools or None)
+            *earlier, last = call.template_messages
+            return (chat.prompt_ids(self.tokenizer, earlier, call.tools or None)
+                    + self.tokenizer.encode(last["content"], add_special_tokens=False))
         except Exception as error:  # noqa: BLE001 - a template refusing the messages
             # (Gemma's raise_exception on a system message or roles out of turn).
             raise ApiError(f"the chat template cannot render these messages: "

@@ -17,6 +17,12 @@ What is honoured (the OpenAI API reference's names):
                 a list), n (1 only), logprobs (the sampled token's; top_logprobs above 0
                 is refused: the engine reports no alternatives), stream and
                 stream_options.include_usage.
+  continue_final_message
+                vLLM's and SGLang's extension (sent in the OpenAI client's extra_body):
+                the last message is the assistant's, left open, and the reply continues
+                its text. Its prompt is the earlier messages' with the generation prompt,
+                then that text's ids: what an agent that writes the observations into
+                the assistant's own turn (Search-R1) extends call after call.
   refused       presence_penalty, frequency_penalty other than 0, a logit_bias, a
                 response_format other than text, image or audio parts: silently ignoring
                 them would change what the agent gets without telling it.
@@ -83,6 +89,7 @@ class _Body(pydantic.BaseModel):
     frequency_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    continue_final_message: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +107,7 @@ class ChatRequest:
       logprobs: whether the reply carries the sampled tokens' log-probs.
       stream: answer as server-sent chunks.
       include_usage: a streamed answer ends with a usage chunk.
+      continue_final: the reply continues the last (assistant) message's text.
     """
 
     messages: tuple[dict, ...]
@@ -115,6 +123,7 @@ class ChatRequest:
     logprobs: bool
     stream: bool
     include_usage: bool
+    continue_final: bool = False
 
     def text_size(self) -> int:
         """Characters of message text and tool schemas: every one of them is rendered
@@ -153,6 +162,11 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     if any(not s for s in stop):
         raise ApiError("stop strings must not be empty", param="stop")
     options = body.stream_options or {}
+    last = body.messages[-1]
+    if body.continue_final_message and (last.get("role") != "assistant"
+                                        or last.get("tool_calls")):
+        raise ApiError("continue_final_message continues the last message, which must be "
+                       "the assistant's, without tool calls", param="continue_final_message")
     return ChatRequest(
         messages=tuple(body.messages), template_messages=tuple(_messages(body.messages)),
         tools=tools, parse_calls=bool(tools) and choice == "auto",
@@ -160,7 +174,8 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         top_k=None if body.top_k in (None, 0) else body.top_k, seed=body.seed,
         max_tokens=body.max_completion_tokens or body.max_tokens, stop=tuple(stop),
         logprobs=bool(body.logprobs), stream=bool(body.stream),
-        include_usage=bool(body.stream and options.get("include_usage")))
+        include_usage=bool(body.stream and options.get("include_usage")),
+        continue_final=bool(body.continue_final_message))
 
 
 def _refuse_unsupported(body: _Body) -> None:
