@@ -217,6 +217,30 @@ def test_the_context_bounds_the_prompt_and_clamps_max_tokens(tokenizer):
     assert len(engine.requests) == 1 and len(sessions.close("s")) == 1
 
 
+def test_continue_final_message_continues_the_assistants_open_turn(tokenizer):
+    """vLLM's and SGLang's extension: the prompt is the earlier messages' with the
+    generation prompt, then the open turn's ids; the reply is the continuation only."""
+    engine = ScriptedEngine(tokenizer, lambda request: " Paris </answer>")
+    sessions = Sessions()
+    app = build_app(engine, tokenizer, sessions=sessions, max_context=512, model_name="m",
+                    sampling_defaults=SamplingParams(max_new_tokens=16))
+    sessions.open("s")
+    question = [{"role": "user", "content": "Where is the fox?"}]
+    turn = "<search> fox </search>\n\n<information>The fox is in Paris.</information>\n\n<answer>"
+
+    async def call():
+        return await in_process(app, "http://e/sessions/s/v1").chat.completions.create(
+            model="m", messages=question + [{"role": "assistant", "content": turn}],
+            extra_body={"continue_final_message": True})
+    reply = run(call())
+    assert reply.choices[0].message.content == " Paris </answer>"
+    expected = (chat.prompt_ids(tokenizer, question)
+                + tokenizer.encode(turn, add_special_tokens=False))
+    assert engine.requests[0].input_ids == expected
+    [recorded] = sessions.close("s")
+    assert list(recorded.prompt_ids) == expected
+
+
 @pytest.mark.parametrize("fields, param", [
     (dict(n=2), "n"),
     (dict(tool_choice="required", tools=TOOLS), "tool_choice"),
@@ -233,6 +257,11 @@ def test_the_context_bounds_the_prompt_and_clamps_max_tokens(tokenizer):
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{bad"}}]}]),
      "messages[0].tool_calls[0].function.arguments"),
     (dict(messages=[{"role": "tool", "content": "x"}]), "messages[0].tool_call_id"),
+    (dict(extra_body={"continue_final_message": True}), "continue_final_message"),
+    (dict(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "",
+                     "tool_calls": [{"id": "c", "type": "function", "function": {
+                         "name": "f", "arguments": "{}"}}]}],
+          extra_body={"continue_final_message": True}), "continue_final_message"),
 ])
 def test_refused_fields_are_a_400_naming_the_field(tokenizer, fields, param):
     engine = ScriptedEngine(tokenizer, lambda request: "fox")
