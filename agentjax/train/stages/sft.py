@@ -42,6 +42,21 @@ def shuffled_stream(items: list, seed: int, position: int, count: int) -> list:
     return out
 
 
+def replies_past_max_new_tokens(demos: list[Trajectory], max_new_tokens: int) -> str | None:
+    """What is wrong when demonstrated replies are longer than a reply the policy may
+    write (rollout.max_new_tokens): SFT teaches them, every rollout cuts them (a native
+    tool call of the search world is 38 tokens with the tiny tokenizer, its Search-R1
+    search 7), and the agent fails for no reason it could learn. None when all fit."""
+    lengths = [len(turn.action_ids) for demo in demos for turn in demo.turns
+               if turn.trainable]
+    longer = [n for n in lengths if n > max_new_tokens]
+    if not longer:
+        return None
+    return (f"{len(longer)} of the {len(lengths)} demonstrated replies are longer than "
+            f"rollout.max_new_tokens={max_new_tokens} (the longest {max(longer)} tokens): "
+            "the policy cannot write them whole; raise rollout.max_new_tokens")
+
+
 def corpus_sample(corpus: list[Trajectory], demos: list[Trajectory], fraction: float,
                   seed: int) -> list[Trajectory]:
     """Corpus documents to mix into SFT so that they hold about `fraction` of its tokens:
@@ -97,6 +112,9 @@ def run_sft(config: ml_collections.ConfigDict, runtime: Runtime, policy: Policy,
     if config.sft.steps:
         demos = demonstration_trajectories(suite, tokenizer, config.rollout.max_tokens,
                                            runtime.log)
+        warning = replies_past_max_new_tokens(demos, config.rollout.max_new_tokens)
+        if warning:
+            runtime.log(f"warning: {warning}")
         params = fit_next_token(
             config, runtime, policy, "sft",
             demos + corpus_sample(corpus, demos, config.sft.corpus_mix, config.seed),

@@ -2,7 +2,8 @@
 corpus share mixed into SFT."""
 import numpy as np
 
-from agentjax.core.trajectory import Trajectory
+from agentjax.core.trajectory import Trajectory, Turn
+from agentjax.train.stages import sft
 from agentjax.train.stages.sft import corpus_sample, shuffled_stream
 
 
@@ -36,3 +37,17 @@ def test_corpus_sample_holds_the_asked_fraction_of_tokens():
     # More than the corpus holds: all of it, each document once.
     everything = corpus_sample(corpus, demos[:1] * 10_000, 0.9, seed=1)
     assert sorted(map(id, everything)) == sorted(map(id, corpus))
+
+
+def test_demonstrated_replies_longer_than_a_rollout_reply_are_named():
+    def demo(*lengths, trainable=True):
+        return Trajectory(prompt_ids=[1], turns=[
+            Turn([5] * n, [0.0] * n, "stop", trainable=trainable) for n in lengths])
+
+    assert sft.replies_past_max_new_tokens([demo(7, 24), demo(3)], 24) is None
+    # An untrained reply (an invalid action kept for context) is not one to write.
+    assert sft.replies_past_max_new_tokens([demo(40, trainable=False)], 24) is None
+    warning = sft.replies_past_max_new_tokens([demo(7, 38), demo(30)], 24)
+    assert warning == ("2 of the 3 demonstrated replies are longer than "
+                       "rollout.max_new_tokens=24 (the longest 38 tokens): the policy "
+                       "cannot write them whole; raise rollout.max_new_tokens")
