@@ -17,5 +17,5 @@ def build_openai_agent_suite(config, data_dir: str) -> TaskSuite:
     suite.episode_runner = AgentRunner(load_agent(config.env.agent), suite.reward_fn,
                                        suite.success_key,
                                        transport=config.env.agent_transport,
-                                   make_env=suite.make_env)
+                                       make_env=suite.make_env)
     return suite
