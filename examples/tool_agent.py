@@ -3,10 +3,10 @@ schemas and tools (the search world's retriever, the python env's sandboxed `pyt
 the code env's `run`), the model called through the `openai` client with `tools=`, its
 tool calls run and answered as `tool` messages, written as any agent outside agentjax
 would be. It trains as `env.name="openai_agent"` with `env.agent_tasks` naming the env
-(configs/grpo_search_agent.py, configs/grpo_python_agent.py) and compares with the
-built-in env in native tool-call mode (docs/agents.md).
+(configs/grpo_python_agent.py; the search env in native calls: configs/grpo_search_agent.py
+says how) and compares with the built-in env in native tool-call mode (docs/agents.md).
 
-    python scripts/train.py --config configs/grpo_search_agent.py
+    python scripts/train.py --config configs/grpo_python_agent.py
 
 The runner hands an agent that takes `env` a fresh env of the task env
 (envs/openai_agent/runner.py); an agent of your own needs none of it.

@@ -44,7 +44,7 @@ def _config(*overrides):
 
 @pytest.mark.slow  # a whole run: 7 s with the compilation cache warm, 20-75 s cold (compiles)
 def test_an_agent_that_summarizes_its_history_trains_through_segments(tmp_path):
-    """(examples/python_agent.py trains in tests/train/test_run.py, as every recipe.)"""
+    """(examples/tool_agent.py trains in tests/train/test_run.py, as every recipe.)"""
     results = run(_config(("sft.steps", 0), ("env.agent", SUMMARIZING),
                           ("rollout.max_segments", 2)), str(tmp_path))
     rows = read_metrics(str(tmp_path))
