@@ -82,8 +82,7 @@ def _check_world(config) -> None:
                    "(env.name='search', data.source='synthetic')")
         if value and config.pretrain.worlds < 1:
             reject(key, value, "> 0 needs pretrain.worlds >= 1 (the corpus)")
-    # Hindsight reads the env's episode log, which a user's agent does not keep.
-    if config.data.hindsight and not (synthetic and config.env.name == "search"):
+    if config.data.hindsight and not synthetic:  # an agent's: _check_agent says why
         reject("data.hindsight", True, "it relabels the questions of a synthetic search "
                "world: it needs env.name='search' and data.source='synthetic'")
     if config.sft.rename_frac and not synthetic:

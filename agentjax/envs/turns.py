@@ -35,7 +35,6 @@ observation: malformed input is the policy's mistake to learn from, not an env f
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping
 
 from agentjax.core.task import EpisodeLog, Task, TurnLog
@@ -43,7 +42,7 @@ from agentjax.data.demonstrations import Demonstration, DemoTurn
 from agentjax.envs.base import StepResult
 from agentjax.models import chat
 from agentjax.envs.tools import Tool, tool_schema, validate_arguments
-from agentjax.parsers.actions import Action, echo, last_tag
+from agentjax.parsers.actions import Action, echo, last_tag, load_json
 from agentjax.parsers.tool_calls import parse_tool_calls
 
 # Room for a few retrieved documents or a screenful of program output: more only
@@ -208,11 +207,10 @@ class TurnEnv:
         themselves (envs/openai_agent: an agent that takes `env`); `arguments` is the
         JSON object an OpenAI tool call carries, as text or parsed."""
         if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError as error:
+            arguments, problem = load_json(arguments)
+            if problem:
                 return self._bound(f"Invalid tool call: {name}: arguments are not JSON "
-                                   f"({error}). Nothing ran.")
+                                   f"({problem}). Nothing ran.")
         if not isinstance(arguments, Mapping):
             return self._bound(f"Invalid tool call: {name}: arguments must be a JSON "
                                "object. Nothing ran.")
